@@ -1,0 +1,21 @@
+"""Small argument checks shared by every module, so error messages read the same everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def is_exact_int(value: Any) -> bool:
+    """True for a plain Python int: bools, floats and numpy integers are rejected on purpose."""
+    return type(value) is int
+
+
+def require_int(name: str, value: Any, *, minimum: int) -> int:
+    """Return `value` when it is an exact int >= minimum, else raise ValueError naming `name`."""
+    if not is_exact_int(value) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
+
+
+def optional_int(name: str, value: Any, *, minimum: int) -> int | None:
+    return None if value is None else require_int(name, value, minimum=minimum)

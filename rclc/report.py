@@ -1,0 +1,68 @@
+"""Human views of recorded selections: a standalone HTML page with kept spans highlighted.
+
+Every string that reaches the page (request, decoded model text) is HTML-escaped: the
+text comes from documents and models, never from us, and may contain markup.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .selection import Selection
+    from .state import Delivery
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem; max-width: 60rem; }
+pre.body { white-space: pre-wrap; word-wrap: break-word; background: #fafafa; padding: 1rem;
+           border: 1px solid #ddd; line-height: 1.5; }
+mark.kept { background: #b7f0b1; text-decoration: underline; }
+span.omitted { color: #666; }
+.placeholder { font-style: italic; }
+"""
+
+
+def _request_label(request: Any) -> str:
+    if isinstance(request, torch.Tensor):
+        return f"[supplied token IDs: {request.shape[-1]} tokens]"
+    return str(request)
+
+
+def selection_section(index: int, selection: Selection) -> str:
+    kept = len(selection.indices)
+    heading = (
+        f"Sender {index}: {kept} / {selection.source_positions} source positions kept; budget {selection.budget}"
+    )
+    if selection.added_latent_positions:
+        heading += f"; {selection.added_latent_positions} latent positions added after selection"
+    pieces = []
+    for span in selection.spans:
+        label = "kept" if span.kept else "omitted"
+        title = f"{label}: positions [{span.start}, {span.stop})"
+        if span.kind == "token" and span.text is not None:
+            body = html.escape(span.text)
+        else:
+            body = f'<span class="placeholder">[{span.kind}: {span.stop - span.start} positions]</span>'
+        tag = "mark" if span.kept else "span"
+        css = "kept" if span.kept else "omitted"
+        pieces.append(f'<{tag} class="{css}" title="{html.escape(title)}">{body}</{tag}>')
+    return f"<h2>{html.escape(heading)}</h2>\n<pre class=\"body\">{''.join(pieces)}</pre>"
+
+
+def selection_page(request: Any, selections: list[Selection]) -> str:
+    sections = "\n".join(selection_section(i, s) for i, s in enumerate(selections))
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>rclc transfer selection</title>"
+        f"<style>{_STYLE}</style></head><body>\n<h1>Transfer selection</h1>\n"
+        f"<p><strong>Request:</strong> {html.escape(_request_label(request))}</p>\n{sections}\n</body></html>\n"
+    )
+
+
+def delivery_html(delivery: Delivery) -> str:
+    selections = [message.selection for message in delivery.messages]
+    if any(selection is None for selection in selections):
+        raise ValueError("selection_html: no selection was recorded; transfer with record_selection=True")
+    return selection_page(delivery.request, selections)  # type: ignore[arg-type]

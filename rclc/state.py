@@ -1,0 +1,235 @@
+"""The objects a handoff is made of: the sender's state, one sender's message, one delivery.
+
+`SenderState` describes an existing sender exactly (input rows, the cache they built,
+aligned token IDs, the latent tail and the inherited prefix). `Message` is what one
+sender transmits after selection, and `Delivery` is what every receiver of one request
+gets: the request plus one message per sender, in sender order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._cache import cache_length
+from ._checks import is_exact_int
+from .models import check_model
+
+if TYPE_CHECKING:
+    from .selection import Selection
+
+
+def embedding_weight(model: Any) -> torch.Tensor:
+    return model.get_input_embeddings().weight
+
+
+@dataclass(eq=False)
+class SenderState:
+    """An existing sender: `input_embeds` `[T, hidden]` are the exact input rows that built
+    `past_key_values`; `token_ids` (optional, `[T]` int64) marks continuous rows with -1;
+    the last `latent_steps` rows are a continuous latent tail; the first
+    `inherited_positions` rows came from earlier agents (they count in relative budgets).
+    """
+
+    model: Any
+    past_key_values: Any
+    input_embeds: torch.Tensor
+    tokenizer: Any = None
+    token_ids: torch.Tensor | None = None
+    latent_steps: int = 0
+    inherited_positions: int = 0
+
+    @property
+    def positions(self) -> int:
+        """T: rows in the state (equal to the cache length)."""
+        return int(self.input_embeds.shape[0]) if isinstance(self.input_embeds, torch.Tensor) else 0
+
+    def validate(self, *, check_cache: bool = True) -> None:
+        """Raise ValueError naming the first field that breaks the invariants."""
+        check_model(self.model)
+        weight = embedding_weight(self.model)
+        rows = self.input_embeds
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] < 1:
+            shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+            raise ValueError(f"input_embeds: expected a [positions >= 1, hidden] tensor, got {shape}")
+        if rows.shape[1] != weight.shape[1]:
+            raise ValueError(
+                f"input_embeds: width {rows.shape[1]} differs from the model's hidden size {weight.shape[1]}"
+            )
+        if rows.dtype != weight.dtype or rows.device != weight.device:
+            raise ValueError(
+                f"input_embeds: rows are {rows.dtype} on {rows.device}, the model's embeddings are "
+                f"{weight.dtype} on {weight.device}; move the rows with .to(weight)"
+            )
+        total = rows.shape[0]
+        if not is_exact_int(self.latent_steps) or not 0 <= self.latent_steps < total:
+            raise ValueError(
+                f"latent_steps: expected an int in [0, {total}) (at least one non-latent row), got {self.latent_steps!r}"
+            )
+        limit = total - self.latent_steps
+        if not is_exact_int(self.inherited_positions) or not 0 <= self.inherited_positions <= limit:
+            raise ValueError(
+                f"inherited_positions: expected an int in [0, {limit}] (the inherited prefix may not overlap "
+                f"the latent tail), got {self.inherited_positions!r}"
+            )
+        if self.token_ids is not None:
+            ids = self.token_ids
+            if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] != total:
+                raise ValueError(f"token_ids: expected an int64 vector of length {total} aligned with the rows")
+            vocab = weight.shape[0]
+            if bool(((ids < -1) | (ids >= vocab)).any()):
+                raise ValueError(f"token_ids: every ID must be -1 (continuous row) or in [0, {vocab})")
+            if self.latent_steps and bool((ids[total - self.latent_steps :] != -1).any()):
+                raise ValueError("token_ids: the latent tail must be marked -1")
+        if check_cache:
+            if self.past_key_values is None:
+                raise ValueError("past_key_values: a sender needs the cache its rows built (got None)")
+            length = cache_length(self.past_key_values)
+            if length != total:
+                raise ValueError(
+                    f"past_key_values: cache holds {length} positions but input_embeds has {total} rows; "
+                    "pass the cache built from exactly these rows"
+                )
+
+    def request_ids(self, request: str | torch.Tensor) -> torch.Tensor:
+        """Tokenize a request for this sender: `[1, R]` int64 on the embedding device."""
+        return request_ids(request, self.tokenizer, embedding_weight(self.model))
+
+
+def request_ids(request: Any, tokenizer: Any, weight: torch.Tensor) -> torch.Tensor:
+    """Text (no special tokens added) or `[1, R]` int64 IDs -> validated IDs on `weight`'s device."""
+    if isinstance(request, str):
+        if not request.strip():
+            raise ValueError("request: a text request must not be empty or whitespace")
+        if tokenizer is None:
+            raise ValueError("request: a text request needs a tokenizer; pass token IDs [1, n] instead")
+        ids = tokenizer(request, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    elif isinstance(request, torch.Tensor):
+        if request.dtype != torch.int64 or request.dim() != 2 or request.shape[0] != 1 or request.shape[1] < 1:
+            raise ValueError(
+                f"request: token IDs must be a non-empty int64 tensor shaped [1, n], got "
+                f"{request.dtype} {tuple(request.shape)}"
+            )
+        ids = request
+    else:
+        raise ValueError(f"request: expected text or an int64 [1, n] tensor, got {type(request).__name__}")
+    vocab = weight.shape[0]
+    if bool(((ids < 0) | (ids >= vocab)).any()):
+        raise ValueError(f"request: token IDs must lie in [0, {vocab})")
+    return ids.to(weight.device)
+
+
+@dataclass(frozen=True, eq=False)
+class Message:
+    """One sender's selected payload.
+
+    With `token_ids` None, `continuous_rows` are every selected row in order. With IDs
+    (representation `token_ids+continuous`), IDs cover every position and only the rows
+    of the -1 positions are carried, in order.
+    """
+
+    continuous_rows: torch.Tensor
+    token_ids: torch.Tensor | None = None
+    selection: Selection | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        rows = self.continuous_rows
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not rows.is_floating_point() or rows.shape[1] < 1:
+            raise ValueError("continuous_rows: expected a floating [n, hidden > 0] tensor")
+        ids = self.token_ids
+        if ids is None:
+            if rows.shape[0] < 1:
+                raise ValueError("continuous_rows: a message without token IDs needs at least one row")
+            return
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] < 1:
+            raise ValueError("token_ids: expected a non-empty int64 vector")
+        if bool((ids < -1).any()):
+            raise ValueError("token_ids: IDs below -1 are invalid (-1 marks a continuous row)")
+        continuous = int((ids == -1).sum())
+        if continuous != rows.shape[0]:
+            raise ValueError(
+                f"token_ids: {continuous} positions are marked -1 but {rows.shape[0]} continuous rows were given"
+            )
+
+    @property
+    def positions(self) -> int:
+        """Positions the receiver will prefill."""
+        return int(self.continuous_rows.shape[0] if self.token_ids is None else self.token_ids.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Tensor bytes only (no Python objects, metadata or framing)."""
+        size = self.continuous_rows.numel() * self.continuous_rows.element_size()
+        return size + (0 if self.token_ids is None else self.token_ids.numel() * 8)
+
+    def materialize(self, weight: torch.Tensor) -> torch.Tensor:
+        """Rebuild `[positions, hidden]` rows in original order from a matching embedding table."""
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+            raise ValueError("weight: expected a floating [vocab, hidden] embedding table")
+        if weight.shape[1] != self.continuous_rows.shape[1]:
+            raise ValueError(
+                f"weight: width {weight.shape[1]} differs from the message rows' width {self.continuous_rows.shape[1]}"
+            )
+        rows = self.continuous_rows.to(device=weight.device, dtype=weight.dtype)
+        if self.token_ids is None:
+            return rows
+        ids = self.token_ids.to(weight.device)
+        if bool((ids >= weight.shape[0]).any()):
+            raise ValueError(f"token_ids: IDs must be below the receiver's vocabulary size {weight.shape[0]}")
+        with torch.no_grad():
+            out = torch.empty(ids.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
+            discrete = ids >= 0
+            out[discrete] = weight[ids[discrete]]
+            out[~discrete] = rows
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Delivery:
+    """What each receiver of one request gets: the original request and one message per sender."""
+
+    request: Any
+    messages: tuple[Message, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.messages, tuple) or not self.messages:
+            raise ValueError("messages: a delivery needs at least one message (a tuple in sender order)")
+
+    @property
+    def positions(self) -> int:
+        return sum(message.positions for message in self.messages)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(message.nbytes for message in self.messages)
+
+    def rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """All messages materialized and concatenated in sender order, `[P, hidden]`."""
+        return torch.cat([message.materialize(weight) for message in self.messages], dim=0)
+
+    def for_hf(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Inputs for an HF forward: the received rows only; the receiver adds its own prompt."""
+        rows = self.rows(weight)
+        return {
+            "inputs_embeds": rows.unsqueeze(0),
+            "attention_mask": torch.ones(1, rows.shape[0], dtype=torch.long, device=rows.device),
+        }
+
+    def for_vllm(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`{"prompt_embeds": CPU [P, hidden]}` for an engine started with enable_prompt_embeds=True."""
+        parts = []
+        for message in self.messages:
+            plain = message.token_ids is None and message.continuous_rows.shape[1] == weight.shape[1]
+            if plain and weight.is_floating_point():
+                parts.append(message.continuous_rows.detach().to(device="cpu", dtype=weight.dtype))
+            else:
+                parts.append(message.materialize(weight).detach().cpu())
+        return {"prompt_embeds": torch.cat(parts, dim=0)}
+
+    def selection_html(self) -> str:
+        """A standalone page of every recorded selection in this delivery."""
+        from .report import delivery_html
+
+        return delivery_html(self)

@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random Qwen3 and Llama models built in-process, and the embedded model.
+
+Unit tests run on both tiny families (parametrized `tiny`); integration tests use the
+embedded SmolLM2-135M and are marked `integration`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rclc import models
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return models.tiny_tokenizer()
+
+
+@pytest.fixture(scope="session", params=["qwen3", "llama"])
+def tiny(request, tiny_tokenizer):
+    """(model, tokenizer) for each tiny family; treat as read-only (shared by the session)."""
+    return models.tiny_model(request.param, tokenizer=tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_tokenizer):
+    return models.tiny_model("qwen3", tokenizer=tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_tokenizer):
+    return models.tiny_model("llama", tokenizer=tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct (converted once into $RCLC_CACHE)."""
+    return models.load("embedded")

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from rclc.budget import BudgetPolicy, fit, floor
+
+
+def test_relative_and_bounded_formulas():
+    r4 = BudgetPolicy.from_options()
+    assert r4.ratio == 4
+    assert r4.cap(82) == 21
+    assert r4.cap(80, reserve=4) == 21
+    assert r4.cap(100, inherited=40) == 55
+    assert BudgetPolicy.from_options(budget=128).cap(300) == 128
+    assert BudgetPolicy.from_options(budget=128).cap(100) == 100
+
+
+@pytest.mark.parametrize(
+    "ratio,budget,field",
+    [(4, 8, "ratio, budget"), (0, None, "ratio"), (None, -1, "budget"), (True, None, "ratio"), (2.0, None, "ratio")],
+)
+def test_bad_options_name_the_field(ratio, budget, field):
+    with pytest.raises(ValueError, match=field):
+        BudgetPolicy.from_options(ratio=ratio, budget=budget)
+
+
+def test_worked_fitting_examples():
+    assert fit([30, 10, 50], [3, 3, 3], 60) == [25, 10, 25]
+    assert fit([30, 10, 50], [3, 3, 3], 61) == [26, 10, 25]
+    assert fit([5, 5, 5], [1, 1, 1], 8) == [3, 3, 2]
+    assert fit([5, 5], [1, 1], None) == [5, 5]
+
+
+def test_cap_below_floor_and_receiver_too_small():
+    with pytest.raises(ValueError, match="at least 3"):
+        fit([2], [3], None)
+    with pytest.raises(ValueError, match="handoff positions"):
+        fit([10, 10], [3, 3], 5)
+
+
+def test_floor_rules():
+    assert floor(builtin=True, latent_steps=4, reserve=2) == 7
+    assert floor(builtin=False, latent_steps=4, reserve=2) == 3
+
+
+@given(st.integers(1, 10_000), st.integers(0, 10_000), st.integers(1, 64))
+def test_relative_cap_matches_ceiling(total, inherited, ratio):
+    inherited = min(inherited, total)
+    cap = BudgetPolicy(ratio=ratio).cap(total, inherited)
+    assert cap == inherited + -(-(total - inherited) // ratio)
+    assert inherited <= cap <= total
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 200), st.integers(1, 5)), min_size=1, max_size=6),
+    st.integers(0, 800),
+)
+def test_fit_properties(pairs, available):
+    caps = [max(cap, least) for cap, least in pairs]
+    floors = [least for _, least in pairs]
+    if sum(floors) > available and sum(caps) > available:
+        with pytest.raises(ValueError):
+            fit(caps, floors, available)
+        return
+    counts = fit(caps, floors, available)
+    if sum(caps) <= available:
+        assert counts == caps
+        return
+    assert sum(counts) == available  # all space used when caps exceed it
+    for count, cap, least in zip(counts, caps, floors):
+        assert least <= count <= cap
+    # Equal shares on top of the floors: a sender left below its cap got at most one
+    # position fewer than any other sender (the remainder goes to the earliest ones).
+    added = [count - least for count, least in zip(counts, floors)]
+    for i, (count, cap) in enumerate(zip(counts, caps)):
+        if count < cap:
+            assert all(other <= added[i] + 1 for other in added)
+            assert all(added[j] >= added[i] or counts[j] == caps[j] for j in range(i))
