@@ -1,0 +1,51 @@
+"""Quickstart: two documents as senders, one question, CacheBack r4, the receiver answers.
+
+Run: `make quickstart` (or `python examples/quickstart.py` in the project's venv).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+import rclc
+from rclc import HFReceiver, sender_from_hf, transfer
+from rclc.models import load
+
+DOCUMENTS = [
+    "Cedar is a logistics project. The Cedar project is owned by Alice Moreno. "
+    "It ships spare parts between Oslo and Bergen. Its first warehouse opened in 2019.",
+    "Birch is a research project. The Birch project is owned by Bruno Okafor. "
+    "It studies river ecology in Lima. It launched its first survey in 2021.",
+]
+QUESTION = "Who owns the Cedar project? Answer with the name only."
+
+
+async def main() -> None:
+    model, tokenizer = load("embedded")
+    senders = [sender_from_hf(model, tokenizer, [{"role": "user", "content": doc}]) for doc in DOCUMENTS]
+    receiver = HFReceiver(
+        model,
+        tokenizer,
+        messages=[{"role": "system", "content": "You answer questions from the context you were given."}],
+        max_new_tokens=16,
+    )
+    await transfer(senders, receiver, QUESTION, ratio=4, record_selection=True)
+    report = receiver.peek(0)[0]
+    inputs = receiver.pop()
+    with torch.no_grad():
+        tokens = model.generate(**inputs, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    answer = tokenizer.decode(tokens[0], skip_special_tokens=True).strip()
+    print(f"question: {QUESTION}")
+    print(f"answer:   {answer}")
+    for index, (state, message) in enumerate(zip(senders, report.messages)):
+        kept = [span.text for span in message.selection.spans if span.kept and span.text]
+        print(f"sender {index}: kept {message.positions}/{state.positions} positions, {message.nbytes} payload bytes")
+        print(f"  kept positions: {list(message.selection.indices)}")
+        print(f"  kept text: {' | '.join(t.strip() for t in kept)!r}")
+    print(f"rclc {rclc.__version__}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,327 @@
+"""The transfer pipeline: snapshot -> plan budgets -> (reason) -> select -> (reason) -> encode -> deliver.
+
+Every message of every request is prepared before the first receiver is called, so a
+failure or a cancellation anywhere in preparation delivers nothing. Blocking model work
+runs in worker threads whose cancellation waits for the thread (see `_worker`); the
+selector and the snapshot of senders/receivers hold the process-wide preparation lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import sniffio
+import torch
+
+from ._locks import preparation_lock
+from ._worker import run_in_worker
+from .budget import BudgetPolicy, fit, floor
+from .hf import HFReceiver, PreparedRequest
+from .reasoning import apply_reasoning, selected_state
+from .selection import build_selection
+from .selectors import cacheback, is_builtin
+from .selectors._validate import validate_positions
+from .state import Delivery, Message, SenderState, embedding_weight
+
+REPRESENTATIONS = ("embeddings", "token_ids+continuous")
+REASONING_CONTEXTS = ("full", "full_with_request", "selected", "selected_with_request")
+
+
+@dataclass(frozen=True)
+class ReasoningOptions:
+    method: Callable[..., Any]
+    context: str
+    budget: int | None
+
+    @property
+    def before_selection(self) -> bool:
+        return self.context.startswith("full")
+
+    @property
+    def with_request(self) -> bool:
+        return self.context.endswith("_with_request")
+
+    @property
+    def reserve(self) -> int:
+        """Rows reserved in the budget for post-selection reasoning."""
+        return 0 if self.before_selection else int(self.budget or 0)
+
+
+def reasoning_options(reasoning: Any, context: Any, budget: Any) -> ReasoningOptions | None:
+    if reasoning is None:
+        if context is not None or budget is not None:
+            raise ValueError("reasoning_context, reasoning_budget: they need reasoning=...; pass a reasoning method")
+        return None
+    context = "full" if context is None else context
+    if context not in REASONING_CONTEXTS:
+        raise ValueError(f"reasoning_context: {context!r} is not one of {REASONING_CONTEXTS}")
+    if not callable(reasoning):
+        raise ValueError("reasoning: expected a callable such as functools.partial(rclc.latent_mass, steps=40)")
+    if budget is not None and (type(budget) is not int or budget < 0):
+        raise ValueError(f"reasoning_budget: expected an int >= 0, got {budget!r}")
+    if not context.startswith("full") and budget is None:
+        raise ValueError(f"reasoning_budget: required with reasoning_context={context!r} (rows reserved after selection)")
+    return ReasoningOptions(reasoning, context, budget)
+
+
+def selector_name(selector: Any) -> str:
+    target = selector.func if isinstance(selector, functools.partial) else selector
+    return getattr(target, "__name__", type(target).__name__)
+
+
+def _listify(value: Any, is_single: Callable[[Any], bool], field: str) -> list[Any]:
+    if is_single(value):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        if not items:
+            raise ValueError(f"{field}: the list is empty; pass at least one")
+        return items
+    return [value]
+
+
+def _is_sender_like(value: Any) -> bool:
+    return isinstance(value, SenderState) or callable(getattr(value, "sender_state", None))
+
+
+@dataclass
+class _Snapshot:
+    senders: list[SenderState]
+    receivers: list[Any]
+    requests: list[Any]
+    plans: dict[tuple[int, int], PreparedRequest]
+
+
+def _resolve_sender(item: Any) -> Any:
+    if isinstance(item, SenderState):
+        return item
+    resolve = getattr(item, "sender_state", None)
+    return resolve() if callable(resolve) else item
+
+
+def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, representation: Any) -> _Snapshot:
+    """Resolve agents, validate every input and plan every planned receiver (worker, prep lock)."""
+    with preparation_lock:
+        senders = [_resolve_sender(item) for item in _listify(sender, _is_sender_like, "sender")]
+        for index, state in enumerate(senders):
+            if type(state) is not SenderState:
+                raise ValueError(
+                    f"sender: item {index} is {type(state).__name__}; expected rclc.SenderState or a bound rclc.Agent"
+                )
+        receivers = _listify(receiver, callable, "receiver")
+        for index, target in enumerate(receivers):
+            if not callable(target):
+                raise ValueError(f"receiver: item {index} ({type(target).__name__}) is not callable")
+        if not callable(selector):
+            raise ValueError("selector: expected a callable selector(sender, request_ids, budget) -> positions")
+        requests = _listify(request, lambda value: isinstance(value, (str, torch.Tensor)), "request")
+        for index, item in enumerate(requests):
+            if not isinstance(item, (str, torch.Tensor)):
+                raise ValueError(f"request: item {index} is {type(item).__name__}; expected text or int64 IDs [1, n]")
+        if representation not in REPRESENTATIONS:
+            raise ValueError(f"representation: {representation!r} is not one of {REPRESENTATIONS}")
+        for state in senders:
+            state.validate()
+            if representation == "token_ids+continuous" and state.token_ids is None:
+                raise ValueError("representation: token_ids+continuous needs token_ids on every sender")
+        plans: dict[tuple[int, int], PreparedRequest] = {}
+        for k, target in enumerate(receivers):
+            if isinstance(target, HFReceiver):
+                for state in senders:
+                    target.validate_sender(state)
+                for r, item in enumerate(requests):
+                    plans[(k, r)] = target.prepare_request(item)
+        return _Snapshot(senders, receivers, requests, plans)
+
+
+def _fit_request(
+    snapshot: _Snapshot, states: list[SenderState], request_index: int, policy: BudgetPolicy, builtin: bool, reserve: int
+) -> list[int]:
+    caps = [policy.cap(s.positions, s.inherited_positions, reserve) for s in states]
+    floors = [floor(builtin=builtin, latent_steps=s.latent_steps, reserve=reserve) for s in states]
+    room = [plan.available_positions for (_, r), plan in snapshot.plans.items() if r == request_index]
+    return fit(caps, floors, min(room) if room else None)
+
+
+def _tokenize(snapshot: _Snapshot) -> list[list[torch.Tensor]]:
+    return [[state.request_ids(item) for item in snapshot.requests] for state in snapshot.senders]
+
+
+def _select(
+    state: SenderState, ids: torch.Tensor, count: int, selector: Any
+) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """Run the selector and gather the kept rows in ascending source order (worker, prep lock)."""
+    with preparation_lock:
+        positions = selector(state, ids, count)
+        index = validate_positions(positions, count, state.positions, selector_name(selector))
+        index = index.to(state.input_embeds.device)
+        rows = state.input_embeds.index_select(0, index)
+        kept_ids = None if state.token_ids is None else state.token_ids.index_select(0, index.to(state.token_ids.device))
+        return rows, kept_ids, index.tolist()
+
+
+def _encode(
+    state: SenderState, rows: torch.Tensor, ids: torch.Tensor | None, representation: str
+) -> Message:
+    rows = rows.detach()
+    if representation == "embeddings":
+        return Message(rows.to("cpu").contiguous())
+    assert ids is not None
+    weight = embedding_weight(state.model)
+    discrete = ids >= 0
+    if bool(discrete.any()) and not torch.equal(rows[discrete], weight[ids[discrete]].to(rows.dtype)):
+        raise ValueError(
+            "representation: the selected token IDs do not reproduce the sender's input rows; "
+            "use representation='embeddings' for this sender"
+        )
+    warnings.warn(
+        "representation 'token_ids+continuous' is experimental (validated on dense decoders of one checkpoint only)",
+        UserWarning,
+        stacklevel=3,
+    )
+    return Message(rows[~discrete].to("cpu").contiguous(), ids.to("cpu").contiguous())
+
+
+async def _prepare_message(
+    state: SenderState,
+    ids: torch.Tensor,
+    count: int,
+    *,
+    selector: Any,
+    representation: str,
+    reasoning: ReasoningOptions | None,
+    record_selection: bool,
+) -> Message:
+    reserve = reasoning.reserve if reasoning else 0
+    rows, kept_ids, indices = await run_in_worker(_select, state, ids, count - reserve, selector)
+    added = 0
+    if reasoning is not None and not reasoning.before_selection:
+        chosen = await run_in_worker(selected_state, state, rows, kept_ids)
+        request = ids if reasoning.with_request else None
+        extended = await apply_reasoning(
+            reasoning.method,
+            chosen,
+            maximum=reserve,
+            request_ids=request,
+            request_positions=0 if request is None else int(request.shape[1]),
+        )
+        added = extended.positions - chosen.positions
+        rows, kept_ids = extended.input_embeds, extended.token_ids
+
+    def encode() -> Message:
+        message = _encode(state, rows, kept_ids, representation)
+        if not record_selection:
+            return message
+        record = build_selection(
+            total=state.positions,
+            indices=indices,
+            budget=count,
+            latent_steps=state.latent_steps,
+            token_ids=state.token_ids,
+            tokenizer=state.tokenizer,
+            added_latent_positions=added,
+        )
+        return Message(message.continuous_rows, message.token_ids, record)
+
+    return await run_in_worker(encode)
+
+
+async def _deliver(snapshot: _Snapshot, deliveries: list[Delivery]) -> None:
+    for r, delivery in enumerate(deliveries):
+        for k, target in enumerate(snapshot.receivers):
+            plan = snapshot.plans.get((k, r))
+            if plan is not None:
+                target._enqueue(delivery, plan)
+                continue
+            result = target(delivery)
+            if inspect.isawaitable(result):
+                await result
+
+
+async def transfer(
+    sender: Any,
+    receiver: Any,
+    request: Any,
+    *,
+    ratio: int | None = None,
+    budget: int | None = None,
+    selector: Any = None,
+    representation: str = "embeddings",
+    reasoning: Any = None,
+    reasoning_context: str | None = None,
+    reasoning_budget: int | None = None,
+    record_selection: bool = False,
+) -> None:
+    """Hand each sender's request-selected state to every receiver, once per request.
+
+    Senders, receivers and requests are one item or a sequence; every receiver gets one
+    Delivery per request holding one Message per sender (sender-list order). Budgets are
+    relative (`ratio`, default r4) or bounded (`budget`). Returns None after delivering.
+    """
+    options = reasoning_options(reasoning, reasoning_context, reasoning_budget)
+    policy = BudgetPolicy.from_options(ratio, budget)
+    selector = cacheback if selector is None else selector
+    if type(record_selection) is not bool:
+        raise ValueError(f"record_selection: expected True or False, got {record_selection!r}")
+    snapshot = await run_in_worker(_snapshot, sender, receiver, request, selector, representation)
+    builtin = is_builtin(selector)
+    reserve = options.reserve if options else 0
+    fits_now = options is None or not options.before_selection
+    planned = (
+        [_fit_request(snapshot, snapshot.senders, r, policy, builtin, reserve) for r in range(len(snapshot.requests))]
+        if fits_now
+        else []
+    )
+    request_ids = await run_in_worker(_tokenize, snapshot)
+    states = list(snapshot.senders)
+    if options is not None and options.context == "full":
+        for i, state in enumerate(states):
+            longest = max(int(ids.shape[1]) for ids in request_ids[i])
+            states[i] = await apply_reasoning(
+                options.method, state, maximum=options.budget, request_ids=None, request_positions=longest
+            )
+    deliveries = []
+    for r, item in enumerate(snapshot.requests):
+        request_states = states
+        if options is not None and options.context == "full_with_request":
+            request_states = []
+            for i, state in enumerate(states):
+                ids = request_ids[i][r]
+                request_states.append(
+                    await apply_reasoning(
+                        options.method, state, maximum=options.budget, request_ids=ids, request_positions=int(ids.shape[1])
+                    )
+                )
+        counts = planned[r] if fits_now else _fit_request(snapshot, request_states, r, policy, builtin, 0)
+        messages = []
+        for i, state in enumerate(request_states):
+            messages.append(
+                await _prepare_message(
+                    state,
+                    request_ids[i][r],
+                    counts[i],
+                    selector=selector,
+                    representation=representation,
+                    reasoning=options,
+                    record_selection=record_selection,
+                )
+            )
+        deliveries.append(Delivery(item, tuple(messages)))
+    await _deliver(snapshot, deliveries)
+
+
+def transfer_sync(sender: Any, receiver: Any, request: Any, **options: Any) -> None:
+    """`transfer` for code without an event loop (async callbacks still work)."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = None
+    if library is not None:
+        raise RuntimeError(f"transfer_sync: an event loop ({library}) is running in this thread; use `await rclc.transfer(...)`")
+    anyio.run(functools.partial(transfer, sender, receiver, request, **options))

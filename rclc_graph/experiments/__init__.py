@@ -1,0 +1,1 @@
+"""Experiments: datasets, arms, scoring, tables and plots comparing handoff policies."""
