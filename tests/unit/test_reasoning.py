@@ -655,3 +655,19 @@ def test_invalid_custom_result_is_refused(tiny_qwen3):
         run_apply(drops_ids, state)
     with pytest.raises(RuntimeError, match="method failed"):
         run_apply(fails, state)
+
+
+@pytest.mark.integration
+def test_rollout_on_the_embedded_model(embedded):
+    model, tokenizer = embedded
+    ids = tokenizer("The Birch project is owned by Bob.", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    rows = model.get_input_embeddings().weight[ids[0]].detach().clone()
+    state = SenderState(model, prefill(model, rows), rows, tokenizer, ids[0].clone())
+    before = frozen_copy(state)
+    request = "Who owns Birch?"
+    result = latent_mass_sync(state, steps=4, request=request)
+    assert_unchanged(state, before)
+    request_rows = model.get_input_embeddings().weight[state.request_ids(request)[0]].detach()
+    expected = reference_rollout(model, rows, request_rows, 4)
+    torch.testing.assert_close(result.input_embeds[rows.shape[0] :], expected, atol=1e-3, rtol=1e-3)
+    assert_cache_close(result.past_key_values, prefill(model, result.input_embeds), atol=1e-4)

@@ -326,3 +326,33 @@ def test_snapshot_code_never_pickles():
     source = Path(snapshot.__file__).read_text()
     assert "pickle" not in source
     assert not re.search(r"(?<![\w.])torch\.(save|load)\(|\beval\(|\bexec\(", source)
+
+
+def test_round_trip_bfloat16(tiny_tokenizer, tmp_path):
+    model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer, dtype="bfloat16")
+    state = make_state(model, tokenizer)
+    path = tmp_path / "agent.safetensors"
+    save(path, state)
+    rows, ids, latent, inherited = load(path, model, tokenizer)
+    assert rows.dtype == torch.bfloat16 and torch.equal(rows, state.input_embeds)
+    restore_state(model, tokenizer, rows, ids, latent, inherited).validate()
+    float_model, _ = models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    with pytest.raises(ValueError, match="bfloat16"):
+        load(path, float_model, tokenizer)
+
+
+@pytest.mark.integration
+def test_round_trip_on_the_embedded_model(embedded, tmp_path):
+    model, tokenizer = embedded
+    ids = tokenizer("The Cedar project is owned by Alice.", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    rows = model.get_input_embeddings().weight[ids[0]].detach().clone()
+    state = SenderState(model, prefill(model, rows), rows, tokenizer, ids[0].clone())
+    state = latent_mass_sync(state, steps=3)
+    path = tmp_path / "agent.safetensors"
+    save(path, state)
+    restored = restore_state(model, tokenizer, *load(path, model, tokenizer))
+    assert torch.equal(restored.input_embeds, state.input_embeds)
+    assert torch.equal(restored.token_ids, state.token_ids) and restored.latent_steps == 3
+    for (k, v), (k0, v0) in zip(cache_layers(restored.past_key_values), cache_layers(state.past_key_values)):
+        torch.testing.assert_close(k, k0, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, v0, atol=1e-4, rtol=1e-4)
