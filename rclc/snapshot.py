@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import threading
@@ -184,9 +185,14 @@ def _not_a_snapshot(path: Any, why: str) -> ValueError:
     return ValueError(f"path: {os.fspath(path)!r} is not a snapshot ({why}); pass a file written by rclc save")
 
 
-def _read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    # Filesystem errors (missing file, permissions) propagate as OSError; only content
-    # problems become ValueError.
+def _read_header(
+    path: str | os.PathLike[str], *, max_elements: dict[str, int]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Parse and check the metadata, then load the tensors unless their declared size is already too big.
+
+    Filesystem errors (missing file, permissions) propagate as OSError; only content
+    problems become ValueError.
+    """
     with open(path, "rb"):
         pass
     try:
@@ -201,6 +207,13 @@ def _read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str
                     f"path: unexpected tensor keys {sorted(keys)} in the snapshot; expected 'rows' and optional 'ids'"
                 )
             header = _parse_header(path, raw_header)
+            for key in sorted(keys):
+                shape = reader.get_slice(key).get_shape()
+                if math.prod(shape) > max_elements[key]:
+                    raise ValueError(
+                        f"path: snapshot {key} have shape {tuple(shape)}, more than a state within the context "
+                        f"limit can hold ({max_elements[key]} values); it was not written for this model"
+                    )
             tensors = {key: reader.get_tensor(key) for key in sorted(keys)}
     except safetensors.SafetensorError as error:
         raise _not_a_snapshot(path, f"unreadable safetensors: {error}") from None
@@ -244,8 +257,10 @@ def read_snapshot(
     on the model's device; missing IDs become all -1.
     """
     check_model(model)
-    header, tensors = _read_header(path)
     weight = embedding_weight(model)
+    header, tensors = _read_header(
+        path, max_elements={"rows": context_limit * int(weight.shape[1]), "ids": context_limit}
+    )
     rows = tensors["rows"]
     if rows.dim() != 2 or rows.dtype != weight.dtype or rows.shape[1] != weight.shape[1]:
         raise ValueError(

@@ -356,3 +356,36 @@ def test_round_trip_on_the_embedded_model(embedded, tmp_path):
     for (k, v), (k0, v0) in zip(cache_layers(restored.past_key_values), cache_layers(state.past_key_values)):
         torch.testing.assert_close(k, k0, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(v, v0, atol=1e-4, rtol=1e-4)
+
+
+def test_oversized_tensors_are_refused_before_loading(saved, tmp_path, monkeypatch):
+    path, model, tokenizer = saved
+    target = tmp_path / "huge.safetensors"
+    rewrite(path, target, tensors=lambda d: {"rows": torch.zeros(64, 64)})
+    loaded = []
+    real = safetensors.safe_open
+
+    class Spy:
+        def __init__(self, *args, **kwargs):
+            self.reader = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner = self.reader.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.reader.__exit__(*exc)
+
+        def get_tensor(self, key):
+            loaded.append(key)
+            return self.inner.get_tensor(key)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Spy)
+    with pytest.raises(ValueError, match="context limit"):
+        load(target, model, tokenizer, limit=32)
+    assert loaded == []
+    load(path, model, tokenizer, limit=32)
+    assert loaded == ["ids", "rows"]
