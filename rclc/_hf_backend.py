@@ -13,6 +13,7 @@ import torch
 
 from ._cache import cache_length, extend, prefill
 from .hf import _check_generation, complete_state, sender_from_hf
+from .snapshot import restore_state
 from .state import SenderState, embedding_weight
 
 
@@ -109,16 +110,5 @@ class HFBackend:
         state.validate()
         return state
 
-    def restore(self, rows: torch.Tensor, ids: torch.Tensor, latent_steps: int, inherited: int) -> SenderState:
-        state = SenderState(
-            model=self.model,
-            past_key_values=prefill(self.model, rows),
-            input_embeds=rows,
-            tokenizer=self.tokenizer,
-            token_ids=ids,
-            latent_steps=latent_steps,
-            inherited_positions=inherited,
-        )
-        state.validate()
-        return state
-
+    def restore(self, rows: torch.Tensor, ids: torch.Tensor | None, latent_steps: int, inherited: int) -> SenderState:
+        return restore_state(self.model, self.tokenizer, rows, ids, latent_steps, inherited)

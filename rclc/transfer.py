@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import sniffio
+import anyio.lowlevel
 import torch
 
 from ._locks import preparation_lock
@@ -319,9 +319,9 @@ async def transfer(
 def transfer_sync(sender: Any, receiver: Any, request: Any, **options: Any) -> None:
     """`transfer` for code without an event loop (async callbacks still work)."""
     try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        library = None
-    if library is not None:
-        raise RuntimeError(f"transfer_sync: an event loop ({library}) is running in this thread; use `await rclc.transfer(...)`")
+        anyio.lowlevel.current_token()
+    except RuntimeError:
+        pass  # no event loop here: the one case we can serve
+    else:
+        raise RuntimeError("transfer_sync: an event loop is running in this thread; use `await rclc.transfer(...)`")
     anyio.run(functools.partial(transfer, sender, receiver, request, **options))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -267,7 +268,7 @@ def test_cancellation_waits_for_the_worker_and_delivers_nothing(senders):
 
     async def main():
         async with anyio.create_task_group() as group:
-            group.start_soon(transfer, senders, got.append, "q", selector=slow)
+            group.start_soon(functools.partial(transfer, senders, got.append, "q", selector=slow))
             await anyio.to_thread.run_sync(started.wait, 5)
             group.cancel_scope.cancel()
             threading.Timer(0.2, release.set).start()
@@ -297,7 +298,7 @@ def test_selections_never_overlap(senders):
     async def main():
         async with anyio.create_task_group() as group:
             for _ in range(2):
-                group.start_soon(transfer, senders, [print, lambda d: None], ["a", "b"], selector=blocking)
+                group.start_soon(functools.partial(transfer, senders, [print, lambda d: None], ["a", "b"], selector=blocking))
 
     import contextlib
     import io
