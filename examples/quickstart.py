@@ -14,17 +14,26 @@ from rclc import HFReceiver, sender_from_hf, transfer
 from rclc.models import load
 
 DOCUMENTS = [
-    "Cedar is a logistics project. The Cedar project is owned by Alice Moreno. "
-    "It ships spare parts between Oslo and Bergen. Its first warehouse opened in 2019.",
-    "Birch is a research project. The Birch project is owned by Bruno Okafor. "
-    "It studies river ecology in Lima. It launched its first survey in 2021.",
+    "Cedar is a logistics company that moves spare parts for ferries along the Norwegian coast. "
+    "Its trucks leave the depot in Bergen every morning and reach Oslo by the evening. "
+    "The company keeps a small fleet of electric vans for short deliveries inside the city. "
+    "The Cedar project is owned by Alice Moreno. "
+    "Most of its staff work in two warehouses, one near the harbour and one by the airport. "
+    "In winter the company adds extra routes because ferries need more repairs in storms.",
+    "Birch is a research group that studies river ecology in the mountains around Lima. "
+    "Its scientists sample the water every week and publish the results in an open database. "
+    "The group also trains students from three universities during the summer months. "
+    "The Birch project is owned by Bruno Okafor. "
+    "Its laboratory sits on the second floor of an old textile factory near the river. "
+    "Funding comes from a mix of public grants and donations from local fishing cooperatives.",
 ]
 QUESTION = "Who owns the Cedar project? Answer with the name only."
 
 
 async def main() -> None:
     model, tokenizer = load("embedded")
-    senders = [sender_from_hf(model, tokenizer, [{"role": "user", "content": doc}]) for doc in DOCUMENTS]
+    # Documents as rendered text: each sender's state is exactly the document's tokens.
+    senders = [sender_from_hf(model, tokenizer, doc) for doc in DOCUMENTS]
     receiver = HFReceiver(
         model,
         tokenizer,

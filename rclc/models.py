@@ -129,7 +129,9 @@ def _convert_embedded(target: Path) -> None:
     a concurrent converter never leaves a half-written model that later loads would trust.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     gguf = _embedded_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -189,7 +191,9 @@ def load(
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # load progress bars would drown the CLI's own progress display
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
         raise ValueError(f"dtype: {dtype!r} is not a floating torch dtype; use float32, bfloat16 or float16")
