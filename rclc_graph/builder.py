@@ -37,8 +37,17 @@ from .spec import (
 )
 from .validate import Blueprint, validate
 
-Policy = TransferPolicy
-Reasoning = ReasoningSpec
+
+
+def Policy(**fields: Any) -> TransferPolicy:  # noqa: N802 - reads like the class it builds
+    """A TransferPolicy; bad fields raise SpecError (with the code, path and fix) at once."""
+    return _build(TransferPolicy, (), fields)
+
+
+def Reasoning(**fields: Any) -> ReasoningSpec:  # noqa: N802
+    """A ReasoningSpec for `Policy(reasoning=...)`; bad fields raise SpecError at once."""
+    return _build(ReasoningSpec, (), fields)
+
 
 
 def _build(model: type[BaseModel], path: FieldPath, data: dict[str, Any]):
