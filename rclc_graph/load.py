@@ -64,7 +64,7 @@ def read_text(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTE
     try:
         size = os.stat(file).st_size
         if not Path(file).is_file():
-            raise IsADirectoryError(file)
+            raise SpecError.one("E_FILE", "not a regular file", "give the path of a YAML file", location=where)
         if size > max_bytes:
             raise SpecError.one(
                 "E_FILE_SIZE",

@@ -11,6 +11,8 @@ Naming: `name[i]` is copy i of a foreach node, `name@r` is round r of a loop nod
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Collection, Mapping
@@ -118,6 +120,16 @@ class Plan:
             seen.setdefault(node.model.name, node.model)
         return tuple(seen.values())
 
+    def fingerprint(self) -> str:
+        """sha256 of the spec and the inputs: equal plans, equal fingerprints. A run record
+        stores it so a resumed run can refuse a changed graph or changed inputs."""
+        data = {
+            "spec": self.spec.model_dump(mode="json"),
+            "inputs": {key: list(value) if isinstance(value, tuple) else value for key, value in self.inputs.items()},
+            "trust_code": self.trust_code,
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
     def graph(self) -> nx.DiGraph:
         """A fresh networkx copy (nodes carry `declared`, edges carry `id` and `mode`)."""
         graph = nx.DiGraph(name=self.name)
@@ -165,7 +177,10 @@ class Plan:
 
 def compile_plan(spec: GraphSpec | Blueprint, inputs: Mapping[str, Any], *, trust_code: bool = False) -> Plan:
     """Validate (unless given a Blueprint) and expand over `inputs`; PlanError on any problem."""
-    blueprint = spec if isinstance(spec, Blueprint) else validate(spec, trust_code=trust_code)
+    if isinstance(spec, Blueprint):
+        blueprint = spec if spec.trust_code or not trust_code else validate(spec.spec, trust_code=True)
+    else:
+        blueprint = validate(spec, trust_code=trust_code)
     return expand(blueprint, inputs)
 
 

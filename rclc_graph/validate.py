@@ -42,9 +42,6 @@ class Blueprint:
     step_edges: tuple[StepEdge, ...]  # (declared edge, round) order
     _loop_of: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
 
-    def rank(self, node: str) -> int:
-        return list(self.nodes).index(node)
-
     def loop_of(self, node: str) -> Loop | None:
         index = self._loop_of.get(node)
         return None if index is None else self.loops[index]

@@ -199,3 +199,18 @@ def test_schema_keys_cover_the_shipped_files():
                     stack.append(value)
             elif isinstance(item, list):
                 stack.extend(item)
+
+
+def test_yaml_reference_covers_every_field():
+    from rclc_graph import spec as spec_module
+
+    text = (ROOT / "docs" / "yaml_reference.md").read_text()
+    models = [spec_module.GraphSpec, spec_module.ModelSpec, spec_module.AgentSpec, spec_module.NodeSpec,
+              spec_module.EdgeSpec, spec_module.TransferPolicy, spec_module.ReasoningSpec, spec_module.InputSpec,
+              spec_module.RoundsSpec]
+    missing = [f"{model.__name__}.{name}" for model in models for name in model.model_fields
+               if f"`{name}`" not in text and f"{name}:" not in text]
+    assert missing == []
+    from rclc_graph.errors import CODES
+
+    assert [code for code in sorted(CODES) if f"`{code}`" not in text] == []

@@ -418,3 +418,12 @@ def test_template_syntax():
         with pytest.raises(ValueError):
             templates.fields(bad)
     assert templates.render("{docs}|{docs[1]}|{{x}}", {"docs": ("p", "q")}) == "p\nq|q|{x}"
+
+
+def test_fingerprint_follows_spec_and_inputs():
+    inputs = {"question": "Q", "docs": ["d0", "d1"]}
+    first = fan_in().plan(inputs)
+    assert first.fingerprint() == fan_in().plan(dict(inputs)).fingerprint()
+    assert first.fingerprint() != fan_in().plan({**inputs, "question": "other"}).fingerprint()
+    changed = fan_in().agent("c", model="base", max_new_tokens=7)
+    assert first.fingerprint() != changed.plan(inputs).fingerprint()
