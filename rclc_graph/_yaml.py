@@ -27,7 +27,7 @@ _PLAIN_SCALARS = {
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
-MAX_NODES = 200_000
+MAX_NODES = 50_000  # a 1 MiB topology has far fewer; alias bombs stop here
 
 SourceMap = dict[FieldPath, Location]
 
