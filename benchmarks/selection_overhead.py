@@ -82,6 +82,14 @@ def _time(function: Any) -> float:
     return time.perf_counter() - start
 
 
+def _wall_and_cpu(function: Any) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds: on a shared machine the CPU time is not
+    inflated by waiting for a core, so its ratio is the steadier of the two."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    function()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def plain_forward(sender: SenderState, request: torch.Tensor) -> None:
     with torch.inference_mode():
         forward_rows(sender.model, view_cache(sender.model, sender.past_key_values), input_ids=request)
@@ -138,7 +146,7 @@ def measure(model: Any, tokenizer: Any, positions: int, repeats: int, warmup: in
     for _ in range(warmup):
         cacheback(sender, request, budget)
         plain_forward(sender, request)
-    selection, forward = [], []
+    runs: dict[str, list[tuple[float, float]]] = {"selection": [], "forward": []}
     for repeat in range(repeats):
         pair = [
             ("selection", lambda: cacheback(sender, request, budget)),
@@ -147,7 +155,11 @@ def measure(model: Any, tokenizer: Any, positions: int, repeats: int, warmup: in
         if repeat % 2:
             pair.reverse()
         for name, function in pair:
-            (selection if name == "selection" else forward).append(_time(function))
+            runs[name].append(_wall_and_cpu(function))
+    selection = [wall for wall, _ in runs["selection"]]
+    forward = [wall for wall, _ in runs["forward"]]
+    selection_cpu = statistics.median(cpu for _, cpu in runs["selection"])
+    forward_cpu = statistics.median(cpu for _, cpu in runs["forward"])
     with _TimedFold() as timed:
         scores_runs = []
         for _ in range(max(3, repeats // 2)):
@@ -165,6 +177,12 @@ def measure(model: Any, tokenizer: Any, positions: int, repeats: int, warmup: in
         "selection_ms": round(selection_ms, 2),
         "forward_ms": round(forward_ms, 2),
         "ratio": round(selection_ms / forward_ms, 3),
+        # Each A/B pair ran back to back, so its ratio is less exposed to load drifting on a
+        # shared machine than the ratio of the two medians.
+        "pair_ratio_median": round(statistics.median(a / b for a, b in zip(selection, forward)), 3),
+        "selection_cpu_ms": round(selection_cpu * 1e3, 2),
+        "forward_cpu_ms": round(forward_cpu * 1e3, 2),
+        "cpu_ratio": round(selection_cpu / forward_cpu, 3),
         "scores_ms": round(statistics.median(run[0] for run in scores_runs) * 1e3, 2),
         "fold_ms": round(statistics.median(run[1] for run in scores_runs) * 1e3, 2),
         "keep_ms": round(keep * 1e3, 3),

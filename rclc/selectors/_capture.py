@@ -209,7 +209,10 @@ def capture(
             )
         configs = reachable_configs(model)
         saved = [(c, getattr(c, "_attn_implementation_internal", None)) for c in configs]
-        _active = _ActiveCapture(
+        # A fold may itself capture another model (same thread, re-entrant lock): put the
+        # outer capture back afterwards rather than clearing it.
+        outer = _active
+        active = _ActiveCapture(
             fold=fold,
             attention=attention,
             mask=mask,
@@ -217,20 +220,20 @@ def capture(
             global_layers=layers,
             thread=threading.get_ident(),
         )
+        _active = active
         try:
             for c in configs:
                 c._attn_implementation_internal = CAPTURE_NAME
             if config._attn_implementation != CAPTURE_NAME:
                 raise RuntimeError("attention capture: the model refused the capture attention implementation")
             forward_rows(model, private, input_ids=input_ids, inputs_embeds=inputs_embeds, start=memory)
-            seen = _active.seen
         finally:
-            _active = None
+            _active = outer
             for c, value in saved:
                 c._attn_implementation_internal = value
     expected = set(range(int(config.num_hidden_layers)))
-    if seen != expected:
-        missing = sorted(expected - seen)
+    if active.seen != expected:
+        missing = sorted(expected - active.seen)
         raise RuntimeError(
             f"attention capture: layers {missing} were not observed (the model bypassed the attention registry)"
         )

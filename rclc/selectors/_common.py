@@ -35,14 +35,17 @@ def check_request_ids(request_ids: Any) -> torch.Tensor:
     return request_ids
 
 
-def selects(sender: SenderState, budget: Any, span_size: Any, *, span_field: str = "span_size") -> bool:
-    """Validate the span size and budget; False when the budget already covers every row.
-
-    `span_field` names the option as the caller spelled it (ChunkKV calls it chunk_size).
-    """
+def check_span_size(span_size: Any, span_field: str = "span_size") -> int:
+    """`span_field` names the option as the caller spelled it (ChunkKV calls it chunk_size)."""
     if not is_exact_int(span_size) or span_size < 1:
         alias = "" if span_field == "span_size" else " (the span_size of the keep step)"
         raise ValueError(f"{span_field}: expected an int >= 1{alias}, got {span_size!r}")
+    return span_size
+
+
+def selects(sender: SenderState, budget: Any, span_size: Any, *, span_field: str = "span_size") -> bool:
+    """Validate the span size and budget; False when the budget already covers every row."""
+    check_span_size(span_size, span_field)
     require_int("budget", budget, minimum=1)
     if budget < sender.latent_steps + 1:
         raise ValueError(

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from .._checks import is_exact_int
 from ..state import SenderState
 from ._capture import capture
-from ._common import check_finite, check_sender, selects
+from ._common import check_finite, check_sender, check_span_size, selects
 from ._spans import fixed_span_keep, fixed_spans, span_means
 
 NAME = "ChunkKV"
@@ -67,12 +67,16 @@ def _check_options(sender: SenderState, chunk_size: object, window_size: object,
 
 
 def chunkkv_scores(
-    sender: SenderState, request_ids: torch.Tensor | None = None, *, chunk_size: int = 16,
-    window_size: int = 32, kernel_size: int = 5,
+    sender: SenderState,
+    request_ids: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 16,
+    window_size: int = 32,
+    kernel_size: int = 5,
 ) -> torch.Tensor:
     """Per-position scores (each position holds its chunk's mean), float32 `[T]`. The request is ignored."""
     check_sender(sender)
-    selects(sender, 1 + sender.latent_steps, chunk_size, span_field="chunk_size")
+    check_span_size(chunk_size, "chunk_size")
     prefix = _check_options(sender, chunk_size, window_size, kernel_size)
     return _scores(sender, prefix, chunk_size, kernel_size)
 

@@ -217,3 +217,36 @@ def test_capture_name_is_registered_once():
     _capture._register()
     assert ALL_ATTENTION_FUNCTIONS[CAPTURE_NAME] is _capture._capture_attention
     assert ALL_MASK_ATTENTION_FUNCTIONS[CAPTURE_NAME] is _capture._capture_mask
+
+
+def test_nested_capture_of_another_model_keeps_the_outer_capture(tiny_qwen3, tiny_llama):
+    outer_model, tokenizer = tiny_qwen3
+    inner_model, _ = tiny_llama
+    outer_sender, inner_sender = make_sender(outer_model, tokenizer), make_sender(inner_model, tokenizer)
+    ids = request(tokenizer)
+    inner_folds, outer_folds = [], []
+
+    def outer_fold(query, key, scaling):
+        if not outer_folds:
+            capture(inner_model, inner_sender.past_key_values, lambda q, k, s: inner_folds.append(1),
+                    inner_sender.positions, input_ids=ids)
+            assert inner_model.config._attn_implementation == "sdpa"
+        outer_folds.append(1)
+
+    capture(outer_model, outer_sender.past_key_values, outer_fold, outer_sender.positions, input_ids=ids)
+    assert len(outer_folds) == outer_model.config.num_hidden_layers
+    assert len(inner_folds) == inner_model.config.num_hidden_layers
+    assert outer_model.config._attn_implementation == "sdpa" and _capture._active is None
+
+
+def test_nested_capture_of_the_same_model_raises_and_restores(tiny):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer)
+    ids = request(tokenizer)
+
+    def fold(query, key, scaling):
+        capture(model, sender.past_key_values, lambda q, k, s: None, sender.positions, input_ids=ids)
+
+    with pytest.raises(RuntimeError, match="cannot nest"):
+        capture(model, sender.past_key_values, fold, sender.positions, input_ids=ids)
+    assert model.config._attn_implementation == "sdpa" and _capture._active is None
