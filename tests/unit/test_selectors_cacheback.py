@@ -227,3 +227,12 @@ def test_bad_request_ids(tiny):
         cacheback(sender, torch.zeros(3, dtype=torch.int64), 4)
     with pytest.raises(ValueError, match="request_ids"):
         cacheback(sender, torch.zeros(1, 3, dtype=torch.int32), 4)
+
+
+def test_nothing_folded_raises():
+    with pytest.raises(RuntimeError, match="no global layer was folded"):
+        SupportFold().votes_mean()
+    fold = SupportFold(moments=False)
+    fold(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 10, 8), 8**-0.5)
+    with pytest.raises(RuntimeError, match="moments"):
+        composite_score(fold)
