@@ -10,8 +10,15 @@ run:
   built the same way (`rclc._cache.view_cache` + `forward_rows`), which is what any
   selector conditioned on the request must at least run.
 
-Prints one JSON object: per size the medians, their ratio and a breakdown (time inside the
-fold, the keep step, and the cost of switching attention dispatch both ways).
+Prints one JSON object. Per size: wall-clock medians and their `ratio` (target: at most
+1.3 at 2048 positions), `pair_ratio_median` (median over back-to-back A/B pairs),
+CPU-time medians and `cpu_ratio` (steadier on a shared machine), and a breakdown: the
+scores alone, the time spent inside the fold, and the keep step. `switch` compares the
+cost of switching attention dispatch and back by direct config writes (what the capture
+does) with `model.set_attn_implementation`.
+
+Runs single-threaded by default (`--threads 1`): on a shared 2-core machine two torch
+threads wait on each other and produce multi-second outliers.
 
     PYTHONPATH=$PWD python benchmarks/selection_overhead.py --sizes 512,2048,4096
 """
