@@ -1,0 +1,115 @@
+"""The keep step shared by the built-in selectors: scores -> exactly `budget` positions.
+
+Pure function of a score vector, a span partition and the latent tail (no model), so it is
+property-tested directly. Selection works on spans rather than single positions because a
+receiver reads kept rows as text-like runs: isolated tokens carry little meaning, a kept
+span keeps its local context. The partition is a list of `(start, stop)` spans covering
+`0..T-1` in order; the built-ins use the fixed grid of `fixed_spans`, and other partitions
+(sentence-aligned spans, say) plug into `keep_spans` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Span = tuple[int, int]  # [start, stop), stop exclusive
+
+
+def fixed_spans(total: int, span_size: int) -> list[Span]:
+    """`[0, W), [W, 2W), ...`; the last span keeps the remainder `total mod W`."""
+    return [(start, min(start + span_size, total)) for start in range(0, total, span_size)]
+
+
+def protected_positions(total: int, latent_steps: int) -> list[int]:
+    """The first position (attention sink) and the current latent tail, ascending."""
+    return [0, *range(max(total - latent_steps, 1), total)]
+
+
+def pin_first(scores: torch.Tensor) -> torch.Tensor:
+    """A float32 copy with `scores[0]` raised to the maximum, so the sink ranks with the best."""
+    pinned = scores.detach().to(dtype=torch.float32, device="cpu").clone()
+    pinned[0] = pinned.max()
+    return pinned
+
+
+def span_means(pinned: torch.Tensor, spans: Sequence[Span]) -> torch.Tensor:
+    """Float32 mean of each span, dividing by the span's own size."""
+    size = spans[0][1] - spans[0][0]
+    uniform = all(start == i * size and stop - start == size for i, (start, stop) in enumerate(spans[:-1]))
+    last_start, last_stop = spans[-1]
+    if uniform and last_start == (len(spans) - 1) * size and last_stop - last_start <= size:
+        full = len(spans) - 1 if last_stop - last_start < size else len(spans)
+        means = pinned[: full * size].view(full, size).mean(dim=1)
+        if full < len(spans):
+            means = torch.cat([means, pinned[last_start:last_stop].mean().reshape(1)])
+        return means
+    return torch.stack([pinned[start:stop].mean() for start, stop in spans])
+
+
+def _check_partition(spans: Sequence[Span], total: int) -> None:
+    expected = 0
+    for start, stop in spans:
+        if start != expected or stop <= start:
+            raise ValueError(f"spans: expected contiguous non-empty (start, stop) spans covering 0..{total - 1}")
+        expected = stop
+    if expected != total:
+        raise ValueError(f"spans: they cover 0..{expected - 1} but the scores have {total} positions")
+
+
+def _window_around_peak(available: list[int], room: int, peak: int) -> tuple[int, int]:
+    """The run of `room` consecutive available positions closest to the peak.
+
+    Ties break by a narrower run (fewer protected positions stepped over), then by the
+    earlier start.
+    """
+
+    def rank(offset: int) -> tuple[float, int, int]:
+        first, last = available[offset], available[offset + room - 1]
+        return abs((first + last) / 2 - peak), last - first, first
+
+    best = min(range(len(available) - room + 1), key=rank)
+    return available[best], available[best + room - 1]
+
+
+def keep_spans(scores: torch.Tensor, budget: int, spans: Sequence[Span], latent_steps: int = 0) -> list[int]:
+    """Pin the first position, protect first + latent tail, fill `budget` with whole spans
+    in descending mean order and a contiguous partial window around the peak of the span
+    that overshoots. Ascending positions; exactly `budget` of them when `budget < T`.
+    """
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.shape[0] < 1:
+        raise ValueError("scores: expected a non-empty 1-D tensor with one score per position")
+    total = int(scores.shape[0])
+    _check_partition(spans, total)
+    protected = protected_positions(total, latent_steps)
+    if len(protected) > budget:
+        raise ValueError(
+            f"budget: {budget} positions cannot hold the {len(protected)} protected ones "
+            f"(the first position and {latent_steps} latent rows); raise the budget"
+        )
+    if budget >= total:
+        return list(range(total))
+    pinned = pin_first(scores)
+    order = torch.sort(span_means(pinned, spans), descending=True, stable=True).indices.tolist()
+    values = pinned.tolist()
+    keep = set(protected)
+    for span_index in order:
+        room = budget - len(keep)
+        if room == 0:
+            break
+        start, stop = spans[span_index]
+        available = [position for position in range(start, stop) if position not in keep]
+        if len(available) <= room:
+            keep.update(available)
+            continue
+        segment = values[start:stop]
+        peak = start + segment.index(max(segment))
+        first, last = _window_around_peak(available, room, peak)
+        keep.update(range(first, last + 1))
+    return sorted(keep)
+
+
+def fixed_span_keep(scores: torch.Tensor, budget: int, span_size: int, latent_steps: int = 0) -> list[int]:
+    """`keep_spans` over the fixed grid of `span_size` spans aligned at 0."""
+    return keep_spans(scores, budget, fixed_spans(int(scores.shape[0]), span_size), latent_steps)

@@ -1,0 +1,50 @@
+"""CacheBack: receiver-conditioned selection by request attention with a support correction.
+
+The request is forwarded over a private view of the sender's cache; positions the request
+attends to score high (QSnap's votes), boosted where a few request rows concentrate their
+attention rather than spreading it (the squared support correction). The keep step then
+keeps whole spans (section 4 of the spec).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..state import SenderState
+from ._capture import capture
+from ._common import check_context, check_finite, check_request_ids, check_sender, selects
+from ._spans import fixed_span_keep
+from ._support import SupportFold, composite_score
+
+NAME = "CacheBack"
+
+
+def cacheback_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
+    """Raw composite scores, float32 `[T]`: `pool7(votes) * ratio ** 2`."""
+    check_sender(sender)
+    check_request_ids(request_ids)
+    check_context(sender, request_ids, NAME)
+    return _scores(sender, request_ids)
+
+
+def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
+    fold = SupportFold(moments=True)
+    with torch.inference_mode():
+        capture(sender.model, sender.past_key_values, fold, sender.positions, input_ids=request_ids)
+        return composite_score(fold)
+
+
+def cacheback(sender: SenderState, request_ids: torch.Tensor, budget: int, *, span_size: int = 16) -> list[int]:
+    """Keep `budget` positions of `sender` that `request_ids` needs most, as ascending indices.
+
+    Always keeps position 0 and the latent tail; `span_size` changes granularity only.
+    Returns every position, without any model work, when `budget >= T`.
+    """
+    check_sender(sender)
+    if not selects(sender, budget, span_size):
+        return list(range(sender.positions))
+    check_request_ids(request_ids)
+    check_context(sender, request_ids, NAME)
+    scores = _scores(sender, request_ids)
+    check_finite(scores, NAME)
+    return fixed_span_keep(scores, budget, span_size, sender.latent_steps)

@@ -1,0 +1,111 @@
+"""ChunkKV: a request-agnostic baseline. The sender's own last `window_size` rows play the
+request; prefix positions are scored by the window's attention, smoothed, averaged per
+chunk, and the window itself always outranks the prefix (spec section 6).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import is_exact_int
+from ..state import SenderState
+from ._capture import capture
+from ._common import check_finite, check_sender, check_span_size, selects
+from ._spans import fixed_span_keep, fixed_spans, span_means
+
+NAME = "ChunkKV"
+
+
+class ChunkKVFold:
+    """Per global layer: window attention to the prefix, average-pooled, grouped per KV head,
+    with every window position scored `max + 1`; summed over layers."""
+
+    def __init__(self, kernel_size: int) -> None:
+        self.kernel_size = kernel_size
+        self.layers = 0
+        self.total: torch.Tensor | None = None
+
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        _, heads, window, _ = query.shape
+        kv_heads, positions = key.shape[1], key.shape[2]
+        group = heads // kv_heads
+        prefix = positions - window
+        keys_t = key[0].float().repeat_interleave(group, dim=0).transpose(-1, -2)  # [H, d, T]
+        logits = torch.matmul(query[0].float(), keys_t) * scaling  # [H, window, T]
+        hidden = torch.ones(window, window, dtype=torch.bool, device=query.device).triu(1)
+        logits[..., prefix:].masked_fill_(hidden, float("-inf"))
+        attention = torch.softmax(logits, dim=-1)[..., :prefix].mean(dim=1)  # [H, prefix]
+        pooled = F.avg_pool1d(attention, self.kernel_size, 1, self.kernel_size // 2, count_include_pad=True)
+        grouped = pooled.unflatten(0, (kv_heads, group)).mean(dim=1)  # [K, prefix]
+        window_scores = (grouped.max() + 1.0).expand(kv_heads, window)
+        layer = torch.cat([grouped, window_scores], dim=-1).mean(dim=0)  # [T]
+        self.total = layer if self.total is None else self.total + layer
+        self.layers += 1
+
+    def scores(self) -> torch.Tensor:
+        if self.total is None or self.layers == 0:
+            raise RuntimeError(f"{NAME}: no layer was scored (the capture folded no global layer)")
+        return self.total / self.layers
+
+
+def _check_options(sender: SenderState, chunk_size: object, window_size: object, kernel_size: object) -> int:
+    for name, value in (("chunk_size", chunk_size), ("window_size", window_size), ("kernel_size", kernel_size)):
+        if not is_exact_int(value):
+            raise ValueError(f"{name}: expected an int, got {value!r}")
+    if kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size: expected an odd int >= 1 (a centred pooling window), got {kernel_size}")
+    if window_size < 1:
+        raise ValueError(f"window_size: expected an int >= 1, got {window_size}")
+    prefix = sender.positions - window_size
+    if prefix < 1:
+        raise ValueError(
+            f"window_size: {window_size} leaves no prefix to score in a {sender.positions}-position state; "
+            "use a window shorter than the sender state"
+        )
+    return prefix
+
+
+def chunkkv_scores(
+    sender: SenderState,
+    request_ids: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 16,
+    window_size: int = 32,
+    kernel_size: int = 5,
+) -> torch.Tensor:
+    """Per-position scores (each position holds its chunk's mean), float32 `[T]`. The request is ignored."""
+    check_sender(sender)
+    check_span_size(chunk_size, "chunk_size")
+    prefix = _check_options(sender, chunk_size, window_size, kernel_size)
+    return _scores(sender, prefix, chunk_size, kernel_size)
+
+
+def _scores(sender: SenderState, prefix: int, chunk_size: int, kernel_size: int) -> torch.Tensor:
+    fold = ChunkKVFold(kernel_size)
+    with torch.inference_mode():
+        window_rows = sender.input_embeds[prefix:].unsqueeze(0)
+        capture(sender.model, sender.past_key_values, fold, prefix, inputs_embeds=window_rows)
+        per_position = fold.scores().float().cpu()
+    spans = fixed_spans(sender.positions, chunk_size)
+    sizes = torch.tensor([stop - start for start, stop in spans])
+    return span_means(per_position, spans).repeat_interleave(sizes)
+
+
+def chunkkv(
+    sender: SenderState,
+    request_ids: torch.Tensor,
+    budget: int,
+    *,
+    chunk_size: int = 16,
+    window_size: int = 32,
+    kernel_size: int = 5,
+) -> list[int]:
+    """Keep `budget` positions by chunk-averaged attention from the sender's own last window."""
+    check_sender(sender)
+    if not selects(sender, budget, chunk_size, span_field="chunk_size"):
+        return list(range(sender.positions))
+    prefix = _check_options(sender, chunk_size, window_size, kernel_size)
+    scores = _scores(sender, prefix, chunk_size, kernel_size)
+    check_finite(scores, NAME)
+    return fixed_span_keep(scores, budget, chunk_size, sender.latent_steps)
