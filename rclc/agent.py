@@ -138,23 +138,53 @@ class Agent(HFReceiver):
 
     # -- continuation ------------------------------------------------------------------
 
-    def pop(self, *, prompt: Any = None, max_new_tokens: int | None = None, discard_pending: bool = False) -> dict[str, Any]:
+    def pop(
+        self,
+        *,
+        prompt: Any = None,
+        max_new_tokens: int | None = None,
+        discard_pending: bool = False,
+        deliveries: int = 1,
+    ) -> dict[str, Any]:
         """Generate inputs for the oldest handoff (received rows, then this agent's prompt)."""
         if self._pending is not None and not discard_pending:
             raise ValueError(
                 "agent: the previous continuation is pending; record it with update(inputs=..., generation=...) "
                 "or pop(discard_pending=True)"
             )
-        if not self._queue:
-            raise IndexError("pop from an empty receiver: await transfer(...) first")
-        delivery, prepared = self._queue[0]
-        generic, ids = self._build_inputs(delivery, prepared, prompt, max_new_tokens)
+        taken = self._take(deliveries)
+        generic, ids = self._build_inputs(taken, prompt, max_new_tokens)
         rows = generic["inputs_embeds"][0]
         inputs = self._backend.generation_inputs(rows, generic["max_new_tokens"])
-        known = torch.cat([_known_ids(delivery, rows.device), ids[0].to(rows.device)])
-        self._queue.popleft()
-        self._pending = _Pending(inputs, known, delivery.positions)
+        received = [delivery for delivery, _ in taken]
+        known = torch.cat([*(_known_ids(d, rows.device) for d in received), ids[0].to(rows.device)])
+        for _ in taken:
+            self._queue.popleft()
+        self._pending = _Pending(inputs, known, sum(d.positions for d in received))
         return inputs
+
+    async def absorb(self, *, prompt: Any = None, deliveries: int = 1) -> None:
+        """Make received rows + prompt the retained state without generating anything.
+
+        For agents that only read and pass state on (a chain-of-agents worker): the k oldest
+        deliveries, then `prompt` (or the planned prompt), are prefilled as one state whose
+        inherited prefix is the received rows. Deliveries leave the queue only on success.
+        """
+        if self._pending is not None:
+            raise ValueError("agent: a continuation is pending; record it with update(inputs=..., generation=...) first")
+        taken = self._take(deliveries)
+
+        def build() -> SenderState:
+            generic, ids = self._build_inputs(taken, prompt, 1)
+            rows = generic["inputs_embeds"][0]
+            received = [delivery for delivery, _ in taken]
+            known = torch.cat([*(_known_ids(d, rows.device) for d in received), ids[0].to(rows.device)])
+            return self._backend.restore(rows, known, 0, sum(d.positions for d in received))
+
+        state = await run_in_worker(build)
+        for _ in taken:
+            self._queue.popleft()
+        self._state, self._from_history = state, False
 
     async def inputs(self, *, max_new_tokens: int | None = None) -> dict[str, Any]:
         """Generate inputs from the retained state itself, without consuming queued handoffs."""

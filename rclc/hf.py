@@ -258,12 +258,23 @@ class HFReceiver:
         delivery, _ = self.peek(request_index)
         return delivery.selection_html()
 
+    def _take(self, deliveries: int) -> list[tuple[Delivery, PreparedRequest]]:
+        if not is_exact_int(deliveries) or deliveries < 1:
+            raise ValueError(f"deliveries: expected an int >= 1, got {deliveries!r}")
+        if not self._queue:
+            raise IndexError("pop from an empty receiver: await transfer(...) first")
+        if deliveries > len(self._queue):
+            raise IndexError(f"deliveries: {deliveries} requested but only {len(self._queue)} are queued")
+        return [self._queue[i] for i in range(deliveries)]
+
     def _build_inputs(
-        self, delivery: Delivery, prepared: PreparedRequest, prompt: Any, max_new_tokens: int | None
+        self, taken: list[tuple[Delivery, PreparedRequest]], prompt: Any, max_new_tokens: int | None
     ) -> tuple[dict[str, Any], torch.Tensor]:
+        """Rows of the taken deliveries in queue order, then the prompt of the last one (or `prompt`)."""
+        prepared = taken[-1][1]
         output = optional_int("max_new_tokens", max_new_tokens, minimum=1) or prepared.max_new_tokens
         ids = prepared.input_ids if prompt is None else prompt_ids(self.model, self.tokenizer, prompt)
-        received = delivery.positions
+        received = sum(delivery.positions for delivery, _ in taken)
         needed = received + ids.shape[1] + output
         if needed > self.context_limit:
             raise ValueError(
@@ -272,7 +283,8 @@ class HFReceiver:
             )
         weight = embedding_weight(self.model)
         with torch.no_grad():
-            rows = torch.cat([delivery.rows(weight), weight[ids[0].to(weight.device)]], dim=0)
+            parts = [delivery.rows(weight) for delivery, _ in taken]
+            rows = torch.cat([*parts, weight[ids[0].to(weight.device)]], dim=0)
         inputs = {
             "inputs_embeds": rows.unsqueeze(0),
             "attention_mask": torch.ones(1, rows.shape[0], dtype=torch.long, device=rows.device),
@@ -280,14 +292,15 @@ class HFReceiver:
         }
         return inputs, ids
 
-    def pop(self, *, prompt: Any = None, max_new_tokens: int | None = None) -> dict[str, Any]:
+    def pop(self, *, prompt: Any = None, max_new_tokens: int | None = None, deliveries: int = 1) -> dict[str, Any]:
         """Generate inputs for the oldest delivery: received rows, then the receiver's prompt.
 
-        The delivery leaves the queue only when preparation succeeds.
+        `deliveries=k` joins the k oldest deliveries (e.g. handoffs of several transfers into
+        one fan-in) in queue order before the prompt of the last. Deliveries leave the queue
+        only when preparation succeeds.
         """
-        if not self._queue:
-            raise IndexError("pop from an empty receiver: await transfer(...) first")
-        delivery, prepared = self._queue[0]
-        inputs, _ = self._build_inputs(delivery, prepared, prompt, max_new_tokens)
-        self._queue.popleft()
+        taken = self._take(deliveries)
+        inputs, _ = self._build_inputs(taken, prompt, max_new_tokens)
+        for _ in taken:
+            self._queue.popleft()
         return inputs
