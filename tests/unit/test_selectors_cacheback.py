@@ -236,3 +236,10 @@ def test_nothing_folded_raises():
     fold(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 10, 8), 8**-0.5)
     with pytest.raises(RuntimeError, match="moments"):
         composite_score(fold)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30), st.sampled_from([(), (3,), (2, 4), (2, 1, 3)]), st.integers(0, 2**31 - 1))
+def test_pool7_is_a_centred_window_max(length, leading, seed):
+    values = torch.randn(*leading, length, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(_support.pool7(values), max_pool_reference(values))

@@ -228,8 +228,13 @@ def test_nested_capture_of_another_model_keeps_the_outer_capture(tiny_qwen3, tin
 
     def outer_fold(query, key, scaling):
         if not outer_folds:
-            capture(inner_model, inner_sender.past_key_values, lambda q, k, s: inner_folds.append(1),
-                    inner_sender.positions, input_ids=ids)
+            capture(
+                inner_model,
+                inner_sender.past_key_values,
+                lambda q, k, s: inner_folds.append(1),
+                inner_sender.positions,
+                input_ids=ids,
+            )
             assert inner_model.config._attn_implementation == "sdpa"
         outer_folds.append(1)
 

@@ -130,7 +130,8 @@ def test_budget_below_latent_tail(tiny):
 def test_non_finite_scores_raise_naming_chunkkv(tiny, monkeypatch):
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer)
-    monkeypatch.setattr(chunkkv_module.ChunkKVFold, "scores", lambda self: torch.full((sender.positions,), float("nan")))
+    nan = torch.full((sender.positions,), float("nan"))
+    monkeypatch.setattr(chunkkv_module.ChunkKVFold, "scores", lambda self: nan)
     with pytest.raises(RuntimeError, match="ChunkKV"):
         chunkkv(sender, request(tokenizer), 6, chunk_size=4, window_size=8)
 
