@@ -253,11 +253,13 @@ def tiny_model(
     attn_implementation: str = "sdpa",
     tokenizer: Any = None,
     head_dim: int = 16,
+    hidden_size: int = 64,
 ) -> tuple[Any, Any]:
     """A random-weight `(model, tokenizer)` of a supported family, small enough for unit tests.
 
     `head_dim` defaults to 16 (fastest); vLLM's CPU attention kernels need 32..256 in steps
-    of 32 (or 80, 112), so vLLM tests build their tiny models with `head_dim=64`.
+    of 32 (or 80, 112), so vLLM tests build their tiny models with `head_dim=64`; vLLM's
+    Qwen2 ignores `head_dim` and uses `hidden_size / 4 heads`, so those also pass `hidden_size`.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -271,8 +273,8 @@ def tiny_model(
     config = AutoConfig.for_model(
         family,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -23,7 +23,7 @@ CONNECTOR_MODULE = "rclc.capture.connector"
 BACKEND_LAYOUTS = {"CPU_ATTN": "cpu", "FLASH_ATTN": "flash"}
 # CPU_ATTN picks a kernel ("isa") per dtype and CPU; each may lay pages out differently.
 # Only the kernels whose layout the tests compared against HF KV are accepted.
-CPU_KERNELS = ("vec",)
+CPU_KERNELS = ("vec", "vec16")
 
 
 def installed_vllm() -> str | None:
