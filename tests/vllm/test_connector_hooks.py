@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import engine_arguments, save_tiny
+from vllm_engines import engine_arguments, save_tiny
 
 from rclc.capture import registry
 from rclc.capture.pages import PageGeometry, scatter_prompt

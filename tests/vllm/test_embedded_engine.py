@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import running_engine, vllm
+from vllm_engines import running_engine, vllm
 
 from rclc import _cache, models
 from rclc.capture import registry

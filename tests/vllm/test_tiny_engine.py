@@ -7,7 +7,7 @@ both backends run identical weights; float32 throughout, tolerances are float32 
 from __future__ import annotations
 
 import torch
-from conftest import running_engine, save_tiny, vllm
+from vllm_engines import running_engine, save_tiny, vllm
 
 import pytest
 from rclc import _cache, models

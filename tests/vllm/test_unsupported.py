@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import CONNECTOR, engine_arguments, running_engine, save_tiny, vllm
+from vllm_engines import CONNECTOR, engine_arguments, running_engine, save_tiny, vllm
 
 from rclc.vllm import check_engine, model_from_vllm
 
