@@ -217,6 +217,13 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
             dtype=spec.dtype,
         )
         pages = [kv_caches[name] for name in names]
+        if self._pages is not None and [p.data_ptr() for p in self._pages] != [p.data_ptr() for p in pages]:
+            # vLLM keeps the worker connector in a process global until its engine shuts
+            # down; a second engine would otherwise reuse this one with stale settings.
+            raise ValueError(
+                "RCLCCaptureConnector: another engine's KV pages are already registered in this process; "
+                "shut the previous engine down first (llm.llm_engine.engine_core.shutdown())"
+            )
         for name, tensor in zip(names, pages):
             if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
                 raise ValueError(f"RCLCCaptureConnector: layer {name!r} has no KV pages")

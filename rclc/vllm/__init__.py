@@ -22,7 +22,7 @@ capture ID. Call discard_capture for cancelled or unused captures.
 from ..capture.registry import Capture, discard_capture, get_capture, request_capture
 from .engine import check_engine, engine_context_limit, require_idle
 from .state import prefill_state, sender_from_vllm, shared_view, state_from_capture
-from .view import EngineProjection, model_from_vllm
+from .view import EngineProjection, model_from_vllm, view_state_dict
 
 __all__ = [
     "Capture",
@@ -38,4 +38,5 @@ __all__ = [
     "sender_from_vllm",
     "shared_view",
     "state_from_capture",
+    "view_state_dict",
 ]

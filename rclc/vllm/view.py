@@ -51,13 +51,44 @@ class _FusedOutput:
     has read it, so a changed or new input always recomputes.
     """
 
-    def __init__(self, layer: nn.Module, readers: int):
+    def __init__(self, layer: nn.Module, readers: int, dtype: torch.dtype, device: torch.device):
         self._layer = layer
+        self._engine_dtype, self._engine_device = dtype, device
         self._readers = readers
         self._lock = threading.Lock()
         self._key: tuple[weakref.ref, int | None] | None = None
         self._output: torch.Tensor | None = None
         self._reads = 0
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        bias = getattr(self._layer, "bias", None)
+        return bias if isinstance(bias, torch.Tensor) and not getattr(self._layer, "skip_bias_add", False) else None
+
+    def weight_columns(self, start: int, stop: int) -> torch.Tensor:
+        """Rows `[start, stop)` of the engine's weight, recovered exactly from its packed GEMM.
+
+        Multiplying the identity matrix (no bias) returns each weight entry times one plus
+        zeros, which IEEE arithmetic keeps exact for float32/float16/bfloat16 kernels that do
+        not lower input precision; the tests compare the result bitwise with the checkpoint.
+        """
+        layer = self._layer
+        columns = int(layer.input_size)
+        parts = []
+        with torch.no_grad():
+            for first in range(0, columns, 1024):
+                eye = torch.zeros(min(1024, columns - first), columns, dtype=self.dtype, device=self.device)
+                eye[:, first : first + eye.shape[0]].fill_diagonal_(1)
+                parts.append(layer.quant_method.apply(layer, eye, None)[:, start:stop])
+        return torch.cat(parts, dim=0).T.contiguous()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._engine_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._engine_device
 
     def _compute(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()
@@ -96,6 +127,14 @@ class EngineProjection(nn.Module):
         self.start, self.stop = start, stop
         self.in_features, self.out_features = in_features, stop - start
 
+    def materialize(self) -> dict[str, torch.Tensor]:
+        """This projection's `weight` (and `bias`) as new tensors, exactly the engine's values."""
+        tensors = {"weight": self._fused.weight_columns(self.start, self.stop)}
+        bias = self._fused.bias
+        if bias is not None:
+            tensors["bias"] = bias.detach()[self.start : self.stop].clone()
+        return tensors
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         output = self._fused(x)
         if self.start == 0 and self.stop == output.shape[-1]:
@@ -131,7 +170,14 @@ def _plain_weight(layer: nn.Module, rows: int, columns: int, where: str) -> torc
 
 
 def _fill_linears(
-    owner: nn.Module, layer: nn.Module, names: tuple[str, ...], sizes: list[int], columns: int, where: str
+    owner: nn.Module,
+    layer: nn.Module,
+    names: tuple[str, ...],
+    sizes: list[int],
+    columns: int,
+    where: str,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
     """Give `owner.<names>` the engine layer's rows (views) or engine-computed slices."""
     total = sum(sizes)
@@ -147,7 +193,7 @@ def _fill_linears(
     bias = getattr(layer, "bias", None)
     if bias is not None and tuple(bias.shape) != (total,):
         raise ValueError(f"engine model: {where}.bias has shape {list(bias.shape)}, expected [{total}]")
-    fused = None if weight is not None else _FusedOutput(layer, readers=len(names))
+    fused = None if weight is not None else _FusedOutput(layer, len(names), dtype, device)
     start = 0
     for name, size in zip(names, sizes):
         target = getattr(owner, name)
@@ -204,6 +250,7 @@ def _build(config: Any, engine: nn.Module) -> nn.Module:
     decoder = view.model
     embed = _table(_child(source, "embed_tokens", "model"), vocab, hidden, "model.embed_tokens")
     decoder.embed_tokens.weight = _frozen(embed)
+    placement = (embed.dtype, embed.device)
     for index, (target, layer) in enumerate(zip(decoder.layers, layers)):
         where = f"model.layers.{index}"
         attention, mlp = _child(layer, "self_attn", where), _child(layer, "mlp", where)
@@ -214,21 +261,22 @@ def _build(config: Any, engine: nn.Module) -> nn.Module:
             [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim],
             hidden,
             f"{where}.self_attn.qkv_proj",
+            *placement,
         )
         _fill_linears(
             target.self_attn, _child(attention, "o_proj", f"{where}.self_attn"), ("o_proj",), [hidden],
-            heads * head_dim, f"{where}.self_attn.o_proj",
+            heads * head_dim, f"{where}.self_attn.o_proj", *placement,
         )
         for norm in ("q_norm", "k_norm"):
             if hasattr(target.self_attn, norm):
                 _fill_norm(getattr(target.self_attn, norm), _child(attention, norm, f"{where}.self_attn"), f"{where}.self_attn.{norm}")
         _fill_linears(
             target.mlp, _child(mlp, "gate_up_proj", f"{where}.mlp"), _GATE_UP, [intermediate, intermediate],
-            hidden, f"{where}.mlp.gate_up_proj",
+            hidden, f"{where}.mlp.gate_up_proj", *placement,
         )
         _fill_linears(
             target.mlp, _child(mlp, "down_proj", f"{where}.mlp"), ("down_proj",), [hidden], intermediate,
-            f"{where}.mlp.down_proj",
+            f"{where}.mlp.down_proj", *placement,
         )
         for norm in ("input_layernorm", "post_attention_layernorm"):
             _fill_norm(getattr(target, norm), _child(layer, norm, where), f"{where}.{norm}")
@@ -259,6 +307,30 @@ def _check_view(view: nn.Module, engine: nn.Module, grad_flags: dict[str, bool])
     changed = [name for name, p in engine.named_parameters() if p.requires_grad != grad_flags.get(name)]
     if changed:
         raise RuntimeError(f"view: building it changed requires_grad on engine parameters {changed[:3]}")
+
+
+def view_state_dict(view: nn.Module) -> dict[str, torch.Tensor]:
+    """What `state_dict()` of the HF model loaded from the engine's checkpoint would hold.
+
+    Same keys in the same order; plain parameters are the view's own (shared) tensors and
+    engine-GEMM projections are materialized exactly (see `EngineProjection.materialize`),
+    so weight digests of a view and of an HF model of the same checkpoint agree. This
+    allocates a copy of every packed projection; use it for hashing, not on a hot path.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for prefix, module in view.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        if isinstance(module, EngineProjection):
+            for name, tensor in module.materialize().items():
+                out[dot + name] = tensor
+            continue
+        for name, parameter in module._parameters.items():
+            if parameter is not None:
+                out[dot + name] = parameter.detach()
+        for name, buffer in module._buffers.items():
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                out[dot + name] = buffer.detach()
+    return out
 
 
 def model_from_vllm(llm: Any, *, allow_unstable: bool = False) -> nn.Module:

@@ -8,7 +8,7 @@ from vllm_engines import running_engine, vllm
 
 from rclc import _cache, models
 from rclc.capture import registry
-from rclc.vllm import check_engine, model_from_vllm, prefill_state, shared_view
+from rclc.vllm import check_engine, model_from_vllm, prefill_state, shared_view, view_state_dict
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -82,3 +82,13 @@ def test_prompt_embeds_and_token_generation_agree_with_hf(llm, embedded_hf):
             greedy.append(token)
             hidden, cache = _cache.forward_rows(model, cache, input_ids=torch.tensor([[token]]))
     assert greedy == by_ids
+
+
+def test_view_state_dict_is_the_checkpoint_bitwise(llm, embedded_hf):
+    """Packed projections are recovered exactly, so weight digests match HF's."""
+    model, _ = embedded_hf
+    expected = model.state_dict()
+    got = view_state_dict(shared_view(llm))
+    assert list(got) == list(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name

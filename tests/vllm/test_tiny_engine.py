@@ -25,6 +25,7 @@ from rclc.vllm import (
     sender_from_vllm,
     shared_view,
     state_from_capture,
+    view_state_dict,
 )
 
 pytestmark = pytest.mark.vllm
@@ -298,3 +299,4 @@ def test_prompt_embeds_generation_equals_token_generation(llm, hf):
             next_id = model(sequence[None]).logits[0, -1].argmax()
             sequence = torch.cat([sequence, next_id[None]])
     assert sequence[ids.shape[0] :].tolist() == list(by_ids)
+
