@@ -5,7 +5,7 @@ block IDs (its block table). Where keys and values sit inside a block depends on
 attention backend:
 
 - `cpu` (vLLM's CPU_ATTN backend with its portable `vec`/`vec16` kernels, checked on
-  vLLM 0.30.0): `[blocks, kv_heads, block_size, 2 * head_dim]`, where each (block, head)
+  vLLM 0.30.0 for float32, bfloat16 and float16 pages): `[blocks, kv_heads, block_size, 2 * head_dim]`, where each (block, head)
   slab is two halves of `block_size * head_dim` elements: the keys stored dimension-major
   (`[head_dim, block_size]`, transposed for the kernel's dot products), then the values
   stored token-major (`[block_size, head_dim]`). The tensor's shape alone does not say

@@ -46,3 +46,21 @@ def test_other_families_view_and_capture(tmp_path, family):
             torch.testing.assert_close(keys, ref_keys, atol=ATOL, rtol=1e-5)
             torch.testing.assert_close(values, ref_values, atol=ATOL, rtol=1e-5)
     assert registry.entries() == {}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_pages_use_the_same_layout(tmp_path, dtype):
+    """16-bit engines keep the CPU page layout; results agree with HF within a few ulps."""
+    save_tiny(tmp_path, "llama", dtype=dtype)
+    model, tokenizer = models.load(str(tmp_path), dtype=dtype)
+    ids = _ids(tokenizer)
+    with running_engine(tmp_path, dtype=dtype) as engine:
+        state = prefill_state(engine, shared_view(engine), tokenizer, ids)
+    reference = _cache.prefill(model, model.get_input_embeddings().weight[ids])
+    tolerance = 2 ** -7 if dtype == "bfloat16" else 2 ** -10
+    for (keys, values), (ref_keys, ref_values) in zip(
+        _cache.cache_layers(state.past_key_values), _cache.cache_layers(reference)
+    ):
+        assert keys.dtype == getattr(torch, dtype)
+        torch.testing.assert_close(keys, ref_keys, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(values, ref_values, atol=tolerance, rtol=tolerance)
