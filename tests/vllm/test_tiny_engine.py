@@ -142,7 +142,9 @@ def test_low_level_capture_and_sender(llm, hf):
     assert registry.entries() == {}  # released on success
     _assert_kv_equal(sender.past_key_values, _hf_cache(model, model.get_input_embeddings().weight[ids]))
     assert sender.model is shared_view(llm)
-    assert sender.tokenizer is not None
+    # The engine's tokenizer serves text requests like the HF one.
+    expected = tokenizer("Who owns Cedar?", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert torch.equal(sender.request_ids("Who owns Cedar?"), expected)
 
 
 def test_failed_validation_keeps_the_capture_until_discarded(llm, hf):
