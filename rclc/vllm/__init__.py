@@ -20,7 +20,7 @@ capture ID. Call discard_capture for cancelled or unused captures.
 """
 
 from ..capture.registry import Capture, discard_capture, get_capture, request_capture
-from .engine import check_engine, engine_context_limit, require_idle
+from .engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
 from .state import prefill_state, sender_from_vllm, shared_view, state_from_capture
 from .view import EngineProjection, model_from_vllm, view_state_dict
 
@@ -30,6 +30,7 @@ __all__ = [
     "check_engine",
     "discard_capture",
     "engine_context_limit",
+    "engine_tokenizer",
     "get_capture",
     "model_from_vllm",
     "prefill_state",
