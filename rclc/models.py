@@ -256,8 +256,15 @@ def tiny_model(
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
     tokenizer: Any = None,
+    head_dim: int = 16,
+    hidden_size: int = 64,
 ) -> tuple[Any, Any]:
-    """A random-weight `(model, tokenizer)` of a supported family, small enough for unit tests."""
+    """A random-weight `(model, tokenizer)` of a supported family, small enough for unit tests.
+
+    `head_dim` defaults to 16 (fastest); vLLM's CPU attention kernels need 32..256 in steps
+    of 32 (or 80, 112), so vLLM tests build their tiny models with `head_dim=64`; vLLM's
+    Qwen2 ignores `head_dim` and uses `hidden_size / 4 heads`, so those also pass `hidden_size`.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -270,12 +277,12 @@ def tiny_model(
     config = AutoConfig.for_model(
         family,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         eos_token_id=tokenizer.eos_token_id,
