@@ -100,15 +100,40 @@ def _hash_weights(tensors: dict[str, torch.Tensor]) -> str:
     return hasher.hexdigest()
 
 
+def _engine_projections(model: Any) -> list[Any]:
+    """The engine-GEMM projections of a vLLM shared-weight view (empty for ordinary HF models)."""
+    from .vllm.view import EngineProjection  # plain torch: importing it never imports vLLM
+
+    modules = getattr(model, "modules", None)
+    if not callable(modules):
+        return []
+    return [module for module in modules() if isinstance(module, EngineProjection)]
+
+
+def _weight_tensors(model: Any, projections: list[Any]) -> dict[str, torch.Tensor]:
+    """The state dict an HF load of the checkpoint would have; views materialize packed projections."""
+    if not projections:
+        return model.state_dict()
+    from .vllm.view import view_state_dict
+
+    return view_state_dict(model)
+
+
 def weight_digest(model: Any) -> str:
-    """SHA-256 over the state dict (names, shapes, dtypes, bytes), cached while the weights are unchanged."""
-    tensors = model.state_dict()
-    fingerprint = _fingerprint(tensors)
+    """SHA-256 over the state dict (names, shapes, dtypes, bytes), cached while the weights are unchanged.
+
+    A vLLM view hashes what `view_state_dict` rebuilds (the exact checkpoint tensors), so
+    an HF model and a vLLM engine of one checkpoint share an identity. Its packed
+    projections live in engine handles that have no version counter; the fingerprint
+    covers the view's own tensors and which engine layers it runs.
+    """
+    projections = _engine_projections(model)
+    fingerprint = _fingerprint(model.state_dict()) + tuple(id(module._fused) for module in projections)
     with _digest_lock:
         cached = _digests.get(model)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
-    digest = _hash_weights(tensors)
+    digest = _hash_weights(_weight_tensors(model, projections))
     with _digest_lock:
         _digests[model] = (fingerprint, digest)
     return digest
