@@ -149,7 +149,7 @@ async def _drive(
         finally:
             ctx.stop.set()  # ends native generation at its next step, so cancellation is prompt
 
-    async with anyio.create_task_group() as group:
+    async with send, receive, anyio.create_task_group() as group:
         group.start_soon(stop_generation_on_cancel)
 
         def launch() -> None:
