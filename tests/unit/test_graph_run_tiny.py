@@ -120,7 +120,7 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
     graph.node("a", agent="talker", prompt="{question}", output=True)
     plan = graph.plan({"question": "Say a lot."})
     steps = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda *args: steps.append(time.monotonic())  # the asyncio loop clock)
+    hook = model.get_input_embeddings().register_forward_hook(lambda *args: steps.append(time.monotonic()))  # loop clock
     before = threading.active_count()
 
     async def main():
