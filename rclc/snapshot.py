@@ -26,7 +26,7 @@ import torch
 from ._cache import prefill
 from ._checks import is_exact_int
 from .models import check_model
-from .state import SenderState, embedding_weight
+from .state import SenderState, checkpoint_vocabulary, embedding_weight
 
 METADATA_KEY = "rclc"
 FORMAT = 1
@@ -141,7 +141,8 @@ def weight_digest(model: Any) -> str:
 
 def model_identity(model: Any, tokenizer: Any) -> str:
     """Hex SHA-256 of the forward configuration, the vocabulary and the weights."""
-    vocabulary = tokenizer.get_vocab() if tokenizer is not None else None
+    rows = int(embedding_weight(model).shape[0])
+    vocabulary = checkpoint_vocabulary(tokenizer, rows) if tokenizer is not None else None
     payload = [_config_subset(model.config), vocabulary, weight_digest(model)]
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

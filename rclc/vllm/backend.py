@@ -26,18 +26,17 @@ from .._checks import is_exact_int
 from ..capture.engine_checks import check_version
 from ..hf import prompt_ids
 from ..models import context_limit_of
-from ..state import SenderState, embedding_weight
+from ..state import SenderState, checkpoint_vocabulary, embedding_weight
 from .engine import check_engine, engine_context_limit, engine_core, engine_tokenizer, require_idle
 from .state import prefill_state, shared_view, state_from_capture
 
 
-def _check_tokenizer(supplied: Any, engine: Any) -> None:
+def _check_tokenizer(supplied: Any, engine: Any, rows: int) -> None:
     if supplied is None or supplied is engine:
         return
-    get_vocab = getattr(supplied, "get_vocab", None)
-    if not callable(get_vocab):
+    if not callable(getattr(supplied, "get_vocab", None)):
         raise ValueError(f"tokenizer: expected a Hugging Face tokenizer or None, got {type(supplied).__name__}")
-    if get_vocab() != engine.get_vocab():
+    if checkpoint_vocabulary(supplied, rows) != checkpoint_vocabulary(engine, rows):
         raise ValueError(
             "tokenizer: its vocabulary differs from the engine's; omit tokenizer (the engine supplies it) "
             "or pass the checkpoint's own tokenizer"
@@ -87,11 +86,12 @@ class VLLMBackend:
         problems = check_engine(llm, allow_unstable=allow_unstable)
         if problems:
             raise ValueError("llm: " + "; ".join(problems))
-        engine_tokenizer_ = engine_tokenizer(llm)
-        _check_tokenizer(tokenizer, engine_tokenizer_)
+        view = shared_view(llm, allow_unstable=allow_unstable)
+        supplied_by_engine = engine_tokenizer(llm)
+        _check_tokenizer(tokenizer, supplied_by_engine, int(embedding_weight(view).shape[0]))
         self.engine = llm
-        self.model = shared_view(llm, allow_unstable=allow_unstable)
-        self.tokenizer = engine_tokenizer_
+        self.model = view
+        self.tokenizer = supplied_by_engine
 
     @property
     def weight(self) -> torch.Tensor:

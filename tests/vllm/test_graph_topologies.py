@@ -84,8 +84,8 @@ def test_chain_of_agents_agrees_with_hf(pool):
     assert [hop.kept_positions for hop in on_vllm.hops] == [hop.kept_positions for hop in on_hf.hops]
     assert [hop.kept_by_origin for hop in on_vllm.hops] == [hop.kept_by_origin for hop in on_hf.hops]
     assert on_vllm.outputs == on_hf.outputs
-    fingerprints = {loaded.key.backend: loaded.fingerprint for loaded in pool.loaded()}
-    assert fingerprints["vllm"] == fingerprints["hf"]
+    loaded = {entry.key.backend: entry for entry in pool.loaded()}
+    assert loaded["vllm"].fingerprint == loaded["hf"].fingerprint
 
 
 def test_one_engine_per_process(pool):
