@@ -121,13 +121,14 @@ def failed_result(error: BaseException, latency_s: float) -> CaseResult:
 
 def scheduler_run_case(*, trust_code: bool = False, seed: int = 0, pool: Any = None) -> RunCase:
     """The default `run_case`: plan, run with the scheduler, convert. Models are loaded once
-    (by one shared ModelPool) and reused for every case."""
+    (by one shared ModelPool) and reused for every case. The scheduler is imported here, so a
+    missing one is an ImportError before any case runs, not a failed row per case."""
+    from ..pool import ModelPool
+    from ..scheduler import run_plan_sync
+
     state: dict[str, Any] = {"pool": pool}
 
     def run_case(spec: GraphSpec, inputs: Mapping[str, Any], case: Case) -> CaseResult:
-        from ..pool import ModelPool  # the scheduler layer; imported only when a model runs
-        from ..scheduler import run_plan_sync
-
         if state["pool"] is None:
             state["pool"] = ModelPool()
         plan = compile_plan(spec, inputs, trust_code=trust_code)

@@ -92,9 +92,10 @@ def run_experiment(
     """Run (or resume) an experiment and write its summary, plots and report into `out_dir`.
 
     `run_case(spec, inputs, case) -> CaseResult` runs one arm's graph on one case; the
-    default plans it and runs the scheduler with `seed`. `retry_failed` recomputes rows whose
-    run failed (they are otherwise kept, counted as wrong). ValueError (GraphError,
-    StoreError) for any problem found before the runs start.
+    default plans it and runs the scheduler with `seed`. An exception from `run_case` is
+    recorded as a failed row (counted as wrong), except ImportError, which stops the
+    experiment; `retry_failed` recomputes failed rows, which are otherwise kept. ValueError
+    (GraphError, StoreError) for any problem found before the runs start.
     """
     arm_list = [parse_arm(arm) if isinstance(arm, str) else arm for arm in arms]
     if not arm_list:
@@ -111,7 +112,11 @@ def run_experiment(
     arm_specs = {arm.name: apply_arm(spec, arm, mapping=mapping) for arm in arm_list}
     _check_cases(spec, arm_list, blueprints, mapping, cases)
     arm_fingerprints = {name: spec_fingerprint(arm_spec) for name, arm_spec in arm_specs.items()}
-    run_case = run_case or scheduler_run_case(trust_code=trust_code, seed=seed)
+    if run_case is None:
+        try:
+            run_case = scheduler_run_case(trust_code=trust_code, seed=seed)
+        except ImportError as exc:
+            raise RuntimeError(f"the graph scheduler is not available ({exc}); experiments need rclc_graph.scheduler") from exc
 
     directory = Path(out_dir)
     computed = resumed = 0
@@ -204,6 +209,8 @@ def _run_one(run_case: RunCase, spec, inputs: Mapping[str, Any], case: Case) -> 
     started = time.perf_counter()
     try:
         result = run_case(spec, inputs, case)
+    except ImportError:
+        raise  # the environment is broken (a missing package): every row would fail the same way
     except Exception as exc:  # one broken run is a failed row, not a lost experiment
         return failed_result(exc, time.perf_counter() - started)
     if not isinstance(result, CaseResult):

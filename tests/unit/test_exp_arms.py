@@ -282,3 +282,10 @@ def test_explicit_mapping_and_its_parsing():
     for bad, message in ((["documents"], "FIELD=INPUT"), (["answers=x"], "not a case field"), (["question=a", "question=b"], "twice")):
         with pytest.raises(ValueError, match=message):
             parse_mapping(bad)
+
+
+def test_the_shipped_arm_grid_applies_to_both_topologies():
+    arms = load_arms(ROOT / "examples" / "experiment_arms.yaml")
+    assert {"floor", "single", "text", "full", "r2", "r32", "recent4", "random4"} <= {arm.name for arm in arms}
+    for topology in (CHAIN, FANOUT):
+        assert len(validate_arms(load_graph(topology), arms)) == len(arms)

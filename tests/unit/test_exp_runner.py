@@ -38,11 +38,14 @@ def test_case_result_from_a_simulated_run():
     spec = load_graph(FANOUT)
     case = make_dataset(1, seed=2, documents=3)[0]
     plan = compile_plan(apply_arm(spec, parse_arm("full=full")), resolve_mapping(spec).inputs(case))
-    result = case_result_from_run(simulate(plan, case), plan, case, model_fingerprints={"base": "f"})
+    run = simulate(plan, case)
+    result = case_result_from_run(run, plan, case, model_fingerprints={"base": "f"})
     assert result.status == "finished" and result.answer == f"It is {case.answers[0]}."
     assert [hop.source for hop in result.hops] == ["reader[0]", "reader[1]", "reader[2]"]
     assert all(hop.kept_positions == hop.sent_positions for hop in result.hops)
-    assert result.output_positions == sum(hop.kept_positions for hop in result.hops) + len("Question: x".split()) + 2 or True
+    final_prompt = run.nodes["final"].prompt_text.split()
+    assert result.output_positions == sum(hop.kept_positions for hop in result.hops) + len(final_prompt) + len(result.answer.split())
+    assert result.model_fingerprints == {"base": "f"}
     assert result.evidence["gold_nodes"] == [f"reader[{case.gold_document}]"]
     assert result.evidence["fraction_at_output"] == 1.0
     assert result.greedy is True and result.plan_fingerprint == plan.fingerprint()
@@ -131,6 +134,25 @@ def test_failures_are_rows_counted_wrong_and_retried_on_request(tmp_path, data):
     scheduler_failed = runner.run_experiment(FANOUT, data, ["f2=full"], tmp_path / "o2", run_case=FakeRunCase(fail_on="Answer"),
                                              resamples=200)
     assert scheduler_failed.arms["f2"]["failed"] == 6 and scheduler_failed.arms["f2"]["accuracy"] == 0.0
+
+
+def test_an_import_error_stops_the_experiment_without_rows(tmp_path, data):
+    def broken(spec, inputs, case):
+        raise ImportError("no module named 'torch'")
+
+    with pytest.raises(ImportError):
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out", run_case=broken, resamples=100)
+    assert (tmp_path / "out" / RESULTS).exists() is False
+
+
+def test_a_missing_scheduler_is_reported_before_any_run(tmp_path, data, monkeypatch):
+    def missing(**kwargs):
+        raise ImportError("No module named 'rclc_graph.scheduler'")
+
+    monkeypatch.setattr(runner, "scheduler_run_case", missing)
+    with pytest.raises(RuntimeError, match="scheduler is not available"):
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out")
+    assert not (tmp_path / "out" / RESULTS).exists()
 
 
 def test_stale_rows_are_refused(tmp_path, data):
