@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
 from typing import Any
 
@@ -72,7 +73,8 @@ def evidence_kept(kept: list[int], evidence: list[int]) -> tuple[bool, float]:
 
 def answer(model: Any, tokenizer: Any, question: str, rows: torch.Tensor | None, max_new_tokens: int) -> str:
     """The receiver's greedy answer to `question` after `rows` (None: the question alone)."""
-    receiver = HFReceiver(model, tokenizer, messages=[{"role": "system", "content": SYSTEM}], max_new_tokens=max_new_tokens)
+    system = [{"role": "system", "content": SYSTEM}]
+    receiver = HFReceiver(model, tokenizer, messages=system, max_new_tokens=max_new_tokens)
     if rows is None:
         prompt = receiver.prepare_request(question).input_ids
         inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt), "max_new_tokens": max_new_tokens}
@@ -101,9 +103,11 @@ def run_case(
     index: int,
     ratios: list[int],
     variants: list[str],
-    with_answers: bool,
+    answer_variants: list[str] | None,
     max_new_tokens: int,
 ) -> dict[str, Any]:
+    """Selections of every selector at every ratio; answers for the CacheBack span variants
+    in `answer_variants` plus full and question-only (None: no generation at all)."""
     document = case.documents[case.gold_document]
     sender = sender_from_hf(model, tokenizer, document)
     request = sender.request_ids(case.question)
@@ -115,6 +119,7 @@ def run_case(
     }
     selectors["recent"] = recent
     selectors["random"] = random_selector(index)
+    answer_keys = {selector_key("cacheback", variant, variants) for variant in answer_variants or []}
     record: dict[str, Any] = {
         "positions": sender.positions,
         "evidence_tokens": len(evidence),
@@ -130,10 +135,10 @@ def run_case(
             if len(kept) != budget:
                 raise RuntimeError(f"{key} kept {len(kept)} positions at budget {budget}")
             record["kept"].setdefault(key, {})[f"r{ratio}"] = evidence_kept(kept, evidence)
-            if with_answers and key.startswith("cacheback"):
+            if key in answer_keys:
                 output = answer(model, tokenizer, case.question, kept_rows(sender, kept), max_new_tokens)
                 record["answers"].setdefault(key, {})[f"r{ratio}"] = correct(output, case)
-    if with_answers:
+    if answer_variants is not None:
         full = answer(model, tokenizer, case.question, kept_rows(sender, list(range(sender.positions))), max_new_tokens)
         alone = answer(model, tokenizer, case.question, None, max_new_tokens)
         record["answers"]["full"] = correct(full, case)
@@ -184,6 +189,9 @@ def main() -> None:
     parser.add_argument("--filler", type=int, default=7, help="filler sentences per document")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--no-answers", action="store_true", help="skip receiver generation (selection only)")
+    parser.add_argument(
+        "--answer-spans", default=None, help="CacheBack span variants the receiver answers from (default: all of --spans)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 leaves torch's default)")
     parser.add_argument("--per-case", action="store_true", help="also print every case's record")
     args = parser.parse_args()
@@ -191,15 +199,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     ratios = [int(item) for item in args.ratios.split(",") if item.strip()]
     variants = span_variants(args.spans)
+    answer_variants = None if args.no_answers else span_variants(args.answer_spans or args.spans)
+    if answer_variants and not set(answer_variants) <= set(variants):
+        raise SystemExit("--answer-spans: every variant must also be in --spans")
     model, tokenizer = models.load("embedded")
     cases = make_dataset(
         args.cases, seed=args.seed, documents=1, facts_per_document=args.facts, filler_per_document=args.filler
     )
     started = time.perf_counter()
-    records = [
-        run_case(model, tokenizer, case, index, ratios, variants, not args.no_answers, args.max_new_tokens)
-        for index, case in enumerate(cases)
-    ]
+    records = []
+    for index, case in enumerate(cases):
+        records.append(run_case(model, tokenizer, case, index, ratios, variants, answer_variants, args.max_new_tokens))
+        print(f"case {index + 1}/{len(cases)} done", file=sys.stderr, flush=True)
     result = {
         "model": models.EMBEDDED_CHECKPOINT,
         "dataset": {"seed": args.seed, "facts_per_document": args.facts, "filler_per_document": args.filler},
