@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rclc_graph.experiments.evidence_tokens import evidence_positions, locate_evidence as evidence_span
+from rclc_graph.experiments.evidence_tokens import evidence_positions, locate_evidence
 from rclc_graph.experiments.synthetic import make_dataset
 
 TEXT = "Filler text here. The Cedar project is owned by Alice. More filler follows."
@@ -19,7 +19,7 @@ def test_positions_decode_to_the_fact(tiny_tokenizer):
     assert FACT in decoded
     # Only the fact's tokens: the neighbours on each side lie outside its characters.
     offsets = tiny_tokenizer(TEXT, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    start, stop = evidence_span(TEXT, FACT)
+    start, stop = locate_evidence(TEXT, FACT)
     if positions[0] > 0:
         assert offsets[positions[0] - 1][1] <= start
     if positions[-1] + 1 < len(ids):
