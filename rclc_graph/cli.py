@@ -86,15 +86,15 @@ def _print_graph_error(console: Console, error: GraphError) -> None:
             line.append(f"{format_path(problem.path)}: ", style="cyan")
         line.append(problem.message)
         line.append(f"  [{problem.code}]", style="dim")
-        console.print(Text("error: ", style="bold red") + line)
-        console.print(Text("  fix: ", style="green") + Text(problem.fix))
+        console.print(Text("error: ", style="bold red") + line, soft_wrap=True)
+        console.print(Text("  fix: ", style="green") + Text(problem.fix), soft_wrap=True)
 
 
 def _fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoReturn:
     console = _stderr()
-    console.print(Text("error: ", style="bold red") + Text(message))
+    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
     if fix:
-        console.print(Text("  fix: ", style="green") + Text(fix))
+        console.print(Text("  fix: ", style="green") + Text(fix), soft_wrap=True)
     raise typer.Exit(code)
 
 

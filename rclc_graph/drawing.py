@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 # A palette that stays readable on white (Tableau 10, darker variants first).
 PALETTE = (
@@ -37,7 +37,7 @@ class SketchEdge:
     target: str
     label: str = ""
     mode: str = "state"
-    loop: bool = False  # a loop edge (feeds the next round)
+    loop: bool = False  # a declared loop edge (feeds the next round; drawn backwards, not layered)
 
 
 @dataclass
@@ -86,7 +86,8 @@ def sketch_plan(plan: Any) -> Sketch:
                    output=node.output, generate=node.generate)
         for node in plan.nodes
     ]
-    edges = [SketchEdge(edge.source, edge.target, edge.policy.label, edge.policy.mode, edge.loop) for edge in plan.edges]
+    # a plan is acyclic (loop rounds are separate nodes), so its round edges lay out like any other
+    edges = [SketchEdge(edge.source, edge.target, edge.policy.label, edge.policy.mode) for edge in plan.edges]
     return Sketch(plan.name, nodes, edges)
 
 
@@ -105,7 +106,7 @@ def sketch_record(record: dict[str, Any]) -> Sketch:
         hop = kept.get(edge["id"])
         if hop is not None and hop["mode"] != "text":
             label = f"{label}: {hop['kept_positions']}/{hop['total_positions']}"
-        edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state"), edge["loop"]))
+        edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state")))
     return Sketch(plan["name"], nodes, edges)
 
 
@@ -321,6 +322,3 @@ def save_png(sketch: Sketch, path: str | Path, *, dpi: int = 150) -> Path:
     figure.savefig(destination, dpi=dpi, format="png")
     return destination
 
-
-def edge_modes(sketch: Sketch) -> Iterable[str]:
-    return sorted({edge.mode for edge in sketch.edges})
