@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn, Optional
@@ -197,25 +196,23 @@ async def execute(
     executor: Any = None,
     run_id: str | None = None,
 ) -> tuple[dict[str, Any], Path, bool]:
-    """Run one plan with a recorder and a progress view; returns (record, run_dir, interrupted)."""
+    """Run one plan with a record and a progress view; returns (record, run_dir, interrupted).
+
+    The run and a progress view reading its events run side by side; the first Ctrl-C
+    cancels the run (its record then says "cancelled" and lists what finished)."""
     import anyio
 
     from .events import EventStream
-    from .record import RunRecorder
-    from .runtime import LocalExecutor
-    from .scheduler import new_run_id, run_plan
+    from .record import read_record, run_recorded
+    from .scheduler import new_run_id
     from .terminal import ProgressView
 
     run_id = run_id or new_run_id()
     base_dir = None if topology is None else topology.resolve().parent
-    recorder = RunRecorder(out, plan, run_id=run_id, seed=seed, topology_file=topology, pool=pool, base_dir=base_dir)
-    recorder.start()
-    inner = executor if executor is not None else LocalExecutor(pool)
     events = EventStream()
     view = ProgressView(plan, console, quiet=quiet)
     interrupt = _Interrupt(None if quiet else console)
-    result = None
-    begun = time.perf_counter()
+    record = None
     async with anyio.create_task_group() as group:
         group.start_soon(view.consume, events)
         run_scope = anyio.CancelScope()
@@ -228,18 +225,17 @@ async def execute(
         group.start_soon(watch)
         try:
             with run_scope:
-                result = await run_plan(
-                    plan, pool=pool, executor=recorder.wrap(inner), events=events, run_id=run_id, seed=seed,
-                    base_dir=base_dir,
+                _, record, _ = await run_recorded(
+                    plan, out, seed=seed, pool=pool, executor=executor, events=events, run_id=run_id,
+                    topology_file=topology, base_dir=base_dir,
                 )
         finally:
             watcher_scope.cancel()
             events.close()
-    if result is None:  # cancelled: only the nodes recorded so far
-        result = recorder.partial_result("cancelled", "interrupted before the run finished",
-                                         time.perf_counter() - begun)
-    record = recorder.finish(result)
-    return record, recorder.run_dir, interrupt.requested
+    run_dir = Path(out) / run_id
+    if record is None:  # cancelled: run_recorded wrote what finished before cancelling
+        record = read_record(run_dir)
+    return record, run_dir, interrupt.requested
 
 
 def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:

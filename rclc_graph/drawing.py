@@ -182,20 +182,41 @@ def to_mermaid(sketch: Sketch) -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- SVG ---------------------------------------------------------------------------------------
+# -- geometry shared by SVG and PNG ------------------------------------------------------------
 
 _CHAR = 7.2  # px per character of the 12px sans-serif labels (approximate, for box widths)
+_BOX_HEIGHT = 46.0
+
+
+@dataclass(frozen=True)
+class Route:
+    """One edge as a cubic Bezier (pixels, y down) with its label's anchor."""
+
+    edge: SketchEdge
+    points: tuple[tuple[float, float], ...]  # start, control 1, control 2, end
+    label_at: tuple[float, float]
+    style: str  # solid | dashed | dotted
+
+
+@dataclass(frozen=True)
+class Geometry:
+    width: float
+    height: float
+    boxes: dict[str, tuple[float, float, float, float]]  # x, y, width, height
+    routes: list[Route]
 
 
 def _box_width(node: SketchNode) -> float:
     return max(90.0, _CHAR * max(len(node.name) * 1.1, len(node.detail) * 0.85) + 24)
 
 
-def to_svg(sketch: Sketch, *, column_gap: float = 70, row_height: float = 74) -> str:
-    """A standalone inline SVG (no scripts, no external references); every label escaped."""
+def geometry(sketch: Sketch, *, column_gap: float = 80, row_height: float = 78) -> Geometry:
+    """Boxes in layered columns and one route per edge. Forward edges to the next column are
+    S-curves; edges that skip columns bow below the row so they do not cross the boxes in
+    between; backward and loop edges arc over the top; self-loops are small arcs above."""
     positions = layout(sketch)
     if not sketch.nodes:
-        return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>'
+        return Geometry(10, 10, {}, [])
     columns = max(col for col, _ in positions.values()) + 1
     widths = [0.0] * columns
     for node in sketch.nodes:
@@ -206,18 +227,71 @@ def to_svg(sketch: Sketch, *, column_gap: float = 70, row_height: float = 74) ->
         lefts.append(lefts[-1] + widths[col - 1] + column_gap)
     low = min(row for _, row in positions.values())
     high = max(row for _, row in positions.values())
-    height = (high - low) * row_height + 46 + 60
-    width = lefts[-1] + widths[-1] + 20
+    backwards = sum(1 for edge in sketch.edges if edge.loop or edge.source == edge.target
+                    or positions[edge.target][0] <= positions[edge.source][0])
+    top = 20.0 + (50.0 + 12.0 * min(backwards, 6) if backwards else 0.0)
     boxes: dict[str, tuple[float, float, float, float]] = {}
     for node in sketch.nodes:
         col, row = positions[node.name]
         box_width = _box_width(node)
-        x = lefts[col] + (widths[col] - box_width) / 2
-        y = 30 + (row - low) * row_height
-        boxes[node.name] = (x, y, box_width, 46)
+        boxes[node.name] = (lefts[col] + (widths[col] - box_width) / 2, top + (row - low) * row_height, box_width,
+                            _BOX_HEIGHT)
+    routes: list[Route] = []
+    over = under = 0
+    bottom_extra = 0.0
+    for edge in sketch.edges:
+        sx, sy, sw, sh = boxes[edge.source]
+        tx, ty, tw, th = boxes[edge.target]
+        scol, tcol = positions[edge.source][0], positions[edge.target][0]
+        style = "dashed" if edge.mode == "text" else "solid"
+        if edge.source == edge.target:
+            x1, x2, y = sx + sw * 0.3, sx + sw * 0.7, sy
+            lift = 44 + 12 * over
+            over += 1
+            points = ((x1, y), (x1 - 10, y - lift), (x2 + 10, y - lift), (x2, y - 2))
+            routes.append(Route(edge, points, (sx + sw / 2, y - 0.75 * lift - 4), "dotted"))
+        elif edge.loop or tcol <= scol:
+            x1, y1, x2, y2 = sx + sw / 2, sy, tx + tw / 2, ty
+            lift = 50 + 12 * over
+            over += 1
+            peak = min(y1, y2) - lift
+            points = ((x1, y1), (x1, peak), (x2, peak), (x2, y2 - 2))
+            routes.append(Route(edge, points, ((x1 + x2) / 2, min(y1, y2) - 0.75 * lift - 4), "dotted"))
+        elif tcol - scol > 1 and any(
+            scol < positions[other][0] < tcol and _overlaps(boxes[other], min(sy, ty), max(sy + sh, ty + th))
+            for other in boxes
+        ):
+            x1, y1, x2, y2 = sx + sw / 2, sy + sh, tx + tw / 2, ty + th
+            drop = 46 + 12 * under
+            under += 1
+            floor = max(y1, y2) + drop
+            bottom_extra = max(bottom_extra, drop)
+            points = ((x1, y1), (x1, floor), (x2, floor), (x2, y2 + 2))
+            routes.append(Route(edge, points, ((x1 + x2) / 2, max(y1, y2) + 0.75 * drop + 12), style))
+        else:
+            x1, y1, x2, y2 = sx + sw, sy + sh / 2, tx - 2, ty + th / 2
+            middle = (x1 + x2) / 2
+            points = ((x1, y1), (middle, y1), (middle, y2), (x2, y2))
+            routes.append(Route(edge, points, (middle, (y1 + y2) / 2 - 7), style))
+    height = top + (high - low) * row_height + _BOX_HEIGHT + 24 + bottom_extra
+    width = lefts[-1] + widths[-1] + 20
+    return Geometry(width, height, boxes, routes)
+
+
+def _overlaps(box: tuple[float, float, float, float], top: float, bottom: float) -> bool:
+    return box[1] < bottom and box[1] + box[3] > top
+
+
+# -- SVG ---------------------------------------------------------------------------------------
+
+
+def to_svg(sketch: Sketch) -> str:
+    """A standalone inline SVG (no scripts, no external references); every label escaped."""
+    shape = geometry(sketch)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" '
-        f'width="{width:.0f}" height="{height:.0f}" role="img" aria-label="graph {html.escape(sketch.name)}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {shape.width:.0f} {shape.height:.0f}" '
+        f'width="{shape.width:.0f}" height="{shape.height:.0f}" role="img" '
+        f'aria-label="graph {html.escape(sketch.name)}">',
         "<defs>",
     ]
     for mode, colour in MODE_COLOURS.items():
@@ -226,15 +300,25 @@ def to_svg(sketch: Sketch, *, column_gap: float = 70, row_height: float = 74) ->
             f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
         )
     parts.append("</defs>")
-    for edge in sketch.edges:
-        parts.append(_svg_edge(edge, boxes))
+    dashes = {"solid": "", "dashed": ' stroke-dasharray="6 4"', "dotted": ' stroke-dasharray="2 4"'}
+    for route in shape.routes:
+        mode = route.edge.mode if route.edge.mode in MODE_COLOURS else "state"
+        (x1, y1), (c1x, c1y), (c2x, c2y), (x2, y2) = route.points
+        lx, ly = route.label_at
+        parts.append(
+            f'<g class="edge"><path d="M{x1:.1f},{y1:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {x2:.1f},{y2:.1f}" '
+            f'fill="none" stroke="{MODE_COLOURS[mode]}" stroke-width="2"{dashes[route.style]} '
+            f'marker-end="url(#arrow-{mode})"/>'
+            f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle" class="edge-label">'
+            f"{html.escape(route.edge.label)}</text></g>"
+        )
     for node in sketch.nodes:
-        x, y, w, h = boxes[node.name]
+        x, y, w, h = shape.boxes[node.name]
         colour = sketch.colour(node.name)
         stroke = 3 if node.output else 1.5
         dash = "" if node.generate else ' stroke-dasharray="5 3"'
         parts.append(
-            f'<g class="node"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h}" rx="9" '
+            f'<g class="node"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.0f}" rx="9" '
             f'fill="{colour}22" stroke="{colour}" stroke-width="{stroke}"{dash}/>'
             f'<text x="{x + w / 2:.1f}" y="{y + 19:.1f}" text-anchor="middle" class="node-name">'
             f"{html.escape(node.name)}</text>"
@@ -245,80 +329,43 @@ def to_svg(sketch: Sketch, *, column_gap: float = 70, row_height: float = 74) ->
     return "".join(parts)
 
 
-def _svg_edge(edge: SketchEdge, boxes: dict[str, tuple[float, float, float, float]]) -> str:
-    sx, sy, sw, sh = boxes[edge.source]
-    tx, ty, tw, th = boxes[edge.target]
-    colour = MODE_COLOURS.get(edge.mode, "#4e79a7")
-    marker = f'marker-end="url(#arrow-{edge.mode if edge.mode in MODE_COLOURS else "state"})"'
-    dash = ' stroke-dasharray="6 4"' if edge.mode == "text" else ""
-    if edge.loop or tx <= sx:  # backwards: arc over the top
-        x1, y1 = sx + sw / 2, sy
-        x2, y2 = tx + tw / 2, ty
-        top = min(sy, ty) - 26
-        path = f"M{x1:.1f},{y1:.1f} C{x1:.1f},{top:.1f} {x2:.1f},{top:.1f} {x2:.1f},{y2 - 2:.1f}"
-        lx, ly = (x1 + x2) / 2, top + 6
-        dash = ' stroke-dasharray="2 4"'
-    else:
-        x1, y1 = sx + sw, sy + sh / 2
-        x2, y2 = tx - 2, ty + th / 2
-        middle = (x1 + x2) / 2
-        path = f"M{x1:.1f},{y1:.1f} C{middle:.1f},{y1:.1f} {middle:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
-        lx, ly = middle, (y1 + y2) / 2 - 6
-    label = html.escape(edge.label)
-    return (
-        f'<g class="edge"><path d="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash} {marker}/>'
-        f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle" class="edge-label">{label}</text></g>'
-    )
-
-
 # -- PNG ---------------------------------------------------------------------------------------
 
 
 def save_png(sketch: Sketch, path: str | Path, *, dpi: int = 150) -> Path:
-    """Draw with matplotlib's Agg canvas (no display, no network, no pyplot state)."""
+    """The same picture as the SVG, drawn with matplotlib's Agg canvas (no display, no
+    network, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.path import Path as CurvePath
 
-    positions = layout(sketch)
-    columns = max((col for col, _ in positions.values()), default=0) + 1
-    rows = [row for _, row in positions.values()] or [0.0]
-    span = max(rows) - min(rows) + 1
-    figure = Figure(figsize=(max(4.0, 2.6 * columns), max(2.2, 1.1 * span + 0.8)))
+    shape = geometry(sketch)
+    title = 26.0
+    scale = 1 / 96  # pixels -> inches at the SVG's nominal 96 dpi
+    figure = Figure(figsize=(shape.width * scale, (shape.height + title) * scale))
     FigureCanvasAgg(figure)
-    axes = figure.add_axes((0, 0, 1, 0.92))
+    axes = figure.add_axes((0, 0, 1, 1))
     axes.set_axis_off()
-    axes.set_xlim(-0.7, columns - 0.3)
-    axes.set_ylim(min(rows) - 0.8, max(rows) + 0.8)
-    axes.invert_yaxis()
-    figure.suptitle(sketch.name, fontsize=11)
-    half_width, half_height = 0.38, 0.28
-    for edge in sketch.edges:
-        (x1, y1), (x2, y2) = positions[edge.source], positions[edge.target]
-        backwards = edge.loop or x2 <= x1
-        start = (x1 + (0 if backwards else half_width), y1 - (half_height if backwards else 0))
-        end = (x2 - (0 if backwards else half_width), y2 - (half_height if backwards else 0))
-        style = "dotted" if backwards else ("dashed" if edge.mode == "text" else "solid")
-        arrow = FancyArrowPatch(
-            start, end, arrowstyle="-|>", mutation_scale=14, linewidth=1.6, linestyle=style,
-            color=MODE_COLOURS.get(edge.mode, "#4e79a7"),
-            connectionstyle="arc3,rad=0.45" if backwards else "arc3,rad=0.0",
-        )
-        axes.add_patch(arrow)
-        lx, ly = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2 - (0.45 if backwards else 0.08)
-        axes.text(lx, ly, edge.label, ha="center", va="bottom", fontsize=7, color="#333333")
+    axes.set_xlim(0, shape.width)
+    axes.set_ylim(shape.height, -title)  # y down, as in the SVG
+    axes.text(shape.width / 2, -title / 2, sketch.name, ha="center", va="center", fontsize=11, fontweight="bold")
+    styles = {"solid": "solid", "dashed": (0, (5, 3)), "dotted": (0, (1.5, 3))}
+    for route in shape.routes:
+        curve = CurvePath(list(route.points), [CurvePath.MOVETO, CurvePath.CURVE4, CurvePath.CURVE4, CurvePath.CURVE4])
+        axes.add_patch(FancyArrowPatch(path=curve, arrowstyle="-|>", mutation_scale=12, linewidth=1.5,
+                                       linestyle=styles[route.style], color=MODE_COLOURS.get(route.edge.mode, "#4e79a7")))
+        axes.text(*route.label_at, route.edge.label, ha="center", va="center", fontsize=7, color="#1f2328",
+                  bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     for node in sketch.nodes:
-        x, y = positions[node.name]
+        x, y, w, h = shape.boxes[node.name]
         colour = sketch.colour(node.name)
-        box = FancyBboxPatch(
-            (x - half_width, y - half_height), 2 * half_width, 2 * half_height,
-            boxstyle="round,pad=0.02,rounding_size=0.08", facecolor=colour + "22", edgecolor=colour,
-            linewidth=2.6 if node.output else 1.2, linestyle="solid" if node.generate else "dashed",
-        )
-        axes.add_patch(box)
-        axes.text(x, y - 0.06, node.name, ha="center", va="center", fontsize=9, fontweight="bold")
-        axes.text(x, y + 0.13, node.detail, ha="center", va="center", fontsize=6, color="#444444")
+        axes.add_patch(FancyBboxPatch(
+            (x, y), w, h, boxstyle="round,pad=0,rounding_size=8", facecolor=colour + "22", edgecolor=colour,
+            linewidth=2.6 if node.output else 1.2, linestyle="solid" if node.generate else (0, (4, 2)),
+        ))
+        axes.text(x + w / 2, y + 17, node.name, ha="center", va="center", fontsize=8.5, fontweight="bold")
+        axes.text(x + w / 2, y + 33, node.detail, ha="center", va="center", fontsize=6.5, color="#59636e")
     destination = Path(path)
     figure.savefig(destination, dpi=dpi, format="png")
     return destination
-

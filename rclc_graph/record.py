@@ -372,6 +372,66 @@ class RecordingExecutor:
         return getattr(self.inner, name)  # agent(), adopt(), pool, ... of the wrapped executor
 
 
+# -- running with a record ---------------------------------------------------------------------
+
+
+async def run_recorded(
+    plan: Plan,
+    out: str | os.PathLike[str] = "runs",
+    *,
+    seed: int = 0,
+    pool: Any = None,
+    executor: Any = None,
+    events: Any = None,
+    run_id: str | None = None,
+    topology_file: str | os.PathLike[str] | None = None,
+    base_dir: Path | None = None,
+) -> tuple[RunResult, dict[str, Any], Path]:
+    """Run `plan` and record it in `out/<run_id>/`; returns (result, record, run directory).
+
+    A cancelled run (or one that crashes) still leaves a record of the nodes that finished,
+    with status "cancelled" (or "failed"), before the cancellation or error propagates.
+    """
+    from .pool import default_pool
+    from .runtime import LocalExecutor
+    from .scheduler import new_run_id, run_plan
+
+    pool = pool if pool is not None else default_pool()
+    recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
+                           pool=pool, base_dir=base_dir)
+    recorder.start()
+    inner = executor if executor is not None else LocalExecutor(pool)
+    began = time.perf_counter()
+    try:
+        result = await run_plan(plan, pool=pool, executor=recorder.wrap(inner), events=events,
+                                run_id=recorder.run_id, seed=seed, base_dir=base_dir)
+    except BaseException as error:
+        stopped = isinstance(error, (KeyboardInterrupt, anyio.get_cancelled_exc_class())) or _only_cancelled(error)
+        partial = recorder.partial_result(
+            "cancelled" if stopped else "failed",
+            "cancelled before the run finished" if stopped else f"{type(error).__name__}: {error}",
+            time.perf_counter() - began,
+        )
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(recorder.finish, partial)
+        raise
+    record = await anyio.to_thread.run_sync(recorder.finish, result)
+    return result, record, recorder.run_dir
+
+
+def run_recorded_sync(plan: Plan, out: str | os.PathLike[str] = "runs", **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
+    """`run_recorded` for code without an event loop."""
+    import functools
+
+    return anyio.run(functools.partial(run_recorded, plan, out, **options))
+
+
+def _only_cancelled(error: BaseException) -> bool:
+    if isinstance(error, BaseExceptionGroup):
+        return all(_only_cancelled(inner) for inner in error.exceptions)
+    return isinstance(error, anyio.get_cancelled_exc_class())
+
+
 # -- reading -----------------------------------------------------------------------------------
 
 

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from rclc_graph import ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
 from rclc_graph.record import (
+    run_recorded,
+    run_recorded_sync,
     RECORD_FILE,
     RunRecorder,
     finished_nodes,
@@ -186,3 +188,19 @@ def test_snapshots_make_nodes_finished_on_disk(tmp_path, tiny_llama):
         handle.write(b"\0")
     (run_dir / "nodes" / "final.json").unlink()
     assert sorted(finished_nodes(run_dir)) == ["reader_1"]
+
+
+def test_run_recorded_returns_the_record_and_records_a_cancellation(tmp_path):
+    result, record, run_dir = run_recorded_sync(chain_plan(), tmp_path, executor=FakeExecutor(), run_id="s1", seed=2)
+    assert run_dir == tmp_path / "s1" and record == read_record(run_dir)
+    assert record["status"] == result.status == "finished" and record["seeds"]["run"] == 2
+
+    async def cancelled():
+        with anyio.move_on_after(0.3) as scope:
+            await run_recorded(chain_plan(), tmp_path, executor=FakeExecutor(hang="final"), run_id="s2")
+        return scope.cancelled_caught
+
+    assert anyio.run(cancelled)  # the cancellation propagated out of run_recorded
+    record = read_record(tmp_path / "s2")
+    assert record["status"] == "cancelled" and sorted(record["nodes"]) == ["reader_1", "reader_2"]
+    assert (tmp_path / "s2" / "report.html").is_file()
