@@ -275,11 +275,11 @@ def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> No
     if plan.spec.description:
         head.append(f": {plan.spec.description}")
     console.print(head)
-    runs = f"{len(plans)} runs from {input}" if len(plans) > 1 else f"inputs from {input}"
+    runs = f"; {len(plans)} runs from {input}" if len(plans) > 1 else ""
     states = sum(1 for edge in plan.edges if edge.policy.mode != "text")
     console.print(Text(
-        f"{len(plan.nodes)} nodes, {len(plan.edges)} handoffs ({states} hand over compressed state); "
-        f"{runs}; recording to {out}/", style="dim"))
+        f"{len(plan.nodes)} nodes, {len(plan.edges)} handoffs ({states} hand over state){runs}; "
+        f"recording to {out}/", style="dim"))
 
 
 @app.command()

@@ -157,7 +157,8 @@ class ProgressView:
             took = None if start is None else self.ended.get(name, now) - start
             detail = ""
             if status == "running" and self.tail.get(name):
-                detail = f"{self.tokens.get(name, 0)} tokens: " + _one_line(self.tail[name], 50)
+                count = self.tokens.get(name, 0)
+                detail = f"{count} token{'' if count == 1 else 's'}: " + _one_line(self.tail[name], 50)
             elif self.received.get(name):
                 detail = "; ".join(self.received[name])
             table.add_row(
@@ -281,7 +282,8 @@ def render_record(
         data = nodes[name]
         console.print()
         console.print(Text(f"Lineage of {name}", style="bold underline"),
-                      Text(f"  {data['positions']} positions, {data['inherited_positions']} inherited", style="dim"))
+                      Text(f"  its {data['positions']} positions ({data['inherited_positions']} inherited): which node "
+                           "created them, as what, and how many handoffs they crossed", style="dim"))
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
         table.add_column("origin")
         table.add_column("kind")
