@@ -277,9 +277,12 @@ def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> No
     console.print(head)
     runs = f"; {len(plans)} runs from {input}" if len(plans) > 1 else ""
     states = sum(1 for edge in plan.edges if edge.policy.mode != "text")
-    console.print(Text(
-        f"{len(plan.nodes)} nodes, {len(plan.edges)} handoffs ({states} hand over state){runs}; "
-        f"recording to {out}/", style="dim"))
+    handoffs = _count(len(plan.edges), "handoff") + (f" ({states} hand over state)" if states else "")
+    console.print(Text(f"{_count(len(plan.nodes), 'node')}, {handoffs}{runs}; recording to {out}/", style="dim"))
+
+
+def _count(number: int, word: str) -> str:
+    return f"{number} {word}" + ("" if number == 1 else "s")
 
 
 @app.command()
@@ -374,12 +377,12 @@ def validate(
     outputs = [node.name for node in spec.nodes if node.output]
     line = Text("✓ ", style="green")
     line.append(str(topology), style="bold")
-    line.append(f" is valid: graph {spec.name}, {len(spec.nodes)} nodes, {len(spec.edges)} edges, "
+    line.append(f" is valid: graph {spec.name}, {_count(len(spec.nodes), 'node')}, {_count(len(spec.edges), 'edge')}, "
                 f"outputs: {', '.join(outputs)}")
     console.print(line)
     for (label, _), plan in zip(runs, plans):
-        console.print(Text(f"  {label}: plan of {len(plan.nodes)} nodes, {len(plan.edges)} handoffs, "
-                           f"{len(plan.levels())} levels; fingerprint {plan.fingerprint()[:12]}"))
+        console.print(Text(f"  {label}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
+                           f"{_count(len(plan.levels()), 'level')}; fingerprint {plan.fingerprint()[:12]}"))
 
 
 # -- draw --------------------------------------------------------------------------------------

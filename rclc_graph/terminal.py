@@ -282,8 +282,8 @@ def render_record(
         data = nodes[name]
         console.print()
         console.print(Text(f"Lineage of {name}", style="bold underline"),
-                      Text(f"  its {data['positions']} positions ({data['inherited_positions']} inherited): which node "
-                           "created them, as what, and how many handoffs they crossed", style="dim"))
+                      Text(f"  {data['positions']} positions, {data['inherited_positions']} inherited: who created "
+                           "them, as what, how many handoffs ago", style="dim"))
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
         table.add_column("origin")
         table.add_column("kind")
