@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import re
-import secrets
 import time
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Mapping
 
 import anyio
 
+from ._files import file_sha256, write_atomic, write_json_atomic
 from .lineage import HopRecord
 from .plan import Plan, PlanEdge, PlanNode
 from .results import NodeResult, RunResult
@@ -63,52 +63,6 @@ def safe_name(node: str) -> str:
         return ".x" + node.encode("utf-8").hex()
     base, index, round_ = match.groups()
     return base + ("" if index is None else f".{index}") + ("" if round_ is None else f".r{round_}")
-
-
-def _sync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems refuse directory fsync; the rename is still atomic
-    finally:
-        os.close(descriptor)
-
-
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same directory, fsync, rename."""
-    destination = Path(path)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    temporary = str(destination.parent / f".{destination.name}.{secrets.token_hex(6)}.tmp")
-    # os.open with 0o666 lets the umask decide the mode (mkstemp would force 0o600).
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, destination)
-        _sync_directory(destination.parent)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Strict JSON (no NaN/Infinity), UTF-8, atomically replaced."""
-    text = json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False, sort_keys=False)
-    write_atomic(path, (text + "\n").encode("utf-8"))
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _version(distribution: str) -> str | None:
