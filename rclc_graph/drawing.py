@@ -284,6 +284,12 @@ def _overlaps(box: tuple[float, float, float, float], top: float, bottom: float)
 
 # -- SVG ---------------------------------------------------------------------------------------
 
+_SVG_STYLE = (
+    ".node-name{font:600 13px system-ui,sans-serif;fill:#1f2328}"
+    ".node-detail{font:11px system-ui,sans-serif;fill:#59636e}"
+    ".edge-label{font:11px system-ui,sans-serif;fill:#1f2328;paint-order:stroke;stroke:#f6f8fa;stroke-width:4px}"
+)
+
 
 def to_svg(sketch: Sketch) -> str:
     """A standalone inline SVG (no scripts, no external references); every label escaped."""
@@ -292,6 +298,7 @@ def to_svg(sketch: Sketch) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {shape.width:.0f} {shape.height:.0f}" '
         f'width="{shape.width:.0f}" height="{shape.height:.0f}" role="img" '
         f'aria-label="graph {html.escape(sketch.name)}">',
+        f"<style>{_SVG_STYLE}</style>",
         "<defs>",
     ]
     for mode, colour in MODE_COLOURS.items():

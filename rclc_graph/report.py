@@ -333,8 +333,6 @@ border-bottom:1px solid var(--line)}h3{font-size:15px;margin:16px 0 6px}
 .output .text{font-size:17px;white-space:pre-wrap}
 .graph{overflow-x:auto;border:1px solid var(--line);border-radius:6px;padding:8px;background:var(--soft)}
 .graph svg{display:block;margin:0 auto;max-width:100%;height:auto}
-.node-name{font:600 13px system-ui,sans-serif;fill:#1f2328}.node-detail{font:11px system-ui,sans-serif;fill:#59636e}
-.edge-label{font:11px system-ui,sans-serif;fill:#1f2328;paint-order:stroke;stroke:#f6f8fa;stroke-width:4px}
 .legend{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:12px;color:var(--muted);margin-top:6px}
 .legend i{display:inline-block;vertical-align:middle;margin-right:5px}
 .legend .line{width:22px;height:0;border-top:2px solid}.legend .state{border-color:#4e79a7}
