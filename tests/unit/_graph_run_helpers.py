@@ -3,9 +3,9 @@ composes real lineage and hop records (every other position survives each state 
 
 from __future__ import annotations
 
+import os
 import re
 import signal
-import os
 from typing import Any
 
 import anyio
