@@ -39,15 +39,20 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-# Sub-apps living in their own modules: (command name, module, attribute holding a typer.Typer).
-# The experiments sub-app (rclc_graph/experiments/cli.py) is registered by adding
-#     ("experiments", "rclc_graph.experiments.cli", "app")
-SUBAPPS: tuple[tuple[str, str, str], ...] = ()
+# Sub-apps living in their own modules: (group name or None, module, attribute holding a
+# typer.Typer). None mounts the sub-app's commands at the top level (`rclc-graph experiment`).
+SUBAPPS: tuple[tuple[str | None, str, str], ...] = (
+    (None, "rclc_graph.experiments.cli", "app"),  # experiment, data, compare-runs
+)
 
 
 def _add_subapps() -> None:
     for name, module, attribute in SUBAPPS:
-        app.add_typer(getattr(importlib.import_module(module), attribute), name=name)
+        sub_app = getattr(importlib.import_module(module), attribute)
+        if name is None:
+            app.add_typer(sub_app)
+        else:
+            app.add_typer(sub_app, name=name)
 
 
 def _stdout() -> Console:

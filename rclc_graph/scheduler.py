@@ -149,21 +149,20 @@ async def _drive(
         finally:
             ctx.stop.set()  # ends native generation at its next step, so cancellation is prompt
 
-    with send, receive:  # closed on every exit: unclosed memory streams warn when collected
-        async with anyio.create_task_group() as group:
-            group.start_soon(stop_generation_on_cancel)
+    async with send, receive, anyio.create_task_group() as group:
+        group.start_soon(stop_generation_on_cancel)
 
-            def launch(names: tuple[str, ...]) -> None:
-                for name in names:
-                    started.add(name)
-                    group.start_soon(run_one, name, name=f"node {name}")
+        def launch(names: tuple[str, ...]) -> None:
+            for name in names:
+                started.add(name)
+                group.start_soon(run_one, name, name=f"node {name}")
 
-            launch(plan.ready(finished, started))
-            while len(finished) < len(plan.nodes):
-                name = await receive.receive()
-                finished.add(name)
-                launch(plan.ready_after(name, finished, started))  # O(its receivers), not O(plan)
-            group.cancel_scope.cancel()  # only the watcher is left
+        launch(plan.ready(finished, started))
+        while len(finished) < len(plan.nodes):
+            name = await receive.receive()
+            finished.add(name)
+            launch(plan.ready_after(name, finished, started))  # O(its receivers), not O(plan)
+        group.cancel_scope.cancel()  # only the watcher is left
 
 
 def _hops_in_order(plan: Plan, results: dict[str, NodeResult]) -> list[HopRecord]:
