@@ -444,11 +444,11 @@ def test_failed_capture_leaves_no_entry_and_keeps_state(llm, hf, monkeypatch):
     assert not engine.has_unfinished_requests()
     assert agent.sender_state() is before
     # A generation that no longer fits with the re-prefill's spare position is refused cleanly.
-    tight = _vllm(llm, messages=HISTORY, context_limit=512)
+    tight = _vllm(llm, context_limit=512)
     rclc.transfer_sync(_hf(hf, messages=HISTORY), tight, QUESTION)
-    _, prepared = tight.peek()
-    room = 512 - tight.peek()[0].positions - prepared.input_ids.shape[1]
-    inputs = tight.pop(max_new_tokens=room)
+    room = 4  # a long prompt leaves exactly this many positions, all used by the output
+    filler = torch.full((1, 512 - tight.peek()[0].positions - room), 5, dtype=torch.int64)
+    inputs = tight.pop(prompt=filler, max_new_tokens=room)
     params = vllm.SamplingParams(max_tokens=room, temperature=0.0, ignore_eos=True)
     output = llm.generate(inputs["prompts"], params, use_tqdm=False)
     with pytest.raises(ValueError, match="one spare position"):
