@@ -120,7 +120,14 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
     graph.node("a", agent="talker", prompt="{question}", output=True)
     plan = graph.plan({"question": "Say a lot."})
     steps = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda *args: steps.append(time.monotonic()))  # loop clock
+
+    def slow_step(*args):
+        # 20 ms a step: a random model may emit its end token early, and the run must still
+        # be mid-generation when the 0.5 s deadline cancels it.
+        steps.append(time.monotonic())  # the asyncio loop's clock
+        time.sleep(0.02)
+
+    hook = model.get_input_embeddings().register_forward_hook(slow_step)
     before = threading.active_count()
 
     async def main():
@@ -138,12 +145,16 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
             group.start_soon(consume)
             with anyio.move_on_after(0.5) as scope:
                 await run_plan(plan, pool=pool, events=events)
-        return tokens, events.stats(), scope.deadline
+            if not scope.cancelled_caught:
+                events.close()  # the run ended before the deadline: nothing to wait for
+        return tokens, events.stats(), scope
 
     try:
-        tokens, stats, deadline = anyio.run(main)
+        tokens, stats, scope = anyio.run(main)
     finally:
         hook.remove()
+    assert scope.cancelled_caught, "generation ended before the deadline; the test did not cancel anything"
+    deadline = scope.deadline
     assert len(steps) < 2000  # generation ended early
     late = [t for t in steps if t > deadline + 0.05]
     assert len(late) <= 1  # at most the step already under way when the run was cancelled
