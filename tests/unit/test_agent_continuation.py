@@ -437,3 +437,43 @@ def test_cancelled_transfer_leaves_a_bound_receiver_empty(tiny):
     assert len(b) == 0 and not b.inspect()["pending_generation"]
     transfer_sync(a, b, QUESTION)
     assert len(b) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Joining several handoffs, and absorbing without generating (used by the graph layer)
+
+
+def test_pop_joins_several_deliveries(tiny):
+    model, tokenizer = tiny
+    a, b = _pair(model, tokenizer)
+    transfer_sync(a, b, QUESTION)
+    transfer_sync(a, b, "When did Birch launch?")
+    first, second = b.peek(0)[0].positions, b.peek(1)
+    inputs = b.pop(deliveries=2)
+    assert len(b) == 0
+    assert inputs["inputs_embeds"].shape[1] == first + second[0].positions + second[1].input_ids.shape[1]
+    b.update(inputs=inputs, generation=generate(model, tokenizer, inputs))
+    assert b.sender_state().inherited_positions == first + second[0].positions
+
+
+def test_absorb_makes_received_rows_and_prompt_the_state(tiny):
+    model, tokenizer = tiny
+    a, b = _received(model, tokenizer, requests=[QUESTION, "Second?"])
+    delivery, prepared = b.peek(0)
+    with counted_forwards(model) as calls:
+        anyio.run(b.absorb)
+    state = b.sender_state()
+    assert calls == [delivery.positions + prepared.input_ids.shape[1]], "one prefill, nothing generated"
+    assert len(b) == 1 and not b.inspect()["pending_generation"]
+    assert state.inherited_positions == delivery.positions
+    assert torch.equal(state.token_ids, torch.cat([torch.full((delivery.positions,), -1), prepared.input_ids[0]]))
+    assert same_cache(state.past_key_values, prefill(model, state.input_embeds))
+    before = view(b)
+    with pytest.raises(ValueError, match="context space"):
+        anyio.run(functools.partial(b.absorb, prompt=torch.zeros(1, b.context_limit, dtype=torch.int64)))
+    assert_unchanged(b, before)
+    b.pop()
+    before = view(b)
+    with pytest.raises(ValueError, match="pending"):
+        anyio.run(b.absorb)
+    assert_unchanged(b, before)
