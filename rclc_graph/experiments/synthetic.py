@@ -9,9 +9,10 @@ and sentence order are drawn uniformly from the seed.
 
 from __future__ import annotations
 
+import os
 import random
-from dataclasses import dataclass, field
-from typing import Any
+
+from .datasets import Case, write_jsonl
 
 ENTITIES = [
     "Cedar", "Birch", "Maple", "Willow", "Aspen", "Juniper", "Hazel", "Alder", "Rowan", "Laurel",
@@ -54,28 +55,7 @@ def _value(rng: random.Random, relation: str) -> str:
     return str(rng.randint(1950, 2023))
 
 
-@dataclass
-class Case:
-    id: str
-    documents: list[str]
-    question: str
-    answers: list[str]
-    gold_document: int
-    evidence: str
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "documents": self.documents,
-            "question": self.question,
-            "answers": self.answers,
-            "gold_document": self.gold_document,
-            "evidence": self.evidence,
-        }
-
-
-def make_case(rng: random.Random, index: int, *, documents: int, facts_per_document: int, filler_per_document: int) -> Case:
+def draw_case(rng: random.Random, index: int, *, documents: int, facts_per_document: int, filler_per_document: int) -> Case:
     entities = rng.sample(ENTITIES, documents * facts_per_document)
     asked_entity = entities[0]
     relation = rng.choice(sorted(RELATIONS))
@@ -97,7 +77,9 @@ def make_case(rng: random.Random, index: int, *, documents: int, facts_per_docum
         rng.shuffle(sentences)
         docs.append(" ".join(sentences))
     question = RELATIONS[relation]["question"].format(entity=asked_entity)
-    return Case(f"syn-{index:05d}", docs, question, [answer], gold, evidence, {"relation": relation, "entity": asked_entity})
+    return Case(
+        f"syn-{index:05d}", tuple(docs), question, (answer,), gold, evidence, {"relation": relation, "entity": asked_entity}
+    )
 
 
 def make_dataset(
@@ -109,10 +91,10 @@ def make_dataset(
     filler_per_document: int = 4,
 ) -> list[Case]:
     """`size` cases drawn from `seed` (same seed, same cases, on every machine)."""
-    if size < 1:
-        raise ValueError(f"size: expected at least 1 case, got {size}")
-    if documents < 1 or facts_per_document < 1 or filler_per_document < 0:
-        raise ValueError("documents, facts_per_document: expected >= 1 (filler_per_document >= 0)")
+    for name, value, least in (("size", size, 1), ("seed", seed, 0), ("documents", documents, 1),
+                               ("facts_per_document", facts_per_document, 1), ("filler_per_document", filler_per_document, 0)):
+        if type(value) is not int or value < least:
+            raise ValueError(f"{name}: expected a whole number >= {least}, got {value!r}")
     if filler_per_document > len(FILLER):
         raise ValueError(f"filler_per_document: at most {len(FILLER)} distinct filler sentences exist")
     if documents * facts_per_document > len(ENTITIES):
@@ -121,6 +103,22 @@ def make_dataset(
         )
     rng = random.Random(seed)
     return [
-        make_case(rng, i, documents=documents, facts_per_document=facts_per_document, filler_per_document=filler_per_document)
+        draw_case(rng, i, documents=documents, facts_per_document=facts_per_document, filler_per_document=filler_per_document)
         for i in range(size)
     ]
+
+
+def write_dataset(
+    path: str | os.PathLike[str],
+    size: int,
+    *,
+    seed: int = 0,
+    documents: int = 3,
+    facts_per_document: int = 4,
+    filler_per_document: int = 4,
+) -> int:
+    """Generate `size` cases and write them as JSONL (what `rclc-graph data make` does)."""
+    cases = make_dataset(
+        size, seed=seed, documents=documents, facts_per_document=facts_per_document, filler_per_document=filler_per_document
+    )
+    return write_jsonl(path, cases)

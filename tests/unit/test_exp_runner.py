@@ -1,0 +1,255 @@
+"""End to end without models: run_experiment over the shipped topologies with a simulated
+scheduler, resume, torn rows, failures, stale rows, reproduction checks and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from _exp_fakes import FakeRunCase, simulate
+from rclc_graph import compile_plan, load_graph
+from rclc_graph.errors import PlanError, SpecError
+from rclc_graph.experiments import cli, runner
+from rclc_graph.experiments.arms import apply_arm, parse_arm
+from rclc_graph.experiments.case_result import CaseResult, case_result_from_run
+from rclc_graph.experiments.inputs import resolve_mapping
+from rclc_graph.experiments.reproduce import compare_runs
+from rclc_graph.experiments.store import RESULTS
+from rclc_graph.experiments.synthetic import make_dataset, write_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAIN = ROOT / "topologies" / "chain_of_agents.yaml"
+FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
+ARMS = ["r4=state:ratio=4", "r2=state:ratio=2,selector=recent", "b24=state:budget=24", "full=full", "text=text",
+        "floor=question_only", "single=single_context"]
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    path = tmp_path / "data.jsonl"
+    write_dataset(path, 6, seed=11, documents=4)
+    return path
+
+
+def test_case_result_from_a_simulated_run():
+    spec = load_graph(FANOUT)
+    case = make_dataset(1, seed=2, documents=3)[0]
+    plan = compile_plan(apply_arm(spec, parse_arm("full=full")), resolve_mapping(spec).inputs(case))
+    run = simulate(plan, case)
+    result = case_result_from_run(run, plan, case, model_fingerprints={"base": "f"})
+    assert result.status == "finished" and result.answer == f"It is {case.answers[0]}."
+    assert [hop.source for hop in result.hops] == ["reader[0]", "reader[1]", "reader[2]"]
+    assert all(hop.kept_positions == hop.sent_positions for hop in result.hops)
+    final_prompt = run.nodes["final"].prompt_text.split()
+    assert result.output_positions == sum(hop.kept_positions for hop in result.hops) + len(final_prompt) + len(result.answer.split())
+    assert result.model_fingerprints == {"base": "f"}
+    assert result.evidence["gold_nodes"] == [f"reader[{case.gold_document}]"]
+    assert result.evidence["fraction_at_output"] == 1.0
+    assert result.greedy is True and result.plan_fingerprint == plan.fingerprint()
+    assert result.selection_s == pytest.approx(0.03) and result.generation_s == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="status"):
+        CaseResult(answer="x", latency_s=1.0, status="odd")
+    with pytest.raises(ValueError, match="answer"):
+        CaseResult(answer=None, latency_s=1.0)
+
+
+@pytest.mark.parametrize("topology", [CHAIN, FANOUT], ids=["chain", "fanout"])
+def test_run_experiment_end_to_end(tmp_path, data, topology):
+    fake = FakeRunCase()
+    steps = []
+    summary = runner.run_experiment(topology, data, ARMS, tmp_path / "out", run_case=fake, progress=steps.append,
+                                    resamples=500)
+    assert len(fake.calls) == 6 * len(ARMS) and summary.computed == 6 * len(ARMS) and summary.resumed == 0
+    assert [step.done for step in steps] == list(range(1, 6 * len(ARMS) + 1)) and steps[-1].total == 6 * len(ARMS)
+    assert [step.arm for step in steps[: len(ARMS)]] == [parse_arm(a).name for a in ARMS]  # arms inner
+    out = tmp_path / "out"
+    for name in ("results.jsonl", "summary.json", "report.md", "accuracy_vs_compression.png", "accuracy_vs_latency.png"):
+        assert (out / name).is_file(), name
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(summary.data))
+    arms = saved["arms"]
+    assert list(arms) == [parse_arm(a).name for a in ARMS]
+    for measures in arms.values():
+        assert {"accuracy", "accuracy_ci", "median_latency_s", "positions", "payload_bytes", "evidence_survival"} <= set(measures)
+        assert measures["cases"] == 6 and measures["failed"] == 0
+    # the simulated answerer is right exactly when the evidence reached it
+    assert arms["floor"]["accuracy"] == 0.0 and arms["floor"]["evidence_survival"] is None
+    assert arms["single"]["accuracy"] == 1.0 and arms["single"]["evidence_survival"] == 1.0
+    assert arms["full"]["accuracy"] == 1.0 and arms["full"]["evidence_survival"] == 1.0 and arms["full"]["compression"] == 1.0
+    assert arms["text"]["evidence_survival"] is None  # not measurable over text hops
+    assert arms["r2"]["positions"] > arms["r4"]["positions"] and arms["r4"]["compression"] > 1
+    assert 0 < arms["r4"]["evidence_survival"] < 1
+    assert saved["cases"] == 6 and saved["topology"]["name"] == load_graph(topology).name
+    assert saved["model_fingerprints"] == {"base": ["fake-fingerprint"]} and saved["greedy"] is True
+    assert saved["seeds"] == {"run": 0, "bootstrap": 0} and saved["versions"]["python"]
+    assert saved["dataset"]["sha256"] and saved["scorer"] == "containment"
+    rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
+    row = rows[0]
+    for key in ("answer", "correct", "latency_s", "selection_s", "generation_s", "positions_sent", "positions_kept",
+                "payload_bytes", "hops", "evidence", "evidence_at_output", "case_fingerprint", "arm_fingerprint",
+                "plan_fingerprint", "model_fingerprints", "greedy", "seed"):
+        assert key in row, key
+    assert row["hops"][0]["sent_positions"] >= row["hops"][0]["kept_positions"]
+    report = (out / "report.md").read_text()
+    assert "accuracy_vs_compression.png" in report and "| single | single_context | 6 |" in report
+
+
+def test_resume_recomputes_nothing_and_a_torn_row_once(tmp_path, data):
+    out = tmp_path / "out"
+    runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=FakeRunCase(), resamples=200)
+    again = FakeRunCase()
+    summary = runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=again, resamples=200)
+    assert again.calls == [] and summary.computed == 0 and summary.resumed == 18
+    path = out / RESULTS
+    before = path.read_bytes()
+    path.write_bytes(before[:-20])  # a crash while writing the last row
+    third = FakeRunCase()
+    summary = runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=third, resamples=200)
+    assert len(third.calls) == 1 and summary.computed == 1 and summary.recovered_bytes > 0
+    assert len(path.read_text().splitlines()) == 18
+    # adding an arm computes only that arm; --limit restricts the summary to the first cases
+    fourth = FakeRunCase()
+    summary = runner.run_experiment(FANOUT, data, ARMS[:4], out, run_case=fourth, limit=2, resamples=200)
+    assert len(fourth.calls) == 2 and summary.data["cases"] == 2 and summary.arms["full"]["cases"] == 2
+
+
+def test_failures_are_rows_counted_wrong_and_retried_on_request(tmp_path, data):
+    out = tmp_path / "out"
+    first_case = json.loads(data.read_text().splitlines()[0])["id"]
+    crashing = FakeRunCase(raise_on=first_case)
+    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=crashing, resamples=200)
+    assert summary.arms["full"]["failed"] == 1 and summary.arms["full"]["accuracy"] == pytest.approx(5 / 6)
+    row = json.loads((out / RESULTS).read_text().splitlines()[0])
+    assert row["status"] == "failed" and row["error"] == "RuntimeError: simulated crash" and row["correct"] is False
+    kept = FakeRunCase()
+    runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=kept, resamples=200)
+    assert kept.calls == []  # failed rows are finished rows unless asked
+    retried = FakeRunCase()
+    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=retried, retry_failed=True, resamples=200)
+    assert len(retried.calls) == 1 and summary.arms["full"]["failed"] == 0 and summary.arms["full"]["accuracy"] == 1.0
+    # a run the scheduler reports as failed (not raised) is recorded the same way
+    scheduler_failed = runner.run_experiment(FANOUT, data, ["f2=full"], tmp_path / "o2", run_case=FakeRunCase(fail_on="Answer"),
+                                             resamples=200)
+    assert scheduler_failed.arms["f2"]["failed"] == 6 and scheduler_failed.arms["f2"]["accuracy"] == 0.0
+
+
+def test_an_import_error_stops_the_experiment_without_rows(tmp_path, data):
+    def broken(spec, inputs, case):
+        raise ImportError("no module named 'torch'")
+
+    with pytest.raises(ImportError):
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out", run_case=broken, resamples=100)
+    assert (tmp_path / "out" / RESULTS).exists() is False
+
+
+def test_a_missing_scheduler_is_reported_before_any_run(tmp_path, data, monkeypatch):
+    def missing(**kwargs):
+        raise ImportError("No module named 'rclc_graph.scheduler'")
+
+    monkeypatch.setattr(runner, "scheduler_run_case", missing)
+    with pytest.raises(RuntimeError, match="scheduler is not available"):
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out")
+    assert not (tmp_path / "out" / RESULTS).exists()
+
+
+def test_stale_rows_are_refused(tmp_path, data):
+    out = tmp_path / "out"
+    runner.run_experiment(FANOUT, data, ["a=state:ratio=4"], out, run_case=FakeRunCase(), resamples=100)
+    with pytest.raises(ValueError, match="different graph"):
+        runner.run_experiment(FANOUT, data, ["a=state:ratio=8"], out, run_case=FakeRunCase(), resamples=100)
+    lines = data.read_text().splitlines()
+    changed = json.loads(lines[0])
+    changed["question"] += " Please."
+    data.write_text("\n".join([json.dumps(changed)] + lines[1:]) + "\n")
+    with pytest.raises(ValueError, match="has changed"):
+        runner.run_experiment(FANOUT, data, ["a=state:ratio=4"], out, run_case=FakeRunCase(), resamples=100)
+
+
+def test_problems_are_found_before_any_run(tmp_path):
+    three = tmp_path / "three.jsonl"
+    write_dataset(three, 3, documents=3)
+    fake = FakeRunCase()
+    with pytest.raises(PlanError, match="reads 4 items of 'chunks'") as raised:
+        runner.run_experiment(CHAIN, three, ["r4=state"], tmp_path / "out", run_case=fake)
+    assert len(raised.value.problems) == 3  # every case is named
+    with pytest.raises(PlanError, match="E_TRUST_CODE"):
+        runner.run_experiment(FANOUT, three, ["mine=state:selector=my.mod:pick"], tmp_path / "out", run_case=fake)
+    with pytest.raises(SpecError, match="not valid JSON"):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("{\n")
+        runner.run_experiment(FANOUT, bad, ["r4=state"], tmp_path / "out", run_case=fake)
+    with pytest.raises(ValueError, match="trust-code"):
+        runner.run_experiment(FANOUT, three, ["r4=state"], tmp_path / "out", run_case=fake, scorer="m:f")
+    with pytest.raises(ValueError, match="unique"):
+        runner.run_experiment(FANOUT, three, [parse_arm("a=full"), parse_arm("a=text")], tmp_path / "out", run_case=fake)
+    assert fake.calls == [] and not (tmp_path / "out" / RESULTS).exists()
+    # question_only and single_context alone read the whole list: any number of documents works
+    summary = runner.run_experiment(CHAIN, three, ["floor=question_only"], tmp_path / "ok", run_case=fake, resamples=100)
+    assert summary.arms["floor"]["cases"] == 3
+
+
+def test_rescoring_with_another_scorer_keeps_the_file(tmp_path, data, monkeypatch):
+    import sys
+    import types
+
+    out = tmp_path / "out"
+    runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=FakeRunCase(), resamples=100)
+    module = types.ModuleType("exp_never")
+    module.never = lambda output, answers: False
+    monkeypatch.setitem(sys.modules, "exp_never", module)
+    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=FakeRunCase(), scorer="exp_never:never",
+                                    trust_code=True, resamples=100)
+    assert summary.arms["full"]["accuracy"] == 0.0 and summary.data["scorer"] == "exp_never:never"
+    assert all(json.loads(line)["correct"] for line in (out / RESULTS).read_text().splitlines())
+
+
+def test_reruns_reproduce(tmp_path, data):
+    for name in ("a", "b"):
+        runner.run_experiment(FANOUT, data, ARMS[:2], tmp_path / name, run_case=FakeRunCase(), resamples=100)
+    same = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert same.reproduced and same.compared == 12 and same.identical == 12 and not same.not_comparable
+    path = tmp_path / "b" / RESULTS
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["answer"] = "something else"
+    rows[1]["model_fingerprints"] = {"base": "other weights"}
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    changed = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert not changed.reproduced and len(changed.differing) == 1 and changed.compared == 11
+    assert changed.not_comparable[0]["reason"] == "model_fingerprints differs"
+
+
+def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "scheduler_run_case", lambda **kwargs: FakeRunCase())
+    invoke = CliRunner().invoke
+    data = tmp_path / "d.jsonl"
+    result = invoke(cli.app, ["data", "make", "--size", "4", "--seed", "5", "--out", str(data), "--documents", "4"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 4 cases" in result.output and len(data.read_text().splitlines()) == 4
+    arms_file = tmp_path / "arms.yaml"
+    arms_file.write_text("arms:\n  full: full\n  floor: question_only\n")
+    args = ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "r4=state:ratio=4", "--arms-file",
+            str(arms_file), "--out", str(tmp_path / "out")]
+    result = invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert "accuracy" in result.output and "r4" in result.output and "12 runs computed" in result.output
+    result = invoke(cli.app, args + ["--json", "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["cases"] == 2 and payload["rows"] == {"computed": 0, "resumed": 6, "recovered_bytes": 0}
+    assert list(payload["arms"]) == ["full", "floor", "r4"]
+    result = invoke(cli.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "x=stat",
+                              "--out", str(tmp_path / "o2"), "--json"])
+    assert result.exit_code == 2 and json.loads(result.output)["problems"][0]["path"] == "arms.x.mode"
+    result = invoke(cli.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "no arms given" in result.output
+    result = invoke(cli.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "full=full",
+                              "--arms-file", str(arms_file), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "given twice" in result.output
+    invoke(cli.app, args[:-1] + [str(tmp_path / "again")])
+    result = invoke(cli.app, ["compare-runs", str(tmp_path / "out"), str(tmp_path / "again")])
+    assert result.exit_code == 0 and "12/12 comparable answers identical" in result.output
+    result = invoke(cli.app, ["data", "make", "--size", "4", "--out", str(tmp_path / "x.jsonl"), "--documents", "20"])
+    assert result.exit_code == 2 and "distinct entities" in result.output
