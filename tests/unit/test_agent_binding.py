@@ -297,8 +297,14 @@ def _state_errors(model, tokenizer):
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, num_beams=2, do_sample=False,
             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
         )
+    with torch.no_grad():
+        from_rows = model.generate(
+            inputs_embeds=model.get_input_embeddings().weight[ids[0]].unsqueeze(0), attention_mask=torch.ones_like(ids),
+            max_new_tokens=2, do_sample=False, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
+        )
     longer = _fresh_prefill(model, ids)
     return [
+        ({"generation": from_rows}, "inputs_embeds"),
         ({"prompt": DOC, "generation": output}, "generation"),
         ({"past_key_values": longer, "generation": output}, "generation"),
         ({"generation": beams}, "beam"),

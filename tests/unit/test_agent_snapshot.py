@@ -188,6 +188,48 @@ def test_foreign_files_keep_the_previous_state(saved, tmp_path):
     assert_unchanged(target, before)
 
 
+def _rewritten(path, tmp_path, change):
+    """A copy of the snapshot at `path` with its tensors replaced by `change(tensors)`, metadata kept."""
+    with safetensors.safe_open(str(path), framework="pt") as reader:
+        metadata = reader.metadata()
+        tensors = {key: reader.get_tensor(key) for key in reader.keys()}
+    out = tmp_path / "rewritten.safetensors"
+    safetensors.torch.save_file(change(tensors), str(out), metadata=metadata)
+    return out
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda t: {**t, "extra": torch.zeros(1)}, "unexpected tensor keys"),
+        (lambda t: {"ids": t["ids"]}, "unexpected tensor keys"),
+        (lambda t: {**t, "rows": t["rows"].double()}, "same checkpoint and dtype"),
+        (lambda t: {**t, "rows": t["rows"][:, :32].contiguous()}, "same checkpoint and dtype"),
+        (lambda t: {"rows": t["rows"][:0].contiguous()}, "1 to"),
+        (lambda t: {**t, "ids": t["ids"][:-1].contiguous()}, "aligned"),
+        (lambda t: {**t, "ids": t["ids"].int()}, "aligned"),
+    ],
+)
+def test_bad_tensors_keep_the_previous_state(saved, tmp_path, change, match):
+    model, tokenizer, path, target = saved
+    bad = _rewritten(path, tmp_path, change)
+    before = view(target)
+    with pytest.raises(ValueError, match=match):
+        _load(target, bad)
+    assert_unchanged(target, before)
+
+
+def test_snapshot_longer_than_the_agent_context(saved):
+    model, tokenizer, path, _ = saved
+    with safetensors.safe_open(str(path), framework="pt") as reader:
+        rows = reader.get_slice("rows").get_shape()[0]
+    target = rclc.bind(model, tokenizer, prompt=DOC, context_limit=rows - 1)
+    before = view(target)
+    with pytest.raises(ValueError, match="context limit"):
+        _load(target, path)
+    assert_unchanged(target, before)
+
+
 def test_mismatched_model_keeps_the_previous_state(saved, tiny_tokenizer):
     model, tokenizer, path, _ = saved
     family = model.config.model_type

@@ -120,7 +120,14 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
     graph.node("a", agent="talker", prompt="{question}", output=True)
     plan = graph.plan({"question": "Say a lot."})
     steps = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda *args: steps.append(time.monotonic()))  # loop clock
+
+    def step(*args):
+        steps.append(time.monotonic())  # loop clock
+        # The tiny models reach EOS after ~140 tokens; on a warm process that takes under the
+        # 0.5 s deadline, so pace the steps to make sure the run is still going when cancelled.
+        time.sleep(0.01)
+
+    hook = model.get_input_embeddings().register_forward_hook(step)
     before = threading.active_count()
 
     async def main():
@@ -138,12 +145,15 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
             group.start_soon(consume)
             with anyio.move_on_after(0.5) as scope:
                 await run_plan(plan, pool=pool, events=events)
-        return tokens, events.stats(), scope.deadline
+            if not scope.cancelled_caught:
+                group.cancel_scope.cancel()  # the run ended on its own: no `cancelled` event will come
+        return tokens, events.stats(), scope.deadline, scope.cancelled_caught
 
     try:
-        tokens, stats, deadline = anyio.run(main)
+        tokens, stats, deadline, cancelled = anyio.run(main)
     finally:
         hook.remove()
+    assert cancelled, "the run finished before the deadline, so cancellation was not exercised"
     assert len(steps) < 2000  # generation ended early
     late = [t for t in steps if t > deadline + 0.05]
     assert len(late) <= 1  # at most the step already under way when the run was cancelled
