@@ -10,6 +10,12 @@ run:
   built the same way (`rclc._cache.view_cache` + `forward_rows`), which is what any
   selector conditioned on the request must at least run.
 
+It also times what the handoff saves on the other side, `receiver_prefill`: the
+receiver's prefill (a fresh backbone forward, as `generate` starts with) of the received
+rows followed by the same 32-token request as its prompt, for the full state and for
+CacheBack r4 and r16 handoffs of it (budgets `ceil(T/4)`, `ceil(T/16)`), measured
+interleaved (the order rotates every repeat), with medians and ratios to full.
+
 Prints one JSON object. Per size: wall-clock medians and their `ratio` (target: at most
 1.3 at 2048 positions), `pair_ratio_median` (median over back-to-back A/B pairs),
 CPU-time medians and `cpu_ratio` (steadier on a shared machine), and a breakdown: the
@@ -21,6 +27,7 @@ Runs single-threaded by default (`--threads 1`): on a shared 2-core machine two 
 threads wait on each other and produce multi-second outliers.
 
     PYTHONPATH=$PWD python benchmarks/selection_overhead.py --sizes 512,2048,4096
+    PYTHONPATH=$PWD python benchmarks/selection_overhead.py --only-prefill
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any
 import torch
 
 from rclc import models
+from rclc.budget import BudgetPolicy
 from rclc._cache import forward_rows, prefill, view_cache
 from rclc.selectors import cacheback
 from rclc.selectors import _support
@@ -146,10 +154,75 @@ class _TimedFold:
         _support.SupportFold.__call__ = self.original  # type: ignore[method-assign]
 
 
-def measure(model: Any, tokenizer: Any, positions: int, repeats: int, warmup: int) -> dict[str, Any]:
+PREFILL_RATIOS = (4, 16)
+
+
+def receiver_prefill(sender: SenderState, request: torch.Tensor, repeats: int, warmup: int) -> dict[str, Any]:
+    """Receiver prefill of full / r4 / r16 handoffs plus the request as the receiver's prompt.
+
+    The received rows are the sender's kept input rows (what an `embeddings` message
+    carries); the prefill is a fresh forward of `rows + prompt`, as the receiver's
+    `generate` runs it. Arms alternate inside each repeat, rotating the order.
+    """
+    model = sender.model
+    prompt_rows = model.get_input_embeddings().weight[request[0]].detach()
+    arms: dict[str, torch.Tensor] = {"full": sender.input_embeds}
+    for ratio in PREFILL_RATIOS:
+        budget = BudgetPolicy(ratio=ratio).cap(sender.positions)
+        kept = torch.tensor(cacheback(sender, request, budget), dtype=torch.int64)
+        arms[f"r{ratio}"] = sender.input_embeds.index_select(0, kept)
+    inputs = {name: torch.cat([rows, prompt_rows], dim=0).detach() for name, rows in arms.items()}
+
+    def run(rows: torch.Tensor) -> None:
+        with torch.inference_mode():
+            prefill(model, rows)
+
+    for _ in range(warmup):
+        for rows in inputs.values():
+            run(rows)
+    names = list(inputs)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(_wall_and_cpu(lambda: run(inputs[name])))
+    wall = {name: statistics.median(w for w, _ in runs) for name, runs in times.items()}
+    cpu = {name: statistics.median(c for _, c in runs) for name, runs in times.items()}
+    result: dict[str, Any] = {"prompt_tokens": int(request.shape[1])}
+    for name in names:
+        result[name] = {
+            "received_positions": int(arms[name].shape[0]),
+            "prefill_ms": round(wall[name] * 1e3, 2),
+            "prefill_cpu_ms": round(cpu[name] * 1e3, 2),
+            "ratio_to_full": round(wall[name] / wall["full"], 4),
+            "cpu_ratio_to_full": round(cpu[name] / cpu["full"], 4),
+        }
+    return result
+
+
+def measure(
+    model: Any,
+    tokenizer: Any,
+    positions: int,
+    repeats: int,
+    warmup: int,
+    *,
+    selection: bool = True,
+    prefill_too: bool = True,
+) -> dict[str, Any]:
     sender = build_sender(model, tokenizer, positions)
     request = request_ids(tokenizer)
-    budget = positions // 4
+    result: dict[str, Any] = {"positions": positions, "request_tokens": int(request.shape[1])}
+    if selection:
+        result.update(measure_selection(sender, request, repeats, warmup))
+    if prefill_too:
+        result["receiver_prefill"] = receiver_prefill(sender, request, repeats, warmup)
+    return result
+
+
+def measure_selection(sender: SenderState, request: torch.Tensor, repeats: int, warmup: int) -> dict[str, Any]:
+    """CacheBack selection vs a plain request forward (and the score/fold/keep breakdown)."""
+    budget = sender.positions // 4
     for _ in range(warmup):
         cacheback(sender, request, budget)
         plain_forward(sender, request)
@@ -178,8 +251,6 @@ def measure(model: Any, tokenizer: Any, positions: int, repeats: int, warmup: in
     selection_ms = statistics.median(selection) * 1e3
     forward_ms = statistics.median(forward) * 1e3
     return {
-        "positions": positions,
-        "request_tokens": int(request.shape[1]),
         "budget": budget,
         "selection_ms": round(selection_ms, 2),
         "forward_ms": round(forward_ms, 2),
@@ -210,19 +281,30 @@ def main() -> None:
         help="torch threads (default 1: on a shared 2-core machine two threads give multi-second outliers; "
         "0 leaves torch's default)",
     )
+    parser.add_argument("--only-prefill", action="store_true", help="time only the receiver prefill")
+    parser.add_argument("--no-prefill", action="store_true", help="skip the receiver prefill")
     args = parser.parse_args()
+    if args.only_prefill and args.no_prefill:
+        parser.error("--only-prefill and --no-prefill exclude each other")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = models.load("embedded")
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
-    results = {
+    results: dict[str, Any] = {
         "model": models.EMBEDDED_CHECKPOINT,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
-        "switch": {k: round(v, 4) for k, v in switch_costs(model).items()},
-        "sizes": [measure(model, tokenizer, size, args.repeats, args.warmup) for size in sizes],
     }
+    if not args.only_prefill:
+        results["switch"] = {k: round(v, 4) for k, v in switch_costs(model).items()}
+    results["sizes"] = [
+        measure(
+            model, tokenizer, size, args.repeats, args.warmup,
+            selection=not args.only_prefill, prefill_too=not args.no_prefill,
+        )
+        for size in sizes
+    ]
     print(json.dumps(results, indent=2))
 
 

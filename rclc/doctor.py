@@ -187,11 +187,54 @@ def _pinned_pair_issues(distribution: str, versions: dict[str, str | None]) -> l
 def _agent_issues(agent: Any) -> list[dict[str, str]]:
     from .models import check_model
 
+    issues = []
     try:
         check_model(agent.model)
     except ValueError as error:
-        return [_issue(str(error), "bind a supported model in eval mode (see rclc.models.SUPPORTED_FAMILIES)")]
-    return []
+        issues.append(_issue(str(error), "bind a supported model in eval mode (see rclc.models.SUPPORTED_FAMILIES)"))
+    if getattr(agent, "backend", "hf") == "vllm":
+        issues.extend(_engine_issues(agent.engine, bool(getattr(agent, "allow_unstable", False))))
+    return issues
+
+
+def _engine_issues(llm: Any, allow_unstable: bool) -> list[dict[str, str]]:
+    """The binding check of a bound engine, re-run now, plus whether it is idle."""
+    from .vllm.engine import check_engine, require_idle
+
+    issues = []
+    try:
+        problems = check_engine(llm, allow_unstable=allow_unstable)
+    except (RuntimeError, ValueError) as error:
+        problems = [str(error)]
+    for problem in problems:
+        issues.append(_issue(problem, "recreate the engine with the configuration in rclc.vllm's module docs"))
+    try:
+        require_idle(llm)
+    except (RuntimeError, ValueError) as error:
+        issues.append(_issue(str(error), "finish or abort the engine's requests before rclc work"))
+    return issues
+
+
+def engine_report(llm: Any) -> dict[str, Any]:
+    """The bound engine's configuration as far as rclc depends on it (JSON-ready; reads attributes only)."""
+    from .vllm.engine import vllm_config
+
+    config = vllm_config(llm)
+    model, cache, transfer = config.model_config, config.cache_config, config.kv_transfer_config
+    parallel = config.parallel_config
+    return {
+        "model": str(getattr(model, "model", None)),
+        "dtype": str(getattr(model, "dtype", None)).removeprefix("torch."),
+        "max_model_len": getattr(model, "max_model_len", None),
+        "enforce_eager": getattr(model, "enforce_eager", None),
+        "enable_prompt_embeds": getattr(model, "enable_prompt_embeds", None),
+        "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
+        "block_size": getattr(cache, "block_size", None),
+        "kv_cache_dtype": str(getattr(cache, "cache_dtype", None)),
+        "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None),
+        "kv_connector": getattr(transfer, "kv_connector", None),
+        "idle": not llm.llm_engine.has_unfinished_requests(),
+    }
 
 
 def _resolve_options(agent: Any, backend: str | None, allow_unstable: bool | None) -> tuple[str, bool]:
@@ -223,7 +266,8 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
     """Report versions, accelerator availability and actionable issues as a JSON-ready dict.
 
     With `agent`, its backend, unstable opt-in and model are checked; an explicit
-    `backend`/`allow_unstable` that disagrees with the agent raises ValueError.
+    `backend`/`allow_unstable` that disagrees with the agent raises ValueError. A vLLM
+    agent's engine is checked again (binding check, idle) and reported under `engine`.
     """
     backend, allow_unstable = _resolve_options(agent, backend, allow_unstable)
     from .models import embedded_present
@@ -246,7 +290,7 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
         issues.extend(_vllm_issues(versions, allow_unstable))
     if agent is not None:
         issues.extend(_agent_issues(agent))
-    return {
+    report = {
         "ok": not issues,
         "scope": "environment" if agent is None else "bound_agent",
         "backend": backend,
@@ -256,3 +300,6 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
         "embedded_model": embedded_present(),
         "issues": issues,
     }
+    if agent is not None and backend == "vllm":
+        report["engine"] = engine_report(agent.engine)
+    return report

@@ -18,7 +18,7 @@ import torch
 from ._cache import cache_layers, cache_length, extend, generation_cache, prefill
 from ._checks import is_exact_int, optional_int
 from .models import check_model, context_limit_of
-from .state import Delivery, SenderState, embedding_weight, request_ids
+from .state import Delivery, SenderState, checkpoint_vocabulary, embedding_weight, request_ids
 
 _MATCHED_CONFIG = (
     "model_type",
@@ -164,7 +164,8 @@ def check_compatible(receiver_model: Any, receiver_tokenizer: Any, sender: Sende
             )
     other = sender.tokenizer
     if receiver_tokenizer is not None and other is not None and receiver_tokenizer is not other:
-        if receiver_tokenizer.get_vocab() != other.get_vocab():
+        rows = int(embedding_weight(receiver_model).shape[0])
+        if checkpoint_vocabulary(receiver_tokenizer, rows) != checkpoint_vocabulary(other, rows):
             raise ValueError("receiver: its tokenizer vocabulary differs from the sender's; use the same tokenizer")
 
 

@@ -26,7 +26,7 @@ import torch
 from ._cache import prefill
 from ._checks import is_exact_int
 from .models import check_model
-from .state import SenderState, embedding_weight
+from .state import SenderState, checkpoint_vocabulary, embedding_weight
 
 METADATA_KEY = "rclc"
 FORMAT = 1
@@ -100,15 +100,40 @@ def _hash_weights(tensors: dict[str, torch.Tensor]) -> str:
     return hasher.hexdigest()
 
 
+def _engine_projections(model: Any) -> list[Any]:
+    """The engine-GEMM projections of a vLLM shared-weight view (empty for ordinary HF models)."""
+    from .vllm.view import EngineProjection  # plain torch: importing it never imports vLLM
+
+    modules = getattr(model, "modules", None)
+    if not callable(modules):
+        return []
+    return [module for module in modules() if isinstance(module, EngineProjection)]
+
+
+def _weight_tensors(model: Any, projections: list[Any]) -> dict[str, torch.Tensor]:
+    """The state dict an HF load of the checkpoint would have; views materialize packed projections."""
+    if not projections:
+        return model.state_dict()
+    from .vllm.view import view_state_dict
+
+    return view_state_dict(model)
+
+
 def weight_digest(model: Any) -> str:
-    """SHA-256 over the state dict (names, shapes, dtypes, bytes), cached while the weights are unchanged."""
-    tensors = model.state_dict()
-    fingerprint = _fingerprint(tensors)
+    """SHA-256 over the state dict (names, shapes, dtypes, bytes), cached while the weights are unchanged.
+
+    A vLLM view hashes what `view_state_dict` rebuilds (the exact checkpoint tensors), so
+    an HF model and a vLLM engine of one checkpoint share an identity. Its packed
+    projections live in engine handles that have no version counter; the fingerprint
+    covers the view's own tensors and which engine layers it runs.
+    """
+    projections = _engine_projections(model)
+    fingerprint = _fingerprint(model.state_dict()) + tuple(id(module._fused) for module in projections)
     with _digest_lock:
         cached = _digests.get(model)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
-    digest = _hash_weights(tensors)
+    digest = _hash_weights(_weight_tensors(model, projections))
     with _digest_lock:
         _digests[model] = (fingerprint, digest)
     return digest
@@ -116,7 +141,8 @@ def weight_digest(model: Any) -> str:
 
 def model_identity(model: Any, tokenizer: Any) -> str:
     """Hex SHA-256 of the forward configuration, the vocabulary and the weights."""
-    vocabulary = tokenizer.get_vocab() if tokenizer is not None else None
+    rows = int(embedding_weight(model).shape[0])
+    vocabulary = checkpoint_vocabulary(tokenizer, rows) if tokenizer is not None else None
     payload = [_config_subset(model.config), vocabulary, weight_digest(model)]
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -25,6 +25,25 @@ def embedding_weight(model: Any) -> torch.Tensor:
     return model.get_input_embeddings().weight
 
 
+# vLLM (0.30) registers this placeholder token when an engine enables prompt embeddings,
+# on a shallow copy that shares the tokenizer's backend with vLLM's tokenizer cache; a
+# later engine of the same checkpoint in the process then hands out a tokenizer with it.
+VLLM_PLACEHOLDER = "<prompt_embeds>"
+
+
+def checkpoint_vocabulary(tokenizer: Any, rows: int) -> dict[str, int]:
+    """The tokenizer's vocabulary as the checkpoint defines it, for identity and compatibility.
+
+    That is `get_vocab()` without vLLM's prompt-embedding placeholder when it sits past the
+    embedding table (`>= rows`, so no model input can be that token): otherwise an engine
+    tokenizer and the checkpoint's own would look like different vocabularies.
+    """
+    vocabulary = tokenizer.get_vocab()
+    if vocabulary.get(VLLM_PLACEHOLDER, -1) >= rows:
+        del vocabulary[VLLM_PLACEHOLDER]
+    return vocabulary
+
+
 @dataclass(eq=False)
 class SenderState:
     """An existing sender: `input_embeds` `[T, hidden]` are the exact input rows that built

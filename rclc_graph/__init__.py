@@ -12,6 +12,7 @@ from .load import LoadedGraph, load_agent, load_graph, load_graph_text, load_mod
 from .plan import Plan, PlanEdge, PlanNode, compile_plan, expand
 from .policy import ResolvedPolicy, ResolvedReasoning
 from .pool import LoadedModel, ModelPool, default_pool
+from .record import RunRecorder, finished_nodes, read_record, run_recorded, run_recorded_sync
 from .results import NodeResult, RunResult
 from .runtime import LocalExecutor, NodeFailed, RunContext
 from .scheduler import run_plan, run_plan_sync
@@ -49,10 +50,13 @@ __all__ = [
     "NodeFailed",
     "NodeResult",
     "RunContext",
+    "RunRecorder",
     "RunResult",
     "default_pool",
     "run_plan",
     "run_plan_sync",
+    "run_recorded",
+    "run_recorded_sync",
     "Location",
     "ModelSpec",
     "NodeSpec",
@@ -78,6 +82,7 @@ __all__ = [
     "debate",
     "expand",
     "fan_out",
+    "finished_nodes",
     "hierarchical",
     "json_schema",
     "load_agent",
@@ -86,6 +91,7 @@ __all__ = [
     "load_model",
     "plan_file",
     "read_graph",
+    "read_record",
     "receiver_lineage",
     "to_yaml",
     "validate",

@@ -103,9 +103,9 @@ class ModelPool:
     @staticmethod
     def _load(key: ModelKey) -> LoadedModel:
         if key.backend == "vllm":
-            raise NotImplementedError(
-                "backend: vllm models are not wired into graphs yet; use backend: hf for this model"
-            )
+            from .vllm_runtime import load_model
+
+            return load_model(key)
         from rclc.models import load
 
         model, tokenizer = load(key.source, dtype=key.dtype, device=key.device)

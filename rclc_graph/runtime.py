@@ -203,6 +203,7 @@ class LocalExecutor:
         return rclc.bind(
             loaded.model,
             loaded.tokenizer,
+            backend=loaded.key.backend,
             messages=messages,
             max_new_tokens=spec.max_new_tokens,
             context_limit=spec.context_limit,
@@ -312,6 +313,8 @@ class LocalExecutor:
             except Exception as error:
                 raise NodeFailed(node.name, error) from error
             return 0, 0.0, None
+        if agent.backend == "vllm":
+            return await self._finish_vllm(ctx, node, agent, prompt_text, deliveries)
         try:
             if deliveries:
                 inputs = agent.pop(prompt=prompt_text, deliveries=deliveries)
@@ -339,6 +342,20 @@ class LocalExecutor:
             raise NodeFailed(node.name, error) from error
         text = agent.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
         return int(new_tokens.shape[0]), seconds, text
+
+    async def _finish_vllm(
+        self, ctx: RunContext, node: PlanNode, agent: Any, prompt_text: str, deliveries: int
+    ) -> tuple[int, float, str | None]:
+        """`llm.generate` instead of `model.generate` (see vllm_runtime), with the same error wrapping."""
+        from .vllm_runtime import finish_with_vllm
+
+        seed = node.agent.seed if node.agent.seed is not None else _node_seed(ctx.seed, node.name)
+        try:
+            return await finish_with_vllm(ctx, node, agent, prompt_text, deliveries, seed)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as error:
+            raise NodeFailed(node.name, error) from error
 
     async def _generate(self, ctx: RunContext, node: PlanNode, agent: Any, inputs: dict[str, Any]) -> Any:
         import torch

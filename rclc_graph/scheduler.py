@@ -152,16 +152,16 @@ async def _drive(
     async with send, receive, anyio.create_task_group() as group:
         group.start_soon(stop_generation_on_cancel)
 
-        def launch() -> None:
-            for name in plan.ready(finished, started):
+        def launch(names: tuple[str, ...]) -> None:
+            for name in names:
                 started.add(name)
                 group.start_soon(run_one, name, name=f"node {name}")
 
-        launch()
+        launch(plan.ready(finished, started))
         while len(finished) < len(plan.nodes):
             name = await receive.receive()
             finished.add(name)
-            launch()
+            launch(plan.ready_after(name, finished, started))  # O(its receivers), not O(plan)
         group.cancel_scope.cancel()  # only the watcher is left
 
 

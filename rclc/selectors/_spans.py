@@ -4,8 +4,9 @@ Pure function of a score vector, a span partition and the latent tail (no model)
 property-tested directly. Selection works on spans rather than single positions because a
 receiver reads kept rows as text-like runs: isolated tokens carry little meaning, a kept
 span keeps its local context. The partition is a list of `(start, stop)` spans covering
-`0..T-1` in order; the built-ins use the fixed grid of `fixed_spans`, and other partitions
-(sentence-aligned spans, say) plug into `keep_spans` unchanged.
+`0..T-1` in order; the built-ins use the fixed grid of `fixed_spans` or, with
+`span="sentence"`, the sender's sentences (`_sentences`), and any other partition plugs
+into `keep_spans` unchanged.
 """
 
 from __future__ import annotations

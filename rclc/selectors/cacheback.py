@@ -3,7 +3,7 @@
 The request is forwarded over a private view of the sender's cache; positions the request
 attends to score high (QSnap's votes), boosted where a few request rows concentrate their
 attention rather than spreading it (the squared support correction). The keep step then
-keeps whole spans (section 4 of the spec).
+keeps whole spans (section 4 of the spec): the fixed grid, or the sender's sentences.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch
 from ..state import SenderState
 from ._capture import capture
 from ._common import check_context, check_finite, check_request_ids, check_sender, selects
-from ._spans import fixed_span_keep
+from ._sentences import check_span_option, partition
+from ._spans import keep_spans
 from ._support import SupportFold, composite_score
 
 NAME = "CacheBack"
@@ -34,17 +35,22 @@ def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
         return composite_score(fold)
 
 
-def cacheback(sender: SenderState, request_ids: torch.Tensor, budget: int, *, span_size: int = 16) -> list[int]:
+def cacheback(
+    sender: SenderState, request_ids: torch.Tensor, budget: int, *, span_size: int = 16, span: str = "fixed"
+) -> list[int]:
     """Keep `budget` positions of `sender` that `request_ids` needs most, as ascending indices.
 
-    Always keeps position 0 and the latent tail; `span_size` changes granularity only.
+    Always keeps position 0 and the latent tail; `span_size` and `span` change granularity
+    only. `span="fixed"` keeps spans of the `span_size` grid; `span="sentence"` keeps whole
+    sentences of the sender's text (it needs the sender's tokenizer and token IDs).
     Returns every position, without any model work, when `budget >= T`.
     """
     check_sender(sender)
+    check_span_option(sender, span)
     if not selects(sender, budget, span_size):
         return list(range(sender.positions))
     check_request_ids(request_ids)
     check_context(sender, request_ids, NAME)
     scores = _scores(sender, request_ids)
     check_finite(scores, NAME)
-    return fixed_span_keep(scores, budget, span_size, sender.latent_steps)
+    return keep_spans(scores, budget, partition(sender, span, span_size), sender.latent_steps)

@@ -1,6 +1,7 @@
 """ChunkKV: a request-agnostic baseline. The sender's own last `window_size` rows play the
 request; prefix positions are scored by the window's attention, smoothed, averaged per
-chunk, and the window itself always outranks the prefix (spec section 6).
+chunk, and the window itself always outranks the prefix (spec section 6). With
+`span="sentence"` the chunks are the sender's sentences instead of the `chunk_size` grid.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from .._checks import is_exact_int
 from ..state import SenderState
 from ._capture import capture
 from ._common import check_finite, check_sender, check_span_size, selects
-from ._spans import fixed_span_keep, fixed_spans, span_means
+from ._sentences import check_span_option, partition
+from ._spans import Span, keep_spans, span_means
 
 NAME = "ChunkKV"
 
@@ -73,21 +75,22 @@ def chunkkv_scores(
     chunk_size: int = 16,
     window_size: int = 32,
     kernel_size: int = 5,
+    span: str = "fixed",
 ) -> torch.Tensor:
     """Per-position scores (each position holds its chunk's mean), float32 `[T]`. The request is ignored."""
     check_sender(sender)
+    check_span_option(sender, span)
     check_span_size(chunk_size, "chunk_size")
     prefix = _check_options(sender, chunk_size, window_size, kernel_size)
-    return _scores(sender, prefix, chunk_size, kernel_size)
+    return _scores(sender, prefix, partition(sender, span, chunk_size), kernel_size)
 
 
-def _scores(sender: SenderState, prefix: int, chunk_size: int, kernel_size: int) -> torch.Tensor:
+def _scores(sender: SenderState, prefix: int, spans: list[Span], kernel_size: int) -> torch.Tensor:
     fold = ChunkKVFold(kernel_size)
     with torch.inference_mode():
         window_rows = sender.input_embeds[prefix:].unsqueeze(0)
         capture(sender.model, sender.past_key_values, fold, prefix, inputs_embeds=window_rows)
         per_position = fold.scores().float().cpu()
-    spans = fixed_spans(sender.positions, chunk_size)
     sizes = torch.tensor([stop - start for start, stop in spans])
     return span_means(per_position, spans).repeat_interleave(sizes)
 
@@ -100,12 +103,16 @@ def chunkkv(
     chunk_size: int = 16,
     window_size: int = 32,
     kernel_size: int = 5,
+    span: str = "fixed",
 ) -> list[int]:
-    """Keep `budget` positions by chunk-averaged attention from the sender's own last window."""
+    """Keep `budget` positions by chunk-averaged attention from the sender's own last window
+    (`span="sentence"`: chunks are the sender's sentences, as in `cacheback`)."""
     check_sender(sender)
+    check_span_option(sender, span)
     if not selects(sender, budget, chunk_size, span_field="chunk_size"):
         return list(range(sender.positions))
     prefix = _check_options(sender, chunk_size, window_size, kernel_size)
-    scores = _scores(sender, prefix, chunk_size, kernel_size)
+    spans = partition(sender, span, chunk_size)
+    scores = _scores(sender, prefix, spans, kernel_size)
     check_finite(scores, NAME)
-    return fixed_span_keep(scores, budget, chunk_size, sender.latent_steps)
+    return keep_spans(scores, budget, spans, sender.latent_steps)

@@ -7,7 +7,8 @@ import torch
 from ..state import SenderState
 from ._capture import capture
 from ._common import check_context, check_finite, check_request_ids, check_sender, selects
-from ._spans import fixed_span_keep
+from ._sentences import check_span_option, partition
+from ._spans import keep_spans
 from ._support import SupportFold, pool7
 
 NAME = "QSnap"
@@ -28,13 +29,17 @@ def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
         return pool7(fold.votes_mean())
 
 
-def qsnap(sender: SenderState, request_ids: torch.Tensor, budget: int, *, span_size: int = 16) -> list[int]:
-    """Keep `budget` positions ranked by pooled mean request attention, in whole spans."""
+def qsnap(
+    sender: SenderState, request_ids: torch.Tensor, budget: int, *, span_size: int = 16, span: str = "fixed"
+) -> list[int]:
+    """Keep `budget` positions ranked by pooled mean request attention, in whole spans
+    (`span` as in `cacheback`)."""
     check_sender(sender)
+    check_span_option(sender, span)
     if not selects(sender, budget, span_size):
         return list(range(sender.positions))
     check_request_ids(request_ids)
     check_context(sender, request_ids, NAME)
     scores = _scores(sender, request_ids)
     check_finite(scores, NAME)
-    return fixed_span_keep(scores, budget, span_size, sender.latent_steps)
+    return keep_spans(scores, budget, partition(sender, span, span_size), sender.latent_steps)

@@ -153,7 +153,6 @@ def prefill_state(
     """
     from vllm import SamplingParams
 
-    require_idle(llm)
     weight = embedding_weight(model)
     ids = prompt_ids(token_ids, weight.shape[0], continuous=input_embeds is not None)
     rows = _rows(model, ids, input_embeds) if input_embeds is not None else None
@@ -171,7 +170,10 @@ def prefill_state(
         if rows is None
         else {"prompt_embeds": rows.detach().to(device="cpu", dtype=engine.model_config.dtype)}
     )
+    # Idle is checked under the lock every engine user of rclc holds (graph generation
+    # included), so a capture waits for such a generation instead of failing on it.
     with attention_lock:
+        require_idle(llm)
         internal_id = engine.add_request(external_id, prompt, params)
         finished = None
         try:

@@ -1,0 +1,420 @@
+"""`rclc-graph`: run, validate, draw and inspect topologies from a terminal.
+
+Exit codes: 0 success; 1 a run failed or `validate` found problems; 2 a usage error (bad
+option, missing or malformed file, invalid topology or inputs for `run`/`draw`); 130 the
+run was interrupted with Ctrl-C (the nodes that finished are recorded).
+
+User mistakes never print a traceback: GraphError and ValueError become one message plus
+the fix. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .errors import GraphError, format_path
+from .interactive import execute
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+app = typer.Typer(
+    name="rclc-graph",
+    help="Multi-agent graphs whose agents hand each other compressed state. "
+    "Start with: rclc-graph run topologies/chain_of_agents.yaml --input examples/inputs/chain_of_agents.json",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# Sub-apps living in their own modules: (group name or None, module, attribute holding a
+# typer.Typer). None mounts the sub-app's commands at the top level (`rclc-graph experiment`).
+SUBAPPS: tuple[tuple[str | None, str, str], ...] = (
+    (None, "rclc_graph.experiments.cli", "app"),  # experiment, data, compare-runs
+)
+
+
+def _add_subapps() -> None:
+    for name, module, attribute in SUBAPPS:
+        sub_app = getattr(importlib.import_module(module), attribute)
+        if name is None:
+            app.add_typer(sub_app)
+        else:
+            app.add_typer(sub_app, name=name)
+
+
+def _stdout() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=120)  # logs and pipes: wide enough for the tables
+    return console
+
+
+def _stderr() -> Console:
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=True, highlight=False, width=120)
+    return console
+
+
+def _write_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _print_graph_error(console: Console, error: GraphError) -> None:
+    count = len(error.problems)
+    if count > 1:
+        console.print(Text(f"{count} problems:", style="bold red"))
+    for problem in error.problems:
+        line = Text()
+        if problem.location is not None:
+            line.append(f"{problem.location}: ", style="bold")
+        if problem.path:
+            line.append(f"{format_path(problem.path)}: ", style="cyan")
+        line.append(problem.message)
+        line.append(f"  [{problem.code}]", style="dim")
+        console.print(Text("error: ", style="bold red") + line, soft_wrap=True)
+        console.print(Text("  fix: ", style="green") + Text(problem.fix), soft_wrap=True)
+
+
+def _fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoReturn:
+    console = _stderr()
+    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    if fix:
+        console.print(Text("  fix: ", style="green") + Text(fix), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _usage_error(error: Exception, code: int = EXIT_USAGE) -> NoReturn:
+    if isinstance(error, GraphError):
+        _print_graph_error(_stderr(), error)
+        raise typer.Exit(code)
+    message = str(error)
+    _fail(message)
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def read_inputs(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(label, inputs) per run: a .json file is one run, each non-blank line of a .jsonl one run."""
+    if not path.is_file():
+        raise ValueError(f"--input: {str(path)!r} is not a file; pass a .json or .jsonl file of run inputs")
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".jsonl"):
+        raise ValueError(f"--input: {str(path)!r} must end in .json (one run) or .jsonl (one run per line)")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"--input: {str(path)!r} is not UTF-8 text") from None
+    runs: list[tuple[str, dict[str, Any]]] = []
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--input: {path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--input: {path} holds a {type(data).__name__}; it must be one JSON object of input values")
+        return [(str(path), data)]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--input: {path}:{number}:{error.colno}: not valid JSON ({error.msg})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--input: {path}:{number} is not a JSON object; each line holds one run's inputs")
+        runs.append((f"{path}:{number}", data))
+    if not runs:
+        raise ValueError(f"--input: {path} holds no runs; write one JSON object per line")
+    return runs
+
+
+def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool) -> list[Any]:
+    from .load import plan_file
+
+    plans = []
+    for label, inputs in runs:
+        try:
+            plans.append(plan_file(topology, inputs, trust_code=trust_code))
+        except GraphError as error:
+            if len(runs) > 1:
+                _stderr().print(Text(f"in the inputs of {label}:", style="bold"))
+            raise error
+    return plans
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    return {
+        "run_id": record["run_id"],
+        "status": record["status"],
+        "error": record["error"],
+        "failed_node": record["failed_node"],
+        "run_dir": str(run_dir),
+        "record": str(run_dir / "record.json"),
+        "report": str(run_dir / "report.html"),
+        "seconds": record["timings"]["seconds"],
+        "outputs": record["outputs"],
+        "hops": record["hops"],
+        "lineage": record["lineage"],
+        "unfinished": record["unfinished"],
+    }
+
+
+def _load_models(plan: Any, pool: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+    """Load the plan's models before the run starts, so progress shows the run, not the load."""
+    for spec in plan.models():
+        label = f"loading model {spec.name} ({spec.source})"
+        if quiet:
+            pool.get(spec, base_dir)
+        elif console.is_terminal:
+            with console.status(label + " …"):
+                pool.get(spec, base_dir)
+        else:
+            console.print(Text(label + " …", style="dim"))
+            pool.get(spec, base_dir)
+
+
+def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> None:
+    plan = plans[0]
+    head = Text(plan.name, style="bold")
+    if plan.spec.description:
+        head.append(f": {plan.spec.description}")
+    console.print(head)
+    runs = f"; {len(plans)} runs from {input}" if len(plans) > 1 else ""
+    states = sum(1 for edge in plan.edges if edge.policy.mode != "text")
+    handoffs = _count(len(plan.edges), "handoff") + (f" ({states} hand over state)" if states else "")
+    console.print(Text(f"{_count(len(plan.nodes), 'node')}, {handoffs}{runs}; recording to {out}/", style="dim"))
+
+
+def _count(number: int, word: str) -> str:
+    return f"{number} {word}" + ("" if number == 1 else "s")
+
+
+@app.command()
+def run(
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    input: Path = typer.Option(..., "--input", "-i", help=".json (one run) or .jsonl (one run per line) of inputs"),
+    out: Path = typer.Option(Path("runs"), "--out", "-o", help="directory that receives runs/<run_id>/"),
+    json_output: bool = typer.Option(False, "--json", help="print a JSON summary per run instead of tables"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    seed: int = typer.Option(0, "--seed", help="run seed (sampling nodes derive theirs from it)"),
+) -> None:
+    """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
+    import anyio
+
+    from .pool import default_pool
+    from .terminal import render_record
+
+    console = _stdout()
+    try:
+        runs = read_inputs(input)
+        plans = _plans(topology, runs, trust_code)
+    except (GraphError, ValueError) as error:
+        _usage_error(error)
+    pool = default_pool()
+    base_dir = topology.resolve().parent
+    status = 0
+    if not json_output:
+        _introduce(console, plans, input, out)
+    try:
+        _load_models(plans[0], pool, base_dir, console, json_output)
+        for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
+            if len(plans) > 1 and not json_output:
+                console.rule(Text(f"run {index + 1} of {len(plans)}: {label}"))
+            record, run_dir, interrupted = anyio.run(
+                lambda plan=plan: execute(
+                    plan, out=out, seed=seed, topology=topology, pool=pool, console=console, quiet=json_output
+                )
+            )
+            if json_output:
+                sys.stdout.write(json.dumps(_summary(record, run_dir), ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            else:
+                console.print()
+                render_record(console, record, str(run_dir))
+                console.print(Text("inspect ", style="bold") + Text(f"rclc-graph inspect {run_dir}"))
+            if interrupted:
+                if not json_output:
+                    finished = ", ".join(record["nodes"]) or "none"
+                    console.print(Text(f"interrupted; finished nodes: {finished}", style="yellow"))
+                raise typer.Exit(EXIT_INTERRUPTED)
+            if record["status"] != "finished":
+                status = EXIT_FAILED
+    except KeyboardInterrupt:  # Ctrl-C outside a run (model loading): nothing to record
+        _stderr().print(Text("interrupted", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (GraphError, ValueError, NotImplementedError, OSError) as error:
+        _usage_error(error)
+    if status:
+        raise typer.Exit(status)
+
+
+# -- validate ----------------------------------------------------------------------------------
+
+
+@app.command()
+def validate(
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="also plan it for these inputs (.json/.jsonl)"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
+) -> None:
+    """Check a topology (and optionally inputs) without running anything. Exit 1 on problems."""
+    from .load import validate_file
+
+    console = _stdout()
+    try:
+        blueprint = validate_file(topology, trust_code=trust_code)
+        runs = read_inputs(input) if input is not None else []
+        plans = _plans(topology, runs, trust_code) if runs else []
+    except GraphError as error:
+        if json_output:
+            _write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
+        else:
+            _print_graph_error(_stderr(), error)
+        raise typer.Exit(EXIT_FAILED) from None
+    except ValueError as error:
+        _usage_error(error)
+    spec = blueprint.spec
+    if json_output:
+        _write_json({"valid": True, "graph": spec.name, "plans": [plan.describe() for plan in plans]})
+        return
+    outputs = [node.name for node in spec.nodes if node.output]
+    line = Text("✓ ", style="green")
+    line.append(str(topology), style="bold")
+    line.append(f" is valid: graph {spec.name}, {_count(len(spec.nodes), 'node')}, {_count(len(spec.edges), 'edge')}, "
+                f"outputs: {', '.join(outputs)}")
+    console.print(line)
+    for (label, _), plan in zip(runs, plans):
+        console.print(Text(f"  {label}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
+                           f"{_count(len(plan.levels()), 'level')}; fingerprint {plan.fingerprint()[:12]}"))
+
+
+# -- draw --------------------------------------------------------------------------------------
+
+
+class DrawFormat(str, Enum):
+    mermaid = "mermaid"
+    png = "png"
+
+
+@app.command()
+def draw(
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    format: DrawFormat = typer.Option(DrawFormat.mermaid, "--format", "-f", help="mermaid text or a PNG image"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to write (default: stdout for mermaid, "
+                                       "<topology>.png for png)"),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="draw the plan for these inputs (.json): "
+                                         "every foreach copy and loop round"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+) -> None:
+    """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib)."""
+    from .drawing import save_png, sketch_blueprint, sketch_plan, to_mermaid
+    from .load import validate_file
+
+    try:
+        if input is not None:
+            runs = read_inputs(input)
+            sketch = sketch_plan(_plans(topology, runs[:1], trust_code)[0])
+        else:
+            sketch = sketch_blueprint(validate_file(topology, trust_code=trust_code))
+    except (GraphError, ValueError) as error:
+        _usage_error(error)
+    if format is DrawFormat.mermaid:
+        text = to_mermaid(sketch)
+        if out is None:
+            sys.stdout.write(text)
+            return
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as error:
+            _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
+    else:
+        out = out if out is not None else Path(topology.stem + ".png")
+        try:
+            save_png(sketch, out)
+        except OSError as error:
+            _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
+    _stderr().print(Text(f"wrote {out}"))
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+
+@app.command()
+def inspect(
+    run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/20250101-120000-abc123",
+                                   show_default=False),
+    json_output: bool = typer.Option(False, "--json", help="print the whole record.json"),
+    node: Optional[str] = typer.Option(None, "--node", "-n", help="show the detailed lineage of this node"),
+) -> None:
+    """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
+    from .record import read_record
+    from .terminal import render_record
+
+    try:
+        record = read_record(run_dir)
+        if json_output:
+            _write_json(record)
+            return
+        render_record(_stdout(), record, str(run_dir), every_node=True, node=node)
+    except ValueError as error:
+        _usage_error(error)
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+
+class SchemaKind(str, Enum):
+    topology = "topology"
+    agent = "agent"
+    model = "model"
+
+
+@app.command()
+def schema(
+    kind: SchemaKind = typer.Option(SchemaKind.topology, "--kind", "-k", help="which file's schema"),
+) -> None:
+    """Print the JSON Schema of topology, agent or model files (for editor completion)."""
+    from .spec import json_schema
+
+    _write_json(json_schema(kind.value))
+
+
+_add_subapps()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (also used by tests)."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="rclc-graph", standalone_mode=True)
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

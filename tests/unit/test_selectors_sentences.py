@@ -1,0 +1,216 @@
+"""span="sentence": the sentence partition, the keep step over it, and the built-ins using it."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from _selector_helpers import make_sender, request
+from rclc import HFReceiver, transfer_sync
+from rclc.selectors import cacheback, cacheback_scores, chunkkv, chunkkv_scores, is_builtin, keep_spans, qsnap
+from rclc.selectors import _capture, qsnap_scores
+from rclc.selectors._sentences import (
+    partition,
+    sender_sentence_spans,
+    sentence_spans,
+    token_pieces,
+)
+from rclc.state import SenderState
+
+DOCUMENT = (
+    "The weather was mild. The Cedar project is owned by Alice and costs 3.5 million. "
+    "Who owns Birch? Bob does!\nThe Maple project is based in Lima. "
+    "Most staff work in Oslo. The annual report listed no unusual expenses."
+)
+SENTENCES = [
+    "The weather was mild.",
+    " The Cedar project is owned by Alice and costs 3.5 million.",
+    " Who owns Birch?",
+    " Bob does!",
+    "\n",
+    "The Maple project is based in Lima.",
+    " Most staff work in Oslo.",
+    " The annual report listed no unusual expenses.",
+]
+
+def decoded_spans(tokenizer, spans, ids):
+    return [tokenizer.decode(ids[start:stop]) for start, stop in spans]
+
+
+# -- the partition -------------------------------------------------------------------------
+
+
+def test_pieces_concatenate_to_the_decoded_text(tiny_tokenizer):
+    ids = tiny_tokenizer(DOCUMENT, add_special_tokens=False)["input_ids"]
+    assert "".join(token_pieces(tiny_tokenizer, ids)) == tiny_tokenizer.decode(ids)
+
+
+def test_sentences_of_a_document(tiny_tokenizer):
+    ids = tiny_tokenizer(DOCUMENT, add_special_tokens=False)["input_ids"]
+    spans = sentence_spans(token_pieces(tiny_tokenizer, ids), 16)
+    assert decoded_spans(tiny_tokenizer, spans, ids) == SENTENCES
+
+
+def test_sentence_ends_on_pieces():
+    pieces = ["He", " said", ' "', "hi", ".", '"', " Then", " 3", ".", "5", " left", "?", "!", " End"]
+    # The closing quote joins its sentence; a decimal point is no sentence end; "?!" ends once.
+    assert sentence_spans(pieces, 4) == [(0, 6), (6, 13), (13, 14)]
+
+
+def test_continuous_runs_use_the_fixed_grid():
+    pieces = ["A", ".", " B", None, None, None, None, None, " C", ".", None, None]
+    assert sentence_spans(pieces, 2) == [(0, 2), (2, 3), (3, 5), (5, 7), (7, 8), (8, 10), (10, 12)]
+
+
+def test_text_without_sentence_ends_is_one_span():
+    assert sentence_spans(["no", " end", " here"], 1) == [(0, 3)]
+
+
+PIECES = st.lists(
+    st.one_of(st.none(), st.sampled_from(["a", " b", ".", " .", "?", "!\n", "\n", '"', " 3", ".5", ". ", ")"])),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PIECES, st.integers(1, 8))
+def test_sentence_spans_partition_every_position(pieces, span_size):
+    spans = sentence_spans(pieces, span_size)
+    assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
+    assert all(stop > start for start, stop in spans)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    for start, stop in spans:
+        kinds = {pieces[position] is None for position in range(start, stop)}
+        assert len(kinds) == 1  # text and continuous rows never share a span
+        if kinds == {True}:
+            assert stop - start <= span_size
+
+
+# -- the keep step over arbitrary partitions (sentences are one such) ------------------------
+
+
+@st.composite
+def partitioned_keep_cases(draw):
+    total = draw(st.integers(1, 100))
+    cuts = sorted(draw(st.sets(st.integers(1, total - 1), max_size=total - 1))) if total > 1 else []
+    bounds = [0, *cuts, total]
+    spans = list(zip(bounds, bounds[1:]))
+    latent = draw(st.integers(0, total - 1))
+    budget = draw(st.integers(latent + 1, total + 3))
+    values = draw(st.lists(st.floats(0, 10, width=32), min_size=total, max_size=total))
+    return torch.tensor(values, dtype=torch.float32), budget, spans, latent
+
+
+@settings(max_examples=300, deadline=None)
+@given(partitioned_keep_cases())
+def test_keep_step_properties_on_any_partition(case):
+    scores, budget, spans, latent = case
+    total = scores.shape[0]
+    kept = keep_spans(scores, budget, spans, latent)
+    assert kept == sorted(set(kept)) and len(kept) == min(budget, total)
+    protected = {0, *range(total - latent, total)}
+    assert protected <= set(kept)
+    partial = 0
+    for start, stop in spans:
+        added = [p for p in range(start, stop) if p in kept and p not in protected]
+        free = [p for p in range(start, stop) if p not in protected]
+        if added and len(added) < len(free):
+            partial += 1
+            assert set(range(added[0], added[-1] + 1)) <= set(kept)
+    assert partial <= 1
+
+
+def test_whole_sentences_in_score_order():
+    # Sentence means: [0,3) pinned 1.0, [3,10) 0.5, [10,12) 0.9. Budget 6: [0,3) and [10,12)
+    # whole, then one position of [3,10) around its peak (position 6).
+    scores = torch.tensor([0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.6, 0.5, 0.5, 0.4, 0.9, 0.9])
+    assert keep_spans(scores, 6, [(0, 3), (3, 10), (10, 12)]) == [0, 1, 2, 6, 10, 11]
+
+
+# -- the built-ins with span="sentence" ------------------------------------------------------
+
+SCORES = {cacheback: cacheback_scores, qsnap: qsnap_scores}
+
+
+@pytest.mark.parametrize("selector", [cacheback, qsnap])
+def test_selection_is_the_keep_step_over_sentences(tiny, selector):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT, latent_steps=2)
+    ids = request(tokenizer)
+    spans = sender_sentence_spans(sender, 16)
+    assert spans[-1] == (sender.positions - 2, sender.positions)  # the latent tail is its own run
+    scores = SCORES[selector](sender, ids)
+    for budget in (3, 9, 17, sender.positions - 1):
+        kept = selector(sender, ids, budget, span="sentence")
+        assert kept == keep_spans(scores, budget, spans, 2)
+        assert len(kept) == budget and {0, sender.positions - 2, sender.positions - 1} <= set(kept)
+
+
+def test_chunkkv_averages_and_keeps_sentences(tiny):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    scores = chunkkv_scores(sender, window_size=8, span="sentence")
+    spans = partition(sender, "sentence", 16)
+    for start, stop in spans:
+        assert torch.all(scores[start:stop] == scores[start])
+    for budget in (4, 15):
+        kept = chunkkv(sender, request(tokenizer), budget, window_size=8, span="sentence")
+        assert kept == keep_spans(scores, budget, spans, 0)
+
+
+def test_fixed_is_the_default(tiny):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    ids = request(tokenizer)
+    assert cacheback(sender, ids, 10, span="fixed", span_size=4) == cacheback(sender, ids, 10, span_size=4)
+
+
+def test_sentence_spans_through_transfer(tiny):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    selector = functools.partial(cacheback, span="sentence")
+    assert is_builtin(selector)
+    receiver = HFReceiver(model, tokenizer, max_new_tokens=2)
+    transfer_sync(sender, receiver, "Who owns Cedar?", ratio=4, selector=selector, record_selection=True)
+    selection = receiver.peek(0)[0].messages[0].selection
+    expected = cacheback(sender, sender.request_ids("Who owns Cedar?"), selection.budget, span="sentence")
+    assert list(selection.indices) == expected
+
+
+@pytest.mark.parametrize("span", ["sentences", "", None, 16])
+@pytest.mark.parametrize("selector", [cacheback, qsnap, chunkkv])
+def test_unknown_span_kind_is_refused(tiny, selector, span):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    with pytest.raises(ValueError, match="span: expected one of"):
+        selector(sender, request(tokenizer), 4, span=span)
+
+
+@pytest.mark.parametrize("missing", ["tokenizer", "token_ids"])
+@pytest.mark.parametrize("selector", [cacheback, qsnap, chunkkv])
+def test_sentences_need_the_senders_text(tiny, selector, missing, monkeypatch):
+    model, tokenizer = tiny
+    full = make_sender(model, tokenizer, DOCUMENT)
+    fields = {
+        "model": model,
+        "past_key_values": full.past_key_values,
+        "input_embeds": full.input_embeds,
+        "tokenizer": full.tokenizer,
+        "token_ids": full.token_ids,
+    }
+    fields[missing] = None
+    sender = SenderState(**fields)
+    calls = []
+    monkeypatch.setattr(_capture, "forward_rows", lambda *a, **k: calls.append(1))
+    # Refused before any model work, whether or not the budget needs a selection.
+    for budget in (4, sender.positions):
+        with pytest.raises(ValueError, match=f"span: 'sentence' needs the sender's text.*no {missing}"):
+            selector(sender, request(tokenizer), budget, span="sentence")
+    assert calls == []
+    monkeypatch.undo()
+    # The fixed grid still works on such a sender.
+    assert len(selector(sender, request(tokenizer), 4)) == 4
