@@ -19,6 +19,10 @@ RAY_INSTALL = "pip install 'rclc-graph[ray]'"
 class ExecutorUnavailable(ImportError):
     """The chosen executor needs a package that is not installed (the message names the install)."""
 
+    def __init__(self, reason: str, install: str) -> None:
+        super().__init__(f"{reason}; install it with: {install}")
+        self.reason, self.install = reason, install
+
 
 def ray_available() -> bool:
     import importlib.util
@@ -41,7 +45,7 @@ def make_executor(
         return LocalExecutor(pool if pool is not None else default_pool())
     if name == "ray":
         if not ray_available():
-            raise ExecutorUnavailable(f"executor 'ray' needs Ray, which is not installed here; install it with: {RAY_INSTALL}")
+            raise ExecutorUnavailable("executor 'ray' needs Ray, which is not installed here", RAY_INSTALL)
         from .ray import RayExecutor
 
         return RayExecutor(address=address, pins=pins, **options)

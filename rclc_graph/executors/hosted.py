@@ -267,9 +267,18 @@ class HostedExecutor:
                 sender_of=edge.source,
             )
 
-        async with anyio.create_task_group() as tasks:
-            for position in range(len(group)):
-                tasks.start_soon(select, position)
+        if len(group) == 1:
+            await select(0)
+            return handles
+        try:
+            async with anyio.create_task_group() as tasks:
+                for position in range(len(group)):
+                    tasks.start_soon(select, position)
+        except BaseExceptionGroup as errors:  # one sender's failure is the group's failure
+            first = _first_error(errors)
+            if first is None:
+                raise
+            raise first from None
         return handles
 
     def _annotate(self, run: _Run, host: HostHandle, result: NodeResult, crossing: dict[int, str]) -> NodeResult:
@@ -341,6 +350,16 @@ class HostedExecutor:
             role = f"the state of sender {sender_of!r} for node {node!r}" if sender_of else (
                 f"node {node!r}" if node else "a model")
             raise HostDied(f"{error}; it held {role}. Resume the run to continue on a fresh host") from None
+
+
+def _first_error(error: BaseException) -> Exception | None:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _first_error(inner)
+            if found is not None:
+                return found
+        return None
+    return error if isinstance(error, Exception) else None
 
 
 def remote_failure(info: Mapping[str, Any], plan: Plan) -> NodeFailed:
