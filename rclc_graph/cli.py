@@ -228,12 +228,15 @@ def run(
     pin: list[str] = typer.Option(
         [], "--pin", help="NODE=REPLICA: run a node on that replica of its model (ray; repeatable)"
     ),
+    replicas: list[str] = typer.Option(
+        [], "--replicas", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
+    ),
 ) -> None:
     """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
     import anyio
 
     from .executors import ExecutorUnavailable, make_executor
-    from .executors.placement import parse_pins
+    from .executors.placement import parse_pins, parse_replicas
     from .pool import default_pool
     from .terminal import render_record
 
@@ -242,8 +245,11 @@ def run(
         runs = read_inputs(input)
         plans = _plans(topology, runs, trust_code)
         pins = parse_pins(pin)
-        if executor_name != "ray" and (address is not None or pins):
-            raise ValueError("--address, --pin: they apply to --executor ray only; add --executor ray or drop them")
+        counts = parse_replicas(replicas)
+        if executor_name != "ray" and (address is not None or pins or counts):
+            raise ValueError(
+                "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
+            )
     except (GraphError, ValueError) as error:
         _usage_error(error)
     pool = default_pool()
@@ -257,7 +263,7 @@ def run(
             _load_models(plans[0], pool, base_dir, console, json_output)
         else:
             try:
-                executor = make_executor(executor_name, pool=pool, address=address, pins=pins)
+                executor = make_executor(executor_name, pool=pool, address=address, pins=pins, replicas=counts)
             except ExecutorUnavailable as error:
                 _fail(error.reason, f"install it: {error.install}")
             _start_hosts(executor, plans[0], base_dir, console, json_output)

@@ -31,14 +31,20 @@ def ray_available() -> bool:
 
 
 def make_executor(
-    name: str, *, pool: Any = None, address: str | None = None, pins: dict[str, int] | None = None, **options: Any
+    name: str,
+    *,
+    pool: Any = None,
+    address: str | None = None,
+    pins: dict[str, int] | None = None,
+    replicas: dict[str, int] | None = None,
+    **options: Any,
 ) -> Any:
     """An executor by name: "local" (uses `pool`, default the process pool) or "ray" (connects
     to `address`, or starts a private local Ray instance when None; `pins` places nodes on
-    replicas; other keywords go to RayExecutor)."""
+    replicas, `replicas` overrides models' replica counts; other keywords go to RayExecutor)."""
     if name == "local":
-        if address is not None or pins:
-            raise ValueError("address, pins: they apply to --executor ray only; drop them or choose ray")
+        if address is not None or pins or replicas:
+            raise ValueError("address, pins, replicas: they apply to executor ray only; drop them or choose ray")
         from ..pool import default_pool
         from ..runtime import LocalExecutor
 
@@ -48,7 +54,7 @@ def make_executor(
             raise ExecutorUnavailable("executor 'ray' needs Ray, which is not installed here", RAY_INSTALL)
         from .ray import RayExecutor
 
-        return RayExecutor(address=address, pins=pins, **options)
+        return RayExecutor(address=address, pins=pins, replicas=replicas, **options)
     raise ValueError(f"executor: {name!r} is not one of {', '.join(EXECUTORS)}")
 
 

@@ -78,6 +78,7 @@ class NodeHost:
         self.remote: HandoffTransport = remote_transport if remote_transport is not None else BytesTransport()
         self.executor = _HostExecutor(self)
         self.incoming: dict[tuple[str, str], dict[int, list[Handoff]]] = {}
+        self.running = 0  # nodes executing here now
         self._runs: dict[str, RunContext] = {}
 
     # -- runs --------------------------------------------------------------------------------
@@ -168,9 +169,11 @@ class NodeHost:
         node = ctx.plan.node(node_name)
         key = (ctx.run_id, node_name)
         self.incoming[key] = handoffs
+        self.running += 1
         try:
             result = await self.executor.run_node(replace(ctx, publish=publish), node, inbound)
         finally:
+            self.running -= 1
             self.incoming.pop(key, None)
         if self._runs.get(ctx.run_id) is not ctx:  # released while it ran: keep nothing
             self.executor.release(ctx.run_id)
@@ -199,7 +202,7 @@ class NodeHost:
         return await anyio.to_thread.run_sync(shape_of, agent)
 
     def describe(self) -> dict[str, Any]:
-        return {"replica": self.label, "pid": str(os.getpid())}
+        return {"replica": self.label, "pid": str(os.getpid()), "running": self.running}
 
 
 def failure_info(error: BaseException) -> dict[str, Any]:

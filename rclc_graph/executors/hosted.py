@@ -115,8 +115,12 @@ class HostedExecutor:
 
     name = "hosted"
 
-    def __init__(self, *, pins: Mapping[str, int] | None = None) -> None:
+    def __init__(self, *, pins: Mapping[str, int] | None = None, replicas: Mapping[str, int] | None = None) -> None:
         self.pins = dict(pins or {})
+        self.replicas = dict(replicas or {})  # model name -> replicas, overriding the topology's
+        for name, count in self.replicas.items():
+            if type(count) is not int or count < 1:
+                raise ValueError(f"replicas: {name}={count!r} is not a replica count; use an int >= 1")
         self._groups: dict[tuple[Any, ...], ReplicaGroup] = {}
         self._hosts: dict[tuple[tuple[Any, ...], int], HostHandle] = {}
         self._runs: dict[str, _Run] = {}
@@ -136,8 +140,8 @@ class HostedExecutor:
         key = group_key(spec, base_dir)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = ReplicaGroup(key, spec, base_dir)
-        group.grow(spec.replicas)
+            group = self._groups[key] = ReplicaGroup(key, spec, base_dir, replicas=self.replicas.get(spec.name))
+        group.grow(self.replicas.get(spec.name, spec.replicas))
         return group
 
     def host(self, group: ReplicaGroup, index: int) -> HostHandle:
@@ -413,8 +417,10 @@ class InProcessHostsExecutor(HostedExecutor):
 
     name = "in-process-hosts"
 
-    def __init__(self, pool: ModelPool, *, pins: Mapping[str, int] | None = None) -> None:
-        super().__init__(pins=pins)
+    def __init__(
+        self, pool: ModelPool, *, pins: Mapping[str, int] | None = None, replicas: Mapping[str, int] | None = None
+    ) -> None:
+        super().__init__(pins=pins, replicas=replicas)
         self.pool = pool
         self.started = 0
 

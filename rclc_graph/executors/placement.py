@@ -9,7 +9,9 @@ A run takes one replica of each group it uses, the one with the fewest active ru
 index on ties), and keeps it for all its nodes, so most handoffs stay on one host. A pin
 (`pins={"final": 1}`, keyed by plan node name such as `reader[0]` or by the declared name
 `reader` for all its copies) puts a node on a given replica of its model's group instead;
-that is how a run spreads its nodes and why handoffs then cross hosts.
+that is how a run spreads its nodes and why handoffs then cross hosts. `replicas={"base": 2}`
+(a run option) overrides the replica count a topology declares, so a topology written for one
+machine scales out unchanged.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ class ReplicaGroup:
     key: tuple[Any, ...]
     spec: ModelSpec
     base_dir: Path | None
+    replicas: int | None = None  # a run option overriding spec.replicas
     active: list[int] = field(default_factory=list)  # active runs per replica index
 
     def __post_init__(self) -> None:
-        self.grow(self.spec.replicas)
+        self.grow(self.replicas if self.replicas is not None else self.spec.replicas)
 
     @property
     def size(self) -> int:
@@ -87,12 +90,20 @@ def check_pins(pins: Mapping[str, int], plan: Any, sizes: Mapping[str, int]) -> 
                 )
 
 
-def parse_pins(items: list[str] | tuple[str, ...]) -> dict[str, int]:
-    """`["final=1", "reader=0"]` (the CLI's --pin) -> {"final": 1, "reader": 0}."""
-    pins: dict[str, int] = {}
+def parse_assignments(items: list[str] | tuple[str, ...], option: str, example: str) -> dict[str, int]:
+    """`["final=1", "reader=0"]` (the CLI's --pin, --replicas) -> {"final": 1, "reader": 0}."""
+    values: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip().isdigit():
-            raise ValueError(f"--pin: {item!r} is not NODE=REPLICA; write e.g. --pin final=1")
-        pins[name.strip()] = int(value)
-    return pins
+            raise ValueError(f"{option}: {item!r} is not NAME=NUMBER; write e.g. {option} {example}")
+        values[name.strip()] = int(value)
+    return values
+
+
+def parse_pins(items: list[str] | tuple[str, ...]) -> dict[str, int]:
+    return parse_assignments(items, "--pin", "final=1")
+
+
+def parse_replicas(items: list[str] | tuple[str, ...]) -> dict[str, int]:
+    return parse_assignments(items, "--replicas", "base=2")

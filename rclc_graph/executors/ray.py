@@ -71,7 +71,7 @@ class RayHost(NodeHost):
     def describe(self) -> dict[str, Any]:
         context = ray.get_runtime_context()
         return {"replica": self.label, "actor": context.get_actor_id(), "node": context.get_node_id(),
-                "pid": str(os.getpid())}
+                "pid": str(os.getpid()), "running": self.running}
 
     async def run_node_stream(
         self, ticket: RunTicket, node: str, inbound: list[Any], handoffs: dict[int, list[Handoff]]
@@ -197,8 +197,8 @@ class RayExecutor(HostedExecutor):
 
     `address`: a cluster to join ("auto" for the one `ray start` began on this machine,
     "HOST:PORT" for a head node); None starts a private Ray instance for this process unless
-    Ray is already initialised. `pins` places nodes on replicas ({"final": 1}). `init_options`
-    go to `ray.init`.
+    Ray is already initialised. `pins` places nodes on replicas ({"final": 1}); `replicas`
+    overrides the replica counts models declare ({"base": 2}). `init_options` go to `ray.init`.
     """
 
     name = "ray"
@@ -208,9 +208,10 @@ class RayExecutor(HostedExecutor):
         address: str | None = None,
         *,
         pins: Mapping[str, int] | None = None,
+        replicas: Mapping[str, int] | None = None,
         init_options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(pins=pins)
+        super().__init__(pins=pins, replicas=replicas)
         self._owns_ray = False
         if not ray.is_initialized():
             options = {**DEFAULT_INIT, **dict(init_options or {})}

@@ -211,7 +211,7 @@ def test_placement_bookkeeping():
     group.grow(2)
     assert group.size == 3
     assert parse_pins(["final=1", " reader = 0 "]) == {"final": 1, "reader": 0}
-    with pytest.raises(ValueError, match="NODE=REPLICA"):
+    with pytest.raises(ValueError, match="NAME=NUMBER"):
         parse_pins(["final"])
     plan = chain(2, Policy(budget=8))
     with pytest.raises(ValueError, match="not a node"):
