@@ -145,7 +145,13 @@ class NodeHost:
 
         ctx = await self.context(ticket)
         edge = ctx.plan.edges[edge_id]
-        agent = self.executor.agent(ctx.run_id, edge.source)
+        try:
+            agent = self.executor.agent(ctx.run_id, edge.source)
+        except KeyError:
+            raise LookupError(
+                f"host {self.label} holds no state of node {edge.source!r} in run {ctx.run_id!r} (the host was "
+                "restarted or the run released); resume the run to restore it"
+            ) from None
         options = with_count(transfer_options(edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed), count)
         received: list[Any] = []
         began = time.perf_counter()

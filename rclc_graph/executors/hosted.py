@@ -79,6 +79,7 @@ class _Run:
     where: dict[str, HostHandle] = field(default_factory=dict)  # finished node -> its host
     shapes: dict[str, SenderShape] = field(default_factory=dict)
     outputs_left: set[str] = field(default_factory=set)
+    used: dict[int, HostHandle] = field(default_factory=dict)  # every host a node of the run was sent to
     active: bool = True
 
 
@@ -170,7 +171,9 @@ class HostedExecutor:
             if index is None:
                 index = run.replicas[group.key] = group.choose()
                 group.active[index] += 1
-        return self.host(group, index)
+        handle = self.host(group, index)
+        run.used[id(handle)] = handle
+        return handle
 
     def _finish(self, run: _Run, node: str) -> None:
         run.outputs_left.discard(node)
@@ -328,13 +331,10 @@ class HostedExecutor:
         if run is None:
             return
         self._deactivate(run)
-        hosts = {id(handle): handle for handle in [*run.where.values(), *self._run_hosts(run)]}
+        hosts = {id(handle): handle for handle in run.where.values()} | run.used
         for handle in hosts.values():
             if not handle.dead:
                 handle.release(run_id)
-
-    def _run_hosts(self, run: _Run) -> list[HostHandle]:
-        return [self._hosts[(key, index)] for key, index in run.replicas.items() if (key, index) in self._hosts]
 
     def close(self) -> None:
         """Stop every host this executor started."""

@@ -215,8 +215,8 @@ class RayExecutor(HostedExecutor):
         self._owns_ray = False
         if not ray.is_initialized():
             options = {**DEFAULT_INIT, **dict(init_options or {})}
-            if address is not None:
-                options.pop("include_dashboard", None)  # a cluster's own settings apply
+            if address is not None or os.environ.get("RAY_ADDRESS"):
+                options.pop("include_dashboard", None)  # joining a cluster: its own settings apply
             ray.init(address=address, **options)
             self._owns_ray = True
         self._actor_class = ray.remote(RayHost)

@@ -236,3 +236,24 @@ def test_choosing_executors_by_name(pool, monkeypatch):
         make_executor("ray")
     with pytest.raises(ExecutorUnavailable):
         run_plan_sync(chain(2, Policy(budget=8)), executor="ray")
+
+
+def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from rclc_graph.cli import app
+
+    root = Path(__file__).resolve().parents[2]
+    run = ["run", str(root / "topologies" / "fanout_qa.yaml"), "--input", str(root / "examples" / "inputs" / "fanout_qa.json"),
+           "--out", str(tmp_path)]
+    monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
+    missing = CliRunner().invoke(app, [*run, "--executor", "ray"])
+    assert missing.exit_code == 2 and "needs Ray" in missing.stderr
+    assert "pip install 'rclc-graph[ray]'" in missing.stderr and "Traceback" not in missing.output
+    misplaced = CliRunner().invoke(app, [*run, "--pin", "final=1"])
+    assert misplaced.exit_code == 2 and "--executor ray only" in misplaced.stderr
+    malformed = CliRunner().invoke(app, [*run, "--executor", "ray", "--replicas", "base"])
+    assert malformed.exit_code == 2 and "NAME=NUMBER" in malformed.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing recorded
