@@ -260,7 +260,12 @@ class LocalExecutor:
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
         generated, generation_seconds, text = await self._finish_state(ctx, node, agent, prompt_text, deliveries)
-        state = agent.sender_state()
+        # In a worker: sender_state takes the preparation lock, which another run's update may
+        # hold while it waits for the attention lock of a generation that is itself waiting for
+        # this event loop to publish its next token (a deadlock if the loop blocked here).
+        from rclc._worker import run_in_worker
+
+        state = await run_in_worker(agent.sender_state)
         lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
         prompt_positions = state.positions - inherited - generated
         lineage = lineage.extend(node.name, prompt_positions, "prompt").extend(node.name, generated, "token")

@@ -257,3 +257,29 @@ def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
     malformed = CliRunner().invoke(app, [*run, "--executor", "ray", "--replicas", "base"])
     assert malformed.exit_code == 2 and "NAME=NUMBER" in malformed.stderr
     assert list(tmp_path.iterdir()) == []  # nothing ran, nothing recorded
+
+
+def test_nodes_never_take_the_preparation_lock_on_the_event_loop(pool, monkeypatch):
+    # A generation waits for the event loop to publish each token while it holds the attention
+    # lock; an update holding the preparation lock waits for that attention lock. If the loop
+    # itself waited for the preparation lock (sender_state), concurrent runs would deadlock.
+    import threading
+
+    from rclc.agent import Agent
+
+    threads = []
+    original = Agent.sender_state
+
+    def recording(self):
+        threads.append(threading.current_thread())
+        return original(self)
+
+    monkeypatch.setattr(Agent, "sender_state", recording)
+
+    async def main():
+        loop_thread = threading.current_thread()
+        await run_plan(chain(2, Policy(budget=8)), executor=LocalExecutor(pool))
+        return loop_thread
+
+    loop_thread = anyio.run(main)
+    assert threads and loop_thread not in threads
