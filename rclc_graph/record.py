@@ -351,9 +351,19 @@ async def run_recorded(
     from .scheduler import new_run_id, run_plan
 
     pool = pool if pool is not None else default_pool()
+    owned = None
+    if isinstance(executor, str):  # a name: make it here and close it when the run ends
+        from .executors import make_executor
+
+        executor = owned = make_executor(executor, pool=pool)
     recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
                            pool=pool, base_dir=base_dir)
-    recorder.start()
+    try:
+        recorder.start()
+    except BaseException:
+        if owned is not None:
+            owned.close()
+        raise
     inner = executor if executor is not None else LocalExecutor(pool)
     began = time.perf_counter()
     try:
@@ -369,6 +379,9 @@ async def run_recorded(
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(recorder.finish, partial)
         raise
+    finally:
+        if owned is not None:
+            owned.close()
     record = await anyio.to_thread.run_sync(recorder.finish, result)
     return result, record, recorder.run_dir
 
