@@ -78,12 +78,17 @@ def test_engine_arguments_refused(tiny_dir, overrides, message):
         ("parallel_config", "tensor_parallel_size", 2, "tensor_parallel_size=2"),
         ("parallel_config", "pipeline_parallel_size", 2, "pipeline_parallel_size=2"),
         ("model_config", "quantization", "fp8", "quantized weights"),
+        ("parallel_config", "data_parallel_size", 2, "data_parallel_size=2"),
+        ("model_config.hf_config", "model_type", "gemma2", "model family 'gemma2' is unsupported"),
+        ("", "speculative_config", object(), "speculative decoding is unsupported"),
     ],
 )
 def test_parallel_and_quantized_configurations_refused(tiny_dir, section, field, value, message):
     # These cannot be built on a one-CPU machine; change the built config's field instead.
     config = _config(tiny_dir)
-    part = getattr(config, section)
+    part = config
+    for name in filter(None, section.split(".")):
+        part = getattr(part, name)
     object.__setattr__(part, field, value)
     with pytest.raises(ValueError, match=message):
         _construct(config)
