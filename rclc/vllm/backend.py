@@ -27,7 +27,7 @@ from ..capture.engine_checks import check_version
 from ..hf import prompt_ids
 from ..models import context_limit_of
 from ..state import SenderState, checkpoint_vocabulary, embedding_weight
-from .engine import check_engine, engine_context_limit, engine_core, engine_tokenizer, require_idle
+from .engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
 from .state import prefill_state, shared_view, state_from_capture
 
 
@@ -81,11 +81,13 @@ class VLLMBackend:
         if type(allow_unstable) is not bool:
             raise ValueError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
         check_version(allow_unstable=allow_unstable)  # RuntimeError: untested release
-        engine_core(llm)  # RuntimeError: out-of-process engine (ValueError: not an LLM)
-        require_idle(llm)
+        # Every configuration problem, an out-of-process engine included, is a ValueError
+        # (api.md: unsupported configuration raises ValueError at the binding check);
+        # a busy engine is a condition of the moment and stays a RuntimeError.
         problems = check_engine(llm, allow_unstable=allow_unstable)
         if problems:
             raise ValueError("llm: " + "; ".join(problems))
+        require_idle(llm)
         view = shared_view(llm, allow_unstable=allow_unstable)
         supplied_by_engine = engine_tokenizer(llm)
         _check_tokenizer(tokenizer, supplied_by_engine, int(embedding_weight(view).shape[0]))

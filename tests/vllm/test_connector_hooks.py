@@ -167,3 +167,44 @@ def test_register_kv_caches_refuses_foreign_layers(config):
         worker.register_kv_caches({"model.layers.7.self_attn.attn": torch.zeros(4, 2, BLOCK, 16)})
     with pytest.raises(ValueError, match="not contiguous"):
         worker.register_kv_caches({"model.layers.1.self_attn.attn": torch.zeros(4, 2, BLOCK, 16)})
+
+
+def _forward_context(monkeypatch, config, backend_name, kernel="vec"):
+    """Attention layers as the worker sees them: their backend's name and CPU kernel."""
+    backend = SimpleNamespace(get_name=lambda: backend_name)
+    layers = {
+        name: SimpleNamespace(get_attn_backend=lambda: backend, isa=kernel)
+        for name in ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+    }
+    monkeypatch.setattr(config.compilation_config, "static_forward_context", layers)
+
+
+def _cpu_pages():
+    return {f"model.layers.{i}.self_attn.attn": torch.zeros(16, 2, BLOCK, 16) for i in range(2)}
+
+
+def test_register_kv_caches_accepts_cpu_pages_and_refuses_a_second_pool(config, monkeypatch):
+    _forward_context(monkeypatch, config, "CPU_ATTN")
+    worker = _connector(config, "WORKER")
+    first = _cpu_pages()
+    worker.register_kv_caches(first)
+    assert worker._geometry.layout == "cpu" and len(worker._pages) == 2
+    worker.register_kv_caches(first)  # the same pool again is fine
+    with pytest.raises(ValueError, match="another engine's KV pages are already registered"):
+        worker.register_kv_caches(_cpu_pages())
+    assert all(page is first[name] for page, name in zip(worker._pages, sorted(first)))
+
+
+@pytest.mark.parametrize(
+    ("backend", "kernel", "message"),
+    [
+        ("TRITON_ATTN", "vec", "attention backend 'TRITON_ATTN' is unsupported"),
+        ("CPU_ATTN", "amx", "has not verified"),
+    ],
+)
+def test_register_kv_caches_refuses_unverified_page_layouts(config, monkeypatch, backend, kernel, message):
+    _forward_context(monkeypatch, config, backend, kernel)
+    worker = _connector(config, "WORKER")
+    with pytest.raises(ValueError, match=message):
+        worker.register_kv_caches(_cpu_pages())
+    assert worker._pages is None

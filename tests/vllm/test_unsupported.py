@@ -78,12 +78,17 @@ def test_engine_arguments_refused(tiny_dir, overrides, message):
         ("parallel_config", "tensor_parallel_size", 2, "tensor_parallel_size=2"),
         ("parallel_config", "pipeline_parallel_size", 2, "pipeline_parallel_size=2"),
         ("model_config", "quantization", "fp8", "quantized weights"),
+        ("parallel_config", "data_parallel_size", 2, "data_parallel_size=2"),
+        ("model_config.hf_config", "model_type", "gemma2", "model family 'gemma2' is unsupported"),
+        ("", "speculative_config", object(), "speculative decoding is unsupported"),
     ],
 )
 def test_parallel_and_quantized_configurations_refused(tiny_dir, section, field, value, message):
     # These cannot be built on a one-CPU machine; change the built config's field instead.
     config = _config(tiny_dir)
-    part = getattr(config, section)
+    part = config
+    for name in filter(None, section.split(".")):
+        part = getattr(part, name)
     object.__setattr__(part, field, value)
     with pytest.raises(ValueError, match=message):
         _construct(config)
@@ -146,3 +151,61 @@ def test_connector_names_are_checked(tiny_dir):
     from rclc.capture.engine_checks import connector_problems
 
     assert any("kv_role" in p for p in connector_problems(config))
+
+
+# A multiprocessing engine cannot be built in this process once an in-process engine has
+# run (vLLM caches its environment variables then), so a fresh interpreter builds it.
+_MULTIPROCESS_SCRIPT = '''
+import os
+import sys
+
+
+def main(path):
+    from vllm_engines import engine_arguments, shutdown
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    import vllm
+
+    import rclc
+
+    try:
+        vllm.LLM(**engine_arguments(path))
+    except Exception as error:
+        print("CONSTRUCTION-REFUSED", type(error).__name__, flush=True)
+    llm = vllm.LLM(**engine_arguments(path, kv_transfer_config=None))
+    try:
+        rclc.bind(llm, backend="vllm")
+    except Exception as error:
+        print("BINDING-REFUSED", type(error).__name__, error, flush=True)
+    finally:
+        shutdown(llm)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+'''
+
+
+def test_multiprocessing_engine_refused_at_construction_and_binding(tiny_dir, tmp_path):
+    """With the connector the engine never starts; without it, binding raises ValueError."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "multiprocess_engine.py"
+    script.write_text(_MULTIPROCESS_SCRIPT)
+    here = Path(__file__).resolve().parent
+    environment = dict(os.environ, VLLM_CONFIGURE_LOGGING="0")
+    environment["PYTHONPATH"] = os.pathsep.join([str(here.parents[1]), str(here), environment.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, env=environment, timeout=540
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # vLLM wraps the engine process's failure; the connector's own refusal is in its log.
+    assert "CONSTRUCTION-REFUSED" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "ValueError: RCLCCaptureConnector: the engine runs in a separate process" in done.stderr
+    binding = [line for line in done.stdout.splitlines() if line.startswith("BINDING-REFUSED")]
+    assert binding, done.stdout + done.stderr[-3000:]
+    assert binding[0].startswith("BINDING-REFUSED ValueError llm: ")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in binding[0]
