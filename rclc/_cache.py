@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ._locks import attention_lock
+from ._worker import check_stop
 
 
 def backbone(model: Any) -> Any:
@@ -118,7 +119,10 @@ def forward_rows(
     Rows are `[1, n, hidden]` embeddings or `[1, n]` IDs. The cache object is extended in
     place (callers pass a view or a fresh cache). Runs under the process-wide attention
     lock because attention dispatch is global state that a capture may be changing.
+    Inside a worker whose caller was cancelled it raises `WorkCancelled` instead of
+    starting another forward (see `_worker`).
     """
+    check_stop()
     decoder = backbone(model)
     memory = cache_length(cache) if start is None else start
     rows = inputs_embeds.shape[1] if inputs_embeds is not None else input_ids.shape[1]

@@ -170,7 +170,11 @@ class _StopOnCancel:
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool, device=input_ids.device)
+        from rclc._worker import stop_requested
+
+        # The run's stop flag, or the worker's own (set when this node's task alone is cancelled).
+        stopped = self.stop.is_set() or stop_requested()
+        return torch.full((input_ids.shape[0],), stopped, dtype=torch.bool, device=input_ids.device)
 
 
 class LocalExecutor:
@@ -334,6 +338,11 @@ class LocalExecutor:
             else:
                 await run_in_worker(functools.partial(agent.update, generation=output))
                 new_tokens = output.sequences[0, inputs["input_ids"].shape[1]:]
+            if sends_state(ctx.plan, node):
+                # Generation built the cache token by token; a snapshot restores it in one
+                # prefill. Re-prefill now so the KV receivers select from is a pure function
+                # of the rows, and a resumed run selects exactly what this run selects.
+                await agent.refresh()
         except NodeFailed:
             raise
         except anyio.get_cancelled_exc_class():
@@ -396,6 +405,11 @@ class LocalExecutor:
                 )
 
         return await run_in_worker(generate)
+
+
+def sends_state(plan: Plan, node: PlanNode) -> bool:
+    """Whether some receiver selects from this node's state (a state or full edge leaves it)."""
+    return any(plan.edges[edge].policy.mode != "text" for edge in node.outgoing)
 
 
 def _node_seed(run_seed: int, node: str) -> int:
