@@ -1,0 +1,73 @@
+"""Checks a plan needs a tokenizer for, run before any weights are loaded.
+
+Planning is torch-free and catches every mistake the spec and the inputs show on their
+own. One more class of mistake only shows once prompts are counted in tokens: a prompt
+that, with the tokens its node must generate, cannot fit the model's context whatever
+its senders hand over. Without this check such a run loads the model, runs every node
+before that one, and fails there, minutes or hours later. With it, the run is refused
+at once, naming the node, the counts and the YAML line of the prompt.
+
+The check reads only each model's tokenizer and config (`ModelPool.profile`). It is a
+lower bound on purpose: inherited rows are fitted to the receiver's room by the
+transfer core, so only a node's own prompt plus its output can make a run impossible.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import PlanError, Problem
+from .plan import Plan
+
+
+def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
+    """Tokens of the node's own rendered prompt (chat template applied, no text messages)."""
+    from .runtime import render_prompt
+
+    node = plan.node(name)
+    text = render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
+    """Raise PlanError (E_CONTEXT) for every node whose prompt and output cannot fit its context.
+
+    Also refuses an agent `context_limit` above its model's own limit (the agent would
+    refuse it when bound, i.e. after earlier nodes already ran).
+    """
+    declared = {node.name: index for index, node in enumerate(plan.spec.nodes)}
+    agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
+    problems: list[Problem] = []
+    reported_agents: set[str] = set()
+    for node in plan.nodes:
+        profile = pool.profile(node.model, base_dir)
+        limit = profile.context_limit
+        spec = node.agent
+        if spec.context_limit is not None and spec.context_limit > limit:
+            if spec.name not in reported_agents:
+                reported_agents.add(spec.name)
+                problems.append(Problem(
+                    "E_CONTEXT",
+                    f"agent {spec.name!r} sets context_limit {spec.context_limit}, above the {limit} positions "
+                    f"model {node.model.name!r} supports",
+                    f"set context_limit to at most {limit}, or remove it",
+                    ("agents", agents.get(spec.name, 0), "context_limit"),
+                ))
+            continue
+        if spec.context_limit is not None:
+            limit = spec.context_limit
+        tokens = prompt_tokens(profile.tokenizer, plan, node.name)
+        output = spec.max_new_tokens if node.generate else 0
+        if tokens + output > limit:
+            needs = f"{tokens} prompt tokens" + (f" + {output} to generate (max_new_tokens)" if output else "")
+            problems.append(Problem(
+                "E_CONTEXT",
+                f"node {node.name!r} needs {needs} = {tokens + output} positions, more than its context limit of "
+                f"{limit}, before anything is handed to it",
+                "shorten the inputs its prompt reads (split long documents across foreach copies)"
+                + (", or lower max_new_tokens" if output else ""),
+                ("nodes", declared.get(node.declared, 0), "prompt"),
+            ))
+    if problems:
+        raise PlanError(problems)
