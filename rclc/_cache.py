@@ -122,7 +122,6 @@ def forward_rows(
     Inside a worker whose caller was cancelled it raises `WorkCancelled` instead of
     starting another forward (see `_worker`).
     """
-    check_stop()
     decoder = backbone(model)
     memory = cache_length(cache) if start is None else start
     rows = inputs_embeds.shape[1] if inputs_embeds is not None else input_ids.shape[1]
@@ -142,6 +141,7 @@ def forward_rows(
     # no_grad rather than inference_mode: the cache outlives this call and users may run
     # autograd-recording code (custom selectors, reasoning methods) over it.
     with attention_lock, torch.no_grad():
+        check_stop()  # under the lock: a forward that waited for it does not start once cancelled
         output = decoder(**kwargs)
     return output.last_hidden_state, cache
 

@@ -371,7 +371,7 @@ class LocalExecutor:
         from transformers import GenerationConfig, StoppingCriteriaList
 
         from rclc._locks import attention_lock
-        from rclc._worker import run_in_worker
+        from rclc._worker import WorkCancelled, check_stop, run_in_worker
 
         model, tokenizer, spec = agent.model, agent.tokenizer, node.agent
         eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
@@ -396,6 +396,9 @@ class LocalExecutor:
         def generate() -> Any:
             # Native generation must not overlap a capture on the same model (global dispatch).
             with attention_lock, torch.no_grad(), torch.random.fork_rng(devices=[]):
+                if ctx.stop.is_set():  # cancelled while waiting for the lock: start no model work
+                    raise WorkCancelled("the run was cancelled before generation started")
+                check_stop()
                 torch.manual_seed(seed)
                 return model.generate(
                     **arguments,
