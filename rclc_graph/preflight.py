@@ -57,7 +57,17 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
             continue
         if spec.context_limit is not None:
             limit = spec.context_limit
-        tokens = prompt_tokens(profile.tokenizer, plan, node.name)
+        try:
+            tokens = prompt_tokens(profile.tokenizer, plan, node.name)
+        except Exception as error:  # the chat template comes with the model's files and may raise anything
+            problems.append(Problem(
+                "E_TEMPLATE",
+                f"the chat template of model {node.model.name!r} fails on node {node.name!r}: "
+                f"{type(error).__name__}: {error}",
+                "fix the chat template in the model's tokenizer files, or the prompt it refuses",
+                ("nodes", declared.get(node.declared, 0), "prompt"),
+            ))
+            continue
         output = spec.max_new_tokens if node.generate else 0
         if tokens + output > limit:
             needs = f"{tokens} prompt tokens" + (f" + {output} to generate (max_new_tokens)" if output else "")
