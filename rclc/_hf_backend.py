@@ -75,23 +75,48 @@ class HFBackend:
             "max_new_tokens": output,
         }
 
-    def prefix_rows(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return inputs["inputs_embeds"][0]
+    def prefix_rows(self, inputs: dict[str, Any], positions: int) -> torch.Tensor:
+        """The exact rows generation started from; refuse a dictionary whose rows were replaced."""
+        rows = inputs.get("inputs_embeds") if isinstance(inputs, dict) else None
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 3 or rows.shape[0] != 1 or rows.shape[1] != positions:
+            raise ValueError(
+                f"inputs: expected inputs_embeds [1, {positions}, hidden] as pop()/inputs() returned them; "
+                "generate from the dictionary without replacing its rows"
+            )
+        return rows[0]
 
     def continuation(
         self, inputs: dict[str, Any], known_ids: torch.Tensor, inherited: int, generation: Any
     ) -> SenderState:
-        """The state after `generate(**inputs)`: the exact prefix rows, then the generated tokens."""
+        """The state after `generate(**inputs)`: the exact prefix rows, then the generated tokens.
+
+        HF returns only the new tokens for embedding inputs, and a cache one position short
+        of prefix + tokens (the last token was never forwarded); that suffix is completed on
+        a private view of the cache, so the caller's generate output is left untouched.
+        """
         sequences, cache = _check_generation(generation)
-        prefix = self.prefix_rows(inputs)
+        prefix = self.prefix_rows(inputs, int(known_ids.shape[0]))
         weight = self.weight
         generated = sequences[0].to(weight.device)
-        if cache is not None and cache_length(cache) > prefix.shape[0] + generated.shape[0]:
-            raise ValueError("generation: its cache is longer than the inputs plus generated tokens; pass the output of generate(**inputs)")
+        if generated.dtype != torch.int64 or bool(((generated < 0) | (generated >= weight.shape[0])).any()):
+            raise ValueError(
+                f"generation: sequences must be int64 token IDs in [0, {weight.shape[0]}); pass the output of "
+                "model.generate(**inputs, return_dict_in_generate=True)"
+            )
+        cached = cache_length(cache)
+        if cached > prefix.shape[0] + generated.shape[0]:
+            raise ValueError(
+                f"generation: its cache holds {cached} positions, more than the {prefix.shape[0]} inputs plus "
+                f"{generated.shape[0]} generated tokens; pass the output of model.generate(**inputs)"
+            )
+        if 0 < cached < prefix.shape[0]:
+            raise ValueError(
+                f"generation: its cache holds {cached} positions, fewer than the {prefix.shape[0]} input rows; "
+                "pass the output of model.generate(**inputs, return_dict_in_generate=True)"
+            )
         with torch.no_grad():
             rows = torch.cat([prefix, weight[generated]], dim=0)
         ids = torch.cat([known_ids.to(weight.device), generated])
-        cached = cache_length(cache)
         if cache is None or cached == 0:
             full = prefill(self.model, rows)
         elif cached < rows.shape[0]:

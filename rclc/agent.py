@@ -19,7 +19,7 @@ from ._checks import optional_int, require_int
 from ._hf_backend import HFBackend
 from ._locks import preparation_lock
 from ._worker import run_in_worker
-from .hf import HFReceiver, prompt_ids, render_messages
+from .hf import HFReceiver, _is_messages, prompt_ids, render_messages
 from .state import Delivery, SenderState
 
 BACKENDS = ("hf", "vllm")
@@ -35,7 +35,14 @@ class _Pending:
 
 
 class Agent(HFReceiver):
-    """`rclc.bind(model, tokenizer, messages=history)`: an existing agent as sender and receiver."""
+    """`rclc.bind(model, tokenizer, messages=history)`: an existing agent as sender and receiver.
+
+    Bind with `messages` (lazy, cached history prefill), or explicit `prompt` /
+    `past_key_values`, or a `generation` output; `messages` are still the receiver history
+    when explicit state is given. `max_new_tokens` (default 128) and `context_limit`
+    (default: the model's) are the output reservation and window used when this agent
+    receives. Its position in `transfer` decides whether it sends or receives.
+    """
 
     def __init__(
         self,
@@ -54,6 +61,8 @@ class Agent(HFReceiver):
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
+        if type(allow_unstable) is not bool:
+            raise ValueError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
         if backend == "hf" and (request_id is not None or allow_unstable):
             raise ValueError("request_id, allow_unstable: these apply to backend='vllm' only")
         require_int("max_new_tokens", max_new_tokens, minimum=1)
@@ -82,23 +91,39 @@ class Agent(HFReceiver):
 
     # -- state -------------------------------------------------------------------------
 
+    def _resolve_state(self) -> SenderState:
+        """The state to send, extend or save, computed without committing anything.
+
+        In history mode this renders the messages and reuses the cached prefix; the caller
+        decides whether to keep the result (see `_remember`), so a failed or cancelled
+        operation leaves even the cache as it was. Callers hold the preparation lock.
+        """
+        self._backend.require_idle()
+        if self._pending is not None:
+            raise ValueError(
+                "agent: a continuation is pending; record it with agent.update(inputs=..., generation=...) "
+                "before sending, or pop(discard_pending=True)"
+            )
+        if not self._from_history:
+            assert self._state is not None
+            return self._state
+        if not self.messages:
+            raise ValueError(
+                "agent: it has no state; bind it with messages=, prompt= or generation=, or call agent.update(prompt)"
+            )
+        ids = render_messages(self.tokenizer, self.messages, generation_prompt=False)
+        return self._backend.from_history(ids, self._state)
+
+    def _remember(self, state: SenderState) -> None:
+        """Keep a history prefill so the next send only prefills what the history appended."""
+        if self._from_history and self._pending is None:
+            self._state = state
+
     def sender_state(self) -> SenderState:
         """The state this agent sends: retained state, or its history (prefilled lazily)."""
         with preparation_lock:
-            self._backend.require_idle()
-            if self._pending is not None:
-                raise ValueError(
-                    "agent: a continuation is pending; record it with agent.update(inputs=..., generation=...) "
-                    "before sending, or pop(discard_pending=True)"
-                )
-            if not self._from_history:
-                assert self._state is not None
-                return self._state
-            if not self.messages:
-                raise ValueError("agent: it has no state; bind it with messages=, prompt= or generation=")
-            ids = render_messages(self.tokenizer, self.messages, generation_prompt=False)
-            state = self._backend.from_history(ids, self._state)
-            self._state = state
+            state = self._resolve_state()
+            self._remember(state)
             return state
 
     def update(
@@ -146,7 +171,13 @@ class Agent(HFReceiver):
         discard_pending: bool = False,
         deliveries: int = 1,
     ) -> dict[str, Any]:
-        """Generate inputs for the oldest handoff (received rows, then this agent's prompt)."""
+        """Generate inputs for the oldest handoff (received rows, then this agent's prompt).
+
+        The handoff leaves the queue and becomes the pending continuation only on success;
+        record it with `update(inputs=..., generation=...)` before the next pop or send.
+        """
+        if type(discard_pending) is not bool:
+            raise ValueError(f"discard_pending: expected True or False, got {discard_pending!r}")
         if self._pending is not None and not discard_pending:
             raise ValueError(
                 "agent: the previous continuation is pending; record it with update(inputs=..., generation=...) "
@@ -190,39 +221,49 @@ class Agent(HFReceiver):
         """Generate inputs from the retained state itself, without consuming queued handoffs."""
         optional_int("max_new_tokens", max_new_tokens, minimum=1)
 
-        def prepare() -> tuple[dict[str, Any], _Pending]:
-            state = self.sender_state()
+        def prepare() -> tuple[SenderState, dict[str, Any], _Pending]:
+            with preparation_lock:
+                state = self._resolve_state()
             output = max_new_tokens or self.max_new_tokens or 1
             if state.positions + output > self.context_limit:
                 raise ValueError(
                     f"context space: {state.positions} positions + {output} output exceed the context limit "
-                    f"of {self.context_limit}; generate fewer tokens"
+                    f"of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the state"
                 )
             rows = state.input_embeds.clone()
             known = state.token_ids.clone() if state.token_ids is not None else torch.full(
                 (state.positions,), -1, dtype=torch.int64, device=rows.device
             )
             inputs = self._backend.generation_inputs(rows, output)
-            return inputs, _Pending(inputs, known, state.inherited_positions)
+            return state, inputs, _Pending(inputs, known, state.inherited_positions)
 
-        inputs, pending = await run_in_worker(prepare)
+        state, inputs, pending = await run_in_worker(prepare)
+        self._remember(state)
         self._pending = pending
         return inputs
 
     async def append(self, prompt: Any) -> None:
-        """Append rendered text or `[1, n]` IDs to the retained state (no template, nothing generated)."""
+        """Append rendered text or `[1, n]` IDs to the retained state (no template, nothing generated).
+
+        Received rows, their -1 IDs and the inherited count survive; the latent tail ends
+        (new tokens follow it). The extension runs on a private cache copy and the agent
+        switches to it only on success, so a failure or cancellation keeps the old state.
+        """
+        if _is_messages(prompt):
+            raise ValueError(
+                "prompt: append takes rendered text or IDs [1, n], not chat messages; render them first "
+                "(append applies no chat template)"
+            )
 
         def extend() -> SenderState:
             with preparation_lock:
-                state = self.sender_state()
-                if isinstance(prompt, list):
-                    raise ValueError("prompt: append takes rendered text or IDs [1, n], not chat messages")
+                state = self._resolve_state()
                 new_ids = prompt_ids(self.model, self.tokenizer, prompt)
                 total = state.positions + new_ids.shape[1]
                 if total > self.context_limit:
                     raise ValueError(
                         f"prompt: appending {new_ids.shape[1]} positions gives {total}, above the context limit "
-                        f"of {self.context_limit}"
+                        f"of {self.context_limit}; append less or reset with agent.update()"
                     )
                 return self._backend.extend(state, new_ids)
 
@@ -267,11 +308,13 @@ class Agent(HFReceiver):
 
         self._require_quiet("save")
 
-        def write() -> None:
-            state = self.sender_state()
+        def write() -> SenderState:
+            with preparation_lock:
+                state = self._resolve_state()
             write_snapshot(path, state, model_identity(self.model, self.tokenizer))
+            return state
 
-        await run_in_worker(write)
+        self._remember(await run_in_worker(write))
 
     async def load(self, path: Any) -> None:
         """Restore a snapshot: validate everything, re-prefill, then switch to it (else keep the old)."""
@@ -293,7 +336,7 @@ class Agent(HFReceiver):
 
     def inspect(self, *, selection: bool = False) -> dict[str, Any]:
         """A JSON-serialisable report; runs no forward pass and consumes nothing."""
-        state = self._state if (self._state is not None) else None
+        state = self._state
         deliveries = []
         for delivery, prepared in self._queue:
             retained = [message.positions for message in delivery.messages]

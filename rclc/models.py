@@ -105,13 +105,17 @@ def cache_root() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "rclc"
 
 
-def _embedded_gguf() -> Path:
+def _embedded_distribution() -> importlib.metadata.Distribution:
     try:
-        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+        return importlib.metadata.distribution(EMBEDDED_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         raise RuntimeError(
             f"the embedded model needs the package {EMBEDDED_PACKAGE!r}; install it with: {EMBEDDED_INSTALL}"
         ) from None
+
+
+def _embedded_gguf() -> Path:
+    dist = _embedded_distribution()
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
     if not files:
         raise RuntimeError(
@@ -125,7 +129,7 @@ def _embedded_gguf() -> Path:
 
 
 def _embedded_dir() -> Path:
-    version = importlib.metadata.version(EMBEDDED_PACKAGE)
+    version = _embedded_distribution().version
     return cache_root() / "models" / f"smollm2-135m-instruct-{version}"
 
 

@@ -251,16 +251,36 @@ def run(
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary per run instead of tables"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
     seed: int = typer.Option(0, "--seed", help="run seed (sampling nodes derive theirs from it)"),
+    executor_name: str = typer.Option(
+        "local", "--executor", "-e", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
+    ),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster to join: auto, or HOST:PORT of the head (default: a private local Ray)"
+    ),
+    pin: list[str] = typer.Option(
+        [], "--pin", help="NODE=REPLICA: run a node on that replica of its model (ray; repeatable)"
+    ),
+    replicas: list[str] = typer.Option(
+        [], "--replicas", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
+    ),
 ) -> None:
     """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
     import anyio
 
+    from .executors import ExecutorUnavailable, make_executor
+    from .executors.placement import parse_pins, parse_replicas
     from .pool import default_pool
 
     console = _stdout()
     try:
         runs = read_inputs(input)
         plans = _plans(topology, runs, trust_code)
+        pins = parse_pins(pin)
+        counts = parse_replicas(replicas)
+        if executor_name != "ray" and (address is not None or pins or counts):
+            raise ValueError(
+                "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
+            )
     except (GraphError, ValueError) as error:
         _usage_error(error)
     pool = default_pool()
@@ -270,16 +290,25 @@ def run(
         _preflight(topology, plans, pool, base_dir)
     except (GraphError, ValueError, OSError) as error:
         _usage_error(error)
+    executor = None
     if not json_output:
         _introduce(console, plans, input, out)
     try:
-        _load_models(plans[0], pool, base_dir, console, json_output)
+        if executor_name == "local":
+            _load_models(plans[0], pool, base_dir, console, json_output)
+        else:
+            try:
+                executor = make_executor(executor_name, pool=pool, address=address, pins=pins, replicas=counts)
+            except ExecutorUnavailable as error:
+                _fail(error.reason, f"install it: {error.install}")
+            _start_hosts(executor, plans[0], base_dir, console, json_output)
         for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
             if len(plans) > 1 and not json_output:
                 console.rule(Text(f"run {index + 1} of {len(plans)}: {label}"))
             record, run_dir, interrupted = anyio.run(
                 lambda plan=plan: execute(
-                    plan, out=out, seed=seed, topology=topology, pool=pool, console=console, quiet=json_output
+                    plan, out=out, seed=seed, topology=topology, pool=pool, console=console, quiet=json_output,
+                    executor=executor,
                 )
             )
             status = max(status, _show_result(console, record, run_dir, interrupted, json_output))
@@ -288,8 +317,29 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except (GraphError, ValueError, NotImplementedError, OSError) as error:
         _usage_error(error)
+    finally:
+        if executor is not None:
+            executor.close()
     if status:
         raise typer.Exit(status)
+
+
+def _start_hosts(executor: Any, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+    """Start the executor's replicas and load their models before the run (Ray actors)."""
+    import anyio
+
+    label = f"starting {executor.name} replicas of {', '.join(spec.name for spec in plan.models())}"
+    if quiet:
+        anyio.run(executor.prepare, plan, base_dir)
+        return
+    if console.is_terminal:
+        with console.status(label + " …"):
+            hosts = anyio.run(executor.prepare, plan, base_dir)
+    else:
+        console.print(Text(label + " …", style="dim"))
+        hosts = anyio.run(executor.prepare, plan, base_dir)
+    for host in hosts:
+        console.print(Text(f"  {host['replica']} on node {host['node'][:12]}", style="dim"))
 
 
 # -- resume ------------------------------------------------------------------------------------

@@ -188,11 +188,18 @@ class HopRecord:
     payload_bytes: int
     selection_seconds: float
     generation_seconds: float
+    # Where the hop ran, for executors that place nodes apart (None in-process): the sender's
+    # and receiver's host ({"replica", "actor", "node"}) and the transport that moved it.
+    placement: Mapping[str, Any] | None = None
+    crossed_bytes: int = 0  # payload bytes that left the sender's machine (0 in-process)
 
     def to_dict(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["kept_by_origin"] = dict(self.kept_by_origin)
         data["kept_by_kind"] = dict(self.kept_by_kind)
+        if self.placement is not None:
+            data["placement"] = {key: dict(value) if isinstance(value, Mapping) else value
+                                 for key, value in self.placement.items()}
         return data
 
 

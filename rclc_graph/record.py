@@ -445,13 +445,22 @@ async def run_recorded(
     from .scheduler import new_run_id
 
     pool = pool if pool is not None else default_pool()
-    if executor is None:
-        await prepare_models(plan, pool, base_dir)
-    recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
-                           pool=pool, base_dir=base_dir)
-    recorder.start()
-    inner = executor if executor is not None else LocalExecutor(pool)
-    return await record_run(recorder, inner, pool=pool, events=events, base_dir=base_dir)
+    owned = None
+    if isinstance(executor, str):  # a name: make it here and close it when the run ends
+        from .executors import make_executor
+
+        executor = owned = make_executor(executor, pool=pool)
+    try:
+        if executor is None or isinstance(owned, LocalExecutor):
+            await prepare_models(plan, pool, base_dir)
+        recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
+                               pool=pool, base_dir=base_dir)
+        recorder.start()
+        inner = executor if executor is not None else LocalExecutor(pool)
+        return await record_run(recorder, inner, pool=pool, events=events, base_dir=base_dir)
+    finally:
+        if owned is not None:
+            owned.close()
 
 
 async def prepare_models(plan: Plan, pool: Any, base_dir: Path | None) -> None:

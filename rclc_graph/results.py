@@ -25,6 +25,7 @@ class NodeResult:
     started_at: float = 0.0
     finished_at: float = 0.0
     hops: list[HopRecord] = field(default_factory=list)  # the handoffs this node received
+    placement: dict[str, str] | None = None  # where it ran ({"replica", "actor", "node"}); None in-process
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +43,7 @@ class NodeResult:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "hops": [hop.to_dict() for hop in self.hops],
+            "placement": None if self.placement is None else dict(self.placement),
         }
 
     @classmethod
@@ -60,6 +62,7 @@ class NodeResult:
             started_at=data.get("started_at", 0.0),
             finished_at=data.get("finished_at", 0.0),
             hops=[HopRecord(**hop) for hop in data.get("hops", [])],
+            placement=data.get("placement"),
         )
 
 

@@ -130,6 +130,24 @@ def _groups(edges: list[PlanEdge]) -> list[list[PlanEdge]]:
     return groups
 
 
+def state_groups(edges: list[PlanEdge]) -> list[list[PlanEdge]]:
+    """The transfer calls a node's inbound state/full edges make, in arrival order."""
+    return _groups([edge for edge in edges if edge.policy.mode != "text"])
+
+
+def compose_content(node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> str:
+    """The user turn of a node: each text sender's answer (edge order), then its own prompt."""
+    texts = [
+        f"Message from {edge.source}:\n{(result.text or '').strip()}" for edge, result in inbound if edge.policy.mode == "text"
+    ]
+    return "\n\n".join(texts + [node.prompt])
+
+
+def group_request(lead: PlanEdge, content: str) -> str:
+    """What a transfer group's selection is conditioned on: the edge's request, else the receiver's turn."""
+    return lead.request if lead.request is not None else content
+
+
 def render_prompt(tokenizer: Any, system: str, content: str, *, generation_prompt: bool) -> str:
     """The node's prompt as text: its chat template when it has one, else plain text."""
     if getattr(tokenizer, "chat_template", None):
@@ -214,17 +232,13 @@ class LocalExecutor:
         )
 
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> NodeResult:
-        import rclc
-
         started = time.time()
         agent = self.bind(ctx, node)
         tokenizer = agent.tokenizer
         senders = {edge.id: result for edge, result in inbound}
         text_edges = [edge for edge, _ in inbound if edge.policy.mode == "text"]
         state_edges = [edge for edge, _ in inbound if edge.policy.mode != "text"]
-        content = "\n\n".join(
-            [f"Message from {edge.source}:\n{(senders[edge.id].text or '').strip()}" for edge in text_edges] + [node.prompt]
-        )
+        content = compose_content(node, inbound)
         prompt_text = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
         hops: list[Hop] = []
         for edge in text_edges:
@@ -237,22 +251,25 @@ class LocalExecutor:
         deliveries = 0
         for group in _groups(state_edges):
             lead = group[0]
-            options = transfer_options(lead.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
-            request = lead.request if lead.request is not None else content
-            sending = [self.agent(ctx.run_id, edge.source) for edge in group]
+            request = group_request(lead, content)
             began = time.perf_counter()
             try:
-                await rclc.transfer(sending, agent, request, **options)
+                extra = await self._deliver_group(ctx, node, agent, group, request)
             except Exception as error:
                 raise NodeFailed(node.name, error, lead) from error
-            seconds = time.perf_counter() - began
+            seconds = time.perf_counter() - began + extra
             delivery, _ = agent.peek(deliveries)
             deliveries += 1
             for edge, message in zip(group, delivery.messages):
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
         generated, generation_seconds, text = await self._finish_state(ctx, node, agent, prompt_text, deliveries)
-        state = agent.sender_state()
+        # In a worker: sender_state takes the preparation lock, which another run's update may
+        # hold while it waits for the attention lock of a generation that is itself waiting for
+        # this event loop to publish its next token (a deadlock if the loop blocked here).
+        from rclc._worker import run_in_worker
+
+        state = await run_in_worker(agent.sender_state)
         lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
         prompt_positions = state.positions - inherited - generated
         lineage = lineage.extend(node.name, prompt_positions, "prompt").extend(node.name, generated, "token")
@@ -279,6 +296,20 @@ class LocalExecutor:
             finished_at=time.time(),
             hops=records,
         )
+
+    async def _deliver_group(
+        self, ctx: RunContext, node: PlanNode, agent: Any, group: list[PlanEdge], request: str
+    ) -> float:
+        """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
+        budgets are fitted across the senders). Returns seconds spent elsewhere on it (selection
+        that ran before this call, e.g. on another host); 0 here. Executors that place
+        senders elsewhere override this."""
+        import rclc
+
+        options = transfer_options(group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
+        sending = [self.agent(ctx.run_id, edge.source) for edge in group]
+        await rclc.transfer(sending, agent, request, **options)
+        return 0.0
 
     @staticmethod
     def _state_hop(node: PlanNode, edge: PlanEdge, sender: NodeResult, message: Any, seconds: float) -> Hop:

@@ -67,7 +67,7 @@ async def run_plan(
     plan: Plan,
     *,
     pool: ModelPool | None = None,
-    executor: Executor | None = None,
+    executor: Executor | str | None = None,
     events: EventStream | None = None,
     run_id: str | None = None,
     seed: int = 0,
@@ -80,7 +80,20 @@ async def run_plan(
     `completed` holds results of nodes that already finished (resume): they are not run
     again, and the executor must already hold their state. A node failure ends the run
     with status "failed" (the error names node, edge and cause); cancellation propagates.
+    `executor` is an executor object or a name ("local", "ray": see rclc_graph.executors);
+    one made from a name here is closed when the run ends.
     """
+    if isinstance(executor, str):
+        from .executors import make_executor
+
+        owned = make_executor(executor, pool=pool)
+        try:
+            return await run_plan(plan, pool=pool, executor=owned, events=events, run_id=run_id, seed=seed,
+                                  base_dir=base_dir, completed=completed, observer=observer)
+        finally:
+            close = getattr(owned, "close", None)
+            if close is not None:
+                close()
     executor = executor if executor is not None else LocalExecutor(pool if pool is not None else default_pool())
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)

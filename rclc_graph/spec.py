@@ -112,9 +112,12 @@ class ModelSpec(_Spec):
     device: str = Field("auto", description="auto, cpu, mps, cuda or cuda:N")
     backend: Literal["hf", "vllm"] = "hf"
     resources: dict[str, float] = Field(
-        default_factory=dict, description="reserved for Ray placement (e.g. {GPU: 1}); unused in-process"
+        default_factory=dict,
+        description="what each replica holds on Ray ({CPU: 1} by default, {GPU: 1}, custom resources); unused in-process",
     )
-    replicas: PositiveInt = Field(1, description="reserved for Ray placement; in-process runs use one copy")
+    replicas: PositiveInt = Field(
+        1, description="Ray actors holding this model (executor ray); in-process runs use one copy"
+    )
 
     @field_validator("source")
     @classmethod

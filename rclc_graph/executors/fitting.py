@@ -1,0 +1,71 @@
+"""Budgets of a transfer whose senders live on different hosts, fitted exactly as the core does.
+
+`rclc.transfer` fits a call's senders jointly against the receiver's free positions
+(`rclc.budget.fit`, pure integers) and then selects each sender with its fitted count. When
+the senders sit on other hosts, the scheduler's process does the same arithmetic from small
+metadata (each sender's T, I and latent tail, the receiver's free positions) and each
+sender's host selects with `budget=count`, which keeps exactly `count` positions because a
+count never exceeds the sender's own cap. The selected rows then equal those of one local
+transfer call.
+
+Full-context reasoning (`reasoning.context: full | full_with_request`) appends rows to each
+sender *before* the fit, so the fit would need a round trip per sender after reasoning; that
+case is refused with NotImplementedError rather than fitted differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class SenderShape:
+    """What the budget fit needs of one sender's state."""
+
+    positions: int  # T
+    inherited: int  # I
+    latent_steps: int
+
+
+def shape_of(agent: Any) -> SenderShape:
+    """The shape of a bound agent's current state (its retained or history state)."""
+    state = agent.sender_state()
+    return SenderShape(state.positions, state.inherited_positions, state.latent_steps)
+
+
+def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:
+    """NotImplementedError for transfer options a split fit cannot reproduce exactly."""
+    reasoning = options.get("reasoning")
+    context = options.get("reasoning_context")
+    if reasoning is not None and (context is None or str(context).startswith("full")):
+        raise NotImplementedError(
+            f"edge {edge}: full-context reasoning (reasoning.context {context or 'full'!r}) across hosts is not "
+            "supported: the senders' budgets are fitted after reasoning, which needs every sender on the receiver's "
+            "host; pin the senders to the receiver's replica, or use reasoning.context 'selected'"
+        )
+
+
+def fit_counts(options: dict[str, Any], senders: Sequence[SenderShape], available: int) -> list[int]:
+    """The positions each sender keeps in one transfer call with `options` (transfer keyword
+    arguments) into a receiver with `available` free positions; ValueError as the core raises."""
+    from rclc.budget import BudgetPolicy, fit, floor
+    from rclc.selectors import cacheback, is_builtin
+
+    policy = BudgetPolicy.from_options(options.get("ratio"), options.get("budget"))
+    selector = options.get("selector") or cacheback
+    builtin = is_builtin(selector)
+    context = options.get("reasoning_context")
+    reserve = 0
+    if options.get("reasoning") is not None and context is not None and not str(context).startswith("full"):
+        reserve = int(options.get("reasoning_budget") or 0)
+    caps = [policy.cap(shape.positions, shape.inherited, reserve) for shape in senders]
+    floors = [floor(builtin=builtin, latent_steps=shape.latent_steps, reserve=reserve) for shape in senders]
+    return fit(caps, floors, available)
+
+
+def with_count(options: dict[str, Any], count: int) -> dict[str, Any]:
+    """Transfer options that make one sender keep exactly its fitted `count` positions."""
+    single = {key: value for key, value in options.items() if key not in ("ratio", "budget")}
+    single["budget"] = count
+    return single

@@ -1,0 +1,161 @@
+"""How a selected handoff moves from the host that selected it to the host that receives it.
+
+Selection runs where the sender's state lives; only the resulting `Message`s move. A
+transport turns messages into a small `Handoff` (the only thing the scheduler's process ever
+holds) and back:
+
+    handle = transport.send(run_id, messages)       # on the sender's host
+    messages = await transport.receive(handle)      # on the receiver's host
+
+Implementations here:
+- `InProcessTransport`: sender and receiver on the same host; the handle is a key into the
+  host's own memory, nothing is copied.
+- `BytesTransport`: the payload travels inside the handle as bytes (in-process test hosts that
+  stand in for separate machines; it exercises the same packing as the object store).
+- `rclc_graph.executors.ray.ObjectStoreTransport`: the payload goes into Ray's object store on
+  the sender's machine and the handle carries its ObjectRef; the receiver pulls it directly.
+
+The payload is plain data: tensors, ints, strings (`pack_messages`), never model objects.
+This interface is also the seam for GPU-resident payloads: a transport whose `send` keeps the
+rows on the sender's GPU and whose handle names the sender's actor can let the receiver fetch
+them through an actor method declared with Ray's direct GPU tensor transport
+(`tensor_transport="nccl"`), with no host copy; nothing else in the executor changes.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A reference to selected messages on their way to a receiver."""
+
+    transport: str  # name of the transport that can receive it
+    key: Any  # transport-specific: a memory key, bytes, an ObjectRef
+    nbytes: int  # tensor bytes of the messages (Message.nbytes summed)
+    positions: int  # positions the receiver will prefill
+    seconds: float = 0.0  # time the sender's host spent selecting
+
+
+class HandoffTransport(Protocol):
+    name: str
+
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff: ...
+
+    async def receive(self, handle: Handoff) -> tuple[Any, ...]: ...
+
+    def discard(self, run_id: str) -> None: ...
+
+
+# -- plain payloads ----------------------------------------------------------------------------
+
+
+def pack_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Messages as plain data: rows and token IDs as CPU tensors, the selection record as lists."""
+    packed = []
+    for message in messages:
+        selection = message.selection
+        packed.append(
+            {
+                "rows": message.continuous_rows.detach(),
+                "token_ids": None if message.token_ids is None else message.token_ids.detach(),
+                "selection": None if selection is None else {
+                    "source_positions": selection.source_positions,
+                    "budget": selection.budget,
+                    "indices": list(selection.indices),
+                    "spans": [[span.start, span.stop, span.kept, span.kind, span.text] for span in selection.spans],
+                    "added_latent_positions": selection.added_latent_positions,
+                },
+            }
+        )
+    return packed
+
+
+def unpack_messages(packed: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
+    """The inverse of `pack_messages` (Message validates the tensors again)."""
+    from rclc.selection import Selection, Span
+    from rclc.state import Message
+
+    messages = []
+    for item in packed:
+        record = item.get("selection")
+        selection = None
+        if record is not None:
+            selection = Selection(
+                source_positions=int(record["source_positions"]),
+                budget=int(record["budget"]),
+                indices=tuple(int(index) for index in record["indices"]),
+                spans=tuple(Span(int(a), int(b), bool(kept), str(kind), text) for a, b, kept, kind, text in record["spans"]),
+                added_latent_positions=int(record["added_latent_positions"]),
+            )
+        messages.append(Message(item["rows"], item["token_ids"], selection))
+    return tuple(messages)
+
+
+def payload_size(messages: Sequence[Any]) -> tuple[int, int]:
+    """(tensor bytes, positions) of messages."""
+    return sum(message.nbytes for message in messages), sum(message.positions for message in messages)
+
+
+# -- implementations ---------------------------------------------------------------------------
+
+
+class InProcessTransport:
+    """Same host: the handle is a key into this object; the messages never leave memory."""
+
+    name = "in_process"
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff:
+        nbytes, positions = payload_size(messages)
+        with self._lock:
+            key = (run_id, next(self._counter))
+            self._held[key] = tuple(messages)
+        return Handoff(self.name, key, nbytes, positions, seconds)
+
+    async def receive(self, handle: Handoff) -> tuple[Any, ...]:
+        with self._lock:
+            messages = self._held.pop(handle.key, None)
+        if messages is None:
+            raise RuntimeError(
+                f"handoff {handle.key!r} is not held by this host (received twice, released, or sent from another host)"
+            )
+        return messages
+
+    def discard(self, run_id: str) -> None:
+        """Drop handoffs of a run that were selected but never received (cancelled runs)."""
+        with self._lock:
+            for key in [key for key in self._held if key[0] == run_id]:
+                del self._held[key]
+
+
+class BytesTransport:
+    """The payload inside the handle, serialized with safetensors-free torch.save of plain data."""
+
+    name = "bytes"
+
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff:
+        import torch
+
+        nbytes, positions = payload_size(messages)
+        buffer = io.BytesIO()
+        torch.save(pack_messages(messages), buffer)
+        return Handoff(self.name, buffer.getvalue(), nbytes, positions, seconds)
+
+    async def receive(self, handle: Handoff) -> tuple[Any, ...]:
+        import torch
+
+        packed = torch.load(io.BytesIO(handle.key), weights_only=True)  # plain tensors and lists only
+        return unpack_messages(packed)
+
+    def discard(self, run_id: str) -> None:
+        pass

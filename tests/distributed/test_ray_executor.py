@@ -1,0 +1,253 @@
+"""The Ray executor on a simulated two-machine cluster (ray.cluster_utils.Cluster, one CPU each).
+
+The topology files run unchanged; a run option gives the model two replicas and pins nodes to
+them, so handoffs cross machines. Outputs, lineage and hop figures must equal the local
+executor's. Also: an actor killed mid-run, then a resume on a fresh actor; cancellation; the
+CLI. Needs the optional extra (pip install 'rclc-graph[ray]'); skipped without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray binds loopback only, before it is imported
+
+import anyio
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from rclc_graph import EventStream, finished_nodes, plan_file, run_plan, run_plan_sync, run_recorded  # noqa: E402
+from rclc_graph.executors.ray import RayExecutor  # noqa: E402
+from rclc_graph.load import read_graph  # noqa: E402
+from rclc_graph.plan import compile_plan  # noqa: E402
+from rclc_graph.pool import ModelPool  # noqa: E402
+from rclc_graph.runtime import LocalExecutor, RunContext  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAIN = ROOT / "topologies" / "chain_of_agents.yaml"
+FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
+LIMIT = 240  # seconds any one test may take before it fails instead of hanging CI
+
+
+def inputs(name: str) -> dict:
+    return json.loads((ROOT / "examples" / "inputs" / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes of one CPU each: two replicas with {CPU: 1} land on different nodes."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama saved to a directory, so every actor can load it by path."""
+    from rclc import models
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    model, tokenizer = models.tiny_model("llama", max_positions=4096)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def on_model(path: Path, source: Path, data: dict, **agent_updates):
+    """The topology file's plan with its model read from `source` (tiny tests)."""
+    spec = read_graph(path).spec
+    models = [model.model_copy(update={"source": str(source)}) for model in spec.models]
+    agents = [agent.model_copy(update=agent_updates) for agent in spec.agents]
+    return compile_plan(spec.model_copy(update={"models": models, "agents": agents}), data)
+
+
+def assert_same_run(local, remote):
+    assert remote.status == local.status == "finished", remote.error
+    assert remote.outputs == local.outputs
+    for name, node in local.nodes.items():
+        other = remote.nodes[name]
+        assert (other.text, other.positions, other.lineage) == (node.text, node.positions, node.lineage), name
+    fields = ("source", "target", "total_positions", "budget", "kept_positions", "payload_bytes", "kept_by_origin")
+    for mine, theirs in zip(local.hops, remote.hops, strict=True):
+        assert [getattr(theirs, f) for f in fields] == [getattr(mine, f) for f in fields]
+
+
+def crossing(result) -> list:
+    return [hop for hop in result.hops if hop.crossed_bytes > 0]
+
+
+@pytest.mark.integration
+def test_chain_of_agents_runs_unchanged_across_machines(cluster):
+    plan = plan_file(CHAIN, inputs("chain_of_agents"))
+    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    # Alternate replicas along the chain: every handoff leaves its machine.
+    with RayExecutor(replicas={"base": 2}, pins={"reader_2": 1, "reader_4": 1}) as executor:
+        remote = run_plan_sync(plan, executor=executor)
+    assert_same_run(local, remote)
+    assert len(crossing(remote)) == 4
+    for hop in remote.hops:
+        assert hop.placement["transport"] == "object_store"
+        assert hop.placement["sender"]["node"] != hop.placement["receiver"]["node"]
+        assert hop.crossed_bytes == hop.payload_bytes
+    assert {node.placement["replica"] for node in remote.nodes.values()} == {"base#0", "base#1"}
+
+
+@pytest.mark.integration
+def test_fanout_qa_fits_remote_senders_jointly_and_streams_tokens(cluster):
+    plan = plan_file(FANOUT, inputs("fanout_qa"))
+    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+
+    async def run_with_events(executor):
+        events = EventStream()
+        tokens: list[str] = []
+
+        async def consume():
+            async for event in events:
+                if event.kind == "token":
+                    tokens.append(event.payload["text"])
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(consume)
+            with anyio.fail_after(LIMIT):
+                result = await run_plan(plan, executor=executor, events=events)
+            events.close()
+        return result, tokens
+
+    with RayExecutor(replicas={"base": 2}, pins={"final": 1}) as executor:
+        remote, tokens = anyio.run(run_with_events, executor)
+    assert_same_run(local, remote)
+    assert len(crossing(remote)) == 3  # three readers on one machine, the answer on the other
+    assert len(tokens) == remote.nodes["final"].generated_tokens > 0
+
+
+def test_a_killed_actor_fails_its_node_and_a_resume_continues_on_a_fresh_actor(cluster, tiny_dir, tmp_path):
+    plan = on_model(CHAIN, tiny_dir, inputs("chain_of_agents"), max_new_tokens=8)
+    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    executor = RayExecutor(replicas={"base": 2}, pins={"reader_2": 1, "reader_3": 1})
+
+    class KillDuringReader3:
+        """Kills replica base#1's actor while reader_3 runs on it (after the node started)."""
+
+        name = "kill-during-reader-3"
+
+        async def run_node(self, ctx, node, inbound):
+            if node.name != "reader_3":
+                return await executor.run_node(ctx, node, inbound)
+            actor = executor.actor_of("base#1")
+            async with anyio.create_task_group() as group:
+                async def kill():
+                    await anyio.sleep(0.05)
+                    ray.kill(actor)
+
+                group.start_soon(kill)
+                return await executor.run_node(ctx, node, inbound)
+
+        def release(self, run_id):
+            executor.release(run_id)
+
+        def __getattr__(self, name):
+            return getattr(executor, name)
+
+    async def first_attempt():
+        with anyio.fail_after(LIMIT):
+            return await run_recorded(plan, tmp_path, executor=KillDuringReader3())
+
+    try:
+        failed, record, run_dir = anyio.run(first_attempt)
+        assert failed.status == "failed" and failed.failed_node == "reader_3"
+        assert "HostDied" in failed.error and "base#1" in failed.error and "killed" in failed.error
+        assert record["nodes"]["reader_2"]["placement"]["replica"] == "base#1"
+        started = executor.started
+
+        async def resume():
+            done = finished_nodes(run_dir)
+            assert set(done) == {"reader_1", "reader_2"}
+            ctx = RunContext(run_id=run_dir.name, plan=plan, publish=None)
+            for name in done:  # restored on the actor that will host the node (a fresh one for base#1)
+                agent = executor.bind(ctx, plan.node(name))
+                await agent.load(run_dir / "nodes" / f"{name}.safetensors")
+                executor.adopt(run_dir.name, name, agent)
+            with anyio.fail_after(LIMIT):
+                return await run_plan(plan, executor=executor, run_id=run_dir.name, completed=done)
+
+        resumed = anyio.run(resume)
+        assert executor.started == started + 1  # a fresh actor for base#1
+        assert resumed.status == "finished", resumed.error
+        assert resumed.outputs == local.outputs
+        for name in ("reader_3", "reader_4", "final"):
+            assert resumed.nodes[name].lineage == local.nodes[name].lineage
+        assert resumed.nodes["reader_3"].placement["actor"] != record["nodes"]["reader_2"]["placement"]["actor"]
+    finally:
+        executor.close()
+
+
+def test_cancelling_a_run_stops_generation_on_the_actor(cluster, tiny_dir):
+    from rclc_graph import Graph
+
+    graph = Graph("long").input("question")
+    graph.model("base", str(tiny_dir)).agent("talker", model="base", max_new_tokens=3000)
+    graph.node("a", agent="talker", prompt="{question}", output=True)
+    plan = graph.plan({"question": "Say a lot."})
+    with RayExecutor() as executor:
+        anyio.run(executor.prepare, plan)
+
+        async def main():
+            events = EventStream()
+            tokens = []
+            scope = anyio.CancelScope()
+
+            async def consume():
+                async for event in events:
+                    if event.kind == "token":
+                        tokens.append(event)
+                        if len(tokens) == 5:
+                            scope.cancel()  # mid-generation: thousands of tokens to go
+                    if event.kind == "cancelled":
+                        return
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(consume)
+                with scope, anyio.fail_after(LIMIT):
+                    await run_plan(plan, executor=executor, events=events)
+                cancelled_at = time.monotonic()
+                if not scope.cancelled_caught:
+                    events.close()
+            return tokens, scope.cancelled_caught, cancelled_at
+
+        tokens, cancelled, cancelled_at = anyio.run(main)
+        assert cancelled, "the run ended before it was cancelled; the test cancelled nothing"
+        actor = executor.actor_of("base#0")
+        while ray.get(actor.describe.remote())["running"]:  # the actor-side node ends at its next step
+            assert time.monotonic() - cancelled_at < 30, "generation went on after the run was cancelled"
+            time.sleep(0.05)
+        assert len(tokens) < 3000
+
+
+@pytest.mark.integration
+def test_the_cli_runs_a_topology_on_ray(cluster, tmp_path):
+    from typer.testing import CliRunner
+
+    from rclc_graph.cli import app
+
+    result = CliRunner().invoke(app, [
+        "run", str(FANOUT), "--input", str(ROOT / "examples" / "inputs" / "fanout_qa.json"), "--out", str(tmp_path),
+        "--json", "--executor", "ray", "--address", cluster.address, "--replicas", "base=2", "--pin", "final=1",
+    ])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished"
+    assert all(hop["crossed_bytes"] == hop["payload_bytes"] > 0 for hop in summary["hops"])
+    assert ray.is_initialized()  # the CLI joined the test's cluster and left it running

@@ -1,0 +1,29 @@
+"""The quickstart runs on the embedded model and prints what it promises."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+def test_quickstart_prints_answer_positions_and_bytes():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert re.search(r"^answer: +\S", out, re.M)
+    kept = re.findall(r"sender (\d): kept (\d+)/(\d+) positions, (\d+) payload bytes", out)
+    assert [k[0] for k in kept] == ["0", "1"]
+    for _, selected, total, nbytes in kept:
+        # r4 keeps ceil(T / 4) rows of 576 float32 values each.
+        assert int(selected) == -(-int(total) // 4)
+        assert int(nbytes) == int(selected) * 576 * 4
+    assert "kept positions: [0," in out
