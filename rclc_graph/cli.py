@@ -182,12 +182,14 @@ def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
 
 def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> None:
-    """Prompts that cannot fit their context, refused with the YAML line before any weights load."""
+    """Prompts that cannot fit their context and trusted code that does not import, refused
+    with the YAML line before any weights load."""
     from .load import read_graph
-    from .preflight import check_context
+    from .preflight import check_code, check_context
 
     for plan in plans:
         try:
+            check_code(plan)
             check_context(plan, pool, base_dir)
         except GraphError as error:
             raise error.with_locations(read_graph(topology).locate) from None

@@ -10,6 +10,10 @@ at once, naming the node, the counts and the YAML line of the prompt.
 The check reads only each model's tokenizer and config (`ModelPool.profile`). It is a
 lower bound on purpose: inherited rows are fitted to the receiver's room by the
 transfer core, so only a node's own prompt plus its output can make a run impossible.
+
+`check_code` does the same for code a trusted topology names (module:callable selectors
+and reasoning methods): it imports each one before any model work, so a typo in a
+module name is refused at once instead of when its edge is reached.
 """
 
 from __future__ import annotations
@@ -79,5 +83,37 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
                 + (", or lower max_new_tokens" if output else ""),
                 ("nodes", declared.get(node.declared, 0), "prompt"),
             ))
+    if problems:
+        raise PlanError(problems)
+
+
+def check_code(plan: Plan) -> None:
+    """Raise PlanError (E_UNKNOWN_REF) for every module:callable the plan names that cannot be
+    imported or is not callable. Imports only when the plan was compiled with trust_code
+    (without it, validation has already refused such names with E_TRUST_CODE)."""
+    from .runtime import _import_callable
+
+    if not plan.trust_code:
+        return
+    problems: list[Problem] = []
+    seen: set[tuple[int, str]] = set()
+    for edge in plan.edges:
+        policy = edge.policy
+        references = [("selector", policy.selector)]
+        if policy.reasoning is not None:
+            references.append(("reasoning.method", policy.reasoning.method))
+        for field_name, reference in references:
+            if not reference or ":" not in reference or (edge.declared, field_name) in seen:
+                continue
+            seen.add((edge.declared, field_name))
+            try:
+                _import_callable(reference, True, field_name)
+            except Exception as error:  # an import runs the module's code, which may raise anything
+                problems.append(Problem(
+                    "E_UNKNOWN_REF",
+                    f"{field_name} {reference!r} cannot be used: {type(error).__name__}: {error}",
+                    "check the module is importable (on PYTHONPATH) and names a callable",
+                    ("edges", edge.declared, "policy", *field_name.split(".")),
+                ))
     if problems:
         raise PlanError(problems)

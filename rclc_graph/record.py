@@ -464,9 +464,11 @@ async def run_recorded(
 
 
 async def prepare_models(plan: Plan, pool: Any, base_dir: Path | None) -> None:
-    """Check every prompt fits its context (tokenizers only), then load the plan's models."""
-    from .preflight import check_context
+    """Check every prompt fits its context (tokenizers only) and every trusted module:callable
+    imports, then load the plan's models."""
+    from .preflight import check_code, check_context
 
+    await anyio.to_thread.run_sync(check_code, plan)
     await anyio.to_thread.run_sync(check_context, plan, pool, base_dir)
     for spec in plan.models():
         await anyio.to_thread.run_sync(pool.get, spec, base_dir)
