@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ._locks import attention_lock
+from ._worker import check_stop
 
 
 def backbone(model: Any) -> Any:
@@ -118,6 +119,8 @@ def forward_rows(
     Rows are `[1, n, hidden]` embeddings or `[1, n]` IDs. The cache object is extended in
     place (callers pass a view or a fresh cache). Runs under the process-wide attention
     lock because attention dispatch is global state that a capture may be changing.
+    Inside a worker whose caller was cancelled it raises `WorkCancelled` instead of
+    starting another forward (see `_worker`).
     """
     decoder = backbone(model)
     memory = cache_length(cache) if start is None else start
@@ -138,6 +141,7 @@ def forward_rows(
     # no_grad rather than inference_mode: the cache outlives this call and users may run
     # autograd-recording code (custom selectors, reasoning methods) over it.
     with attention_lock, torch.no_grad():
+        check_stop()  # under the lock: a forward that waited for it does not start once cancelled
         output = decoder(**kwargs)
     return output.last_hidden_state, cache
 

@@ -4,10 +4,18 @@ A cancelled caller does not abandon the thread: model state (attention dispatch,
 is only consistent once the worker has finished and restored it. So the wait is shielded,
 and the caller's cancellation is raised only after the worker returns, before anything
 the worker produced can be delivered.
+
+Waiting for the thread must not mean waiting for all of its work: a selection or a latent
+rollout may run many forwards in one call. So the worker carries a stop flag that is set
+the moment its caller is cancelled, and every forward rclc runs (`_cache.forward_rows`)
+checks it first and raises `WorkCancelled`. Cancellation therefore ends the work after
+the model step that is under way, and the `with` blocks of that step restore what it
+changed (attention dispatch, locks) on the way out.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,9 +25,59 @@ import anyio.to_thread
 
 T = TypeVar("T")
 
+_current = threading.local()  # .stop: the threading.Event of the worker call running in this thread
+
+
+class WorkCancelled(Exception):
+    """Raised in a worker thread at its next model step once the awaiting task was cancelled.
+
+    The caller never sees it: `run_in_worker` raises the caller's cancellation instead.
+    """
+
+
+def stop_requested() -> bool:
+    """True inside a worker call whose caller has been cancelled (False outside workers)."""
+    event = getattr(_current, "stop", None)
+    return event is not None and event.is_set()
+
+
+def check_stop() -> None:
+    """Raise `WorkCancelled` when the current worker call's caller was cancelled."""
+    if stop_requested():
+        raise WorkCancelled("the caller was cancelled; stopping before the next model step")
+
 
 async def run_in_worker(function: Callable[..., T], *args: object) -> T:
-    """Await `function(*args)` in a thread; on cancellation wait for it, then raise."""
-    result = await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=False)
+    """Await `function(*args)` in a thread; on cancellation stop it at its next model step,
+    wait for it, then raise the cancellation."""
+    stop = threading.Event()
+
+    def call() -> T:
+        outer = getattr(_current, "stop", None)
+        _current.stop = stop
+        try:
+            return function(*args)
+        finally:
+            _current.stop = outer
+
+    async def stop_on_cancel() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stop.set()
+
+    outcome: tuple[bool, object] | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop_on_cancel)
+        try:
+            outcome = (True, await anyio.to_thread.run_sync(call, abandon_on_cancel=False))
+        except Exception as error:  # raised below, outside the task group (never as a group)
+            outcome = (False, error)
+        group.cancel_scope.cancel()
     await anyio.lowlevel.checkpoint_if_cancelled()
-    return result
+    assert outcome is not None
+    succeeded, value = outcome
+    if not succeeded:
+        assert isinstance(value, Exception)
+        raise value
+    return value  # type: ignore[return-value]

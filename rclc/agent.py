@@ -270,6 +270,30 @@ class Agent(HFReceiver):
         state = await run_in_worker(extend)
         self._state, self._from_history = state, False
 
+    async def refresh(self) -> None:
+        """Rebuild this agent's cache by re-prefilling its rows from position 0.
+
+        After native generation the cache was built one token at a time, while a snapshot
+        restored from the same rows is prefilled in one forward; the two agree only up to
+        float rounding, which is enough to move a selector's scores (and, rarely, its
+        choice). After `refresh()` the cache is exactly what `load()` of this state's
+        snapshot builds, so a crashed run that resumes from snapshots selects what the
+        uninterrupted run selected. Rows, IDs and counts are unchanged; on any error the
+        old state is kept. Costs one prefill of the whole state.
+        """
+        if self._pending is not None:
+            raise ValueError("refresh: a continuation is pending; record it with update(inputs=..., generation=...) first")
+
+        def rebuild() -> SenderState:
+            with preparation_lock:
+                state = self.sender_state()
+                return self._backend.restore(
+                    state.input_embeds, state.token_ids, state.latent_steps, state.inherited_positions
+                )
+
+        state = await run_in_worker(rebuild)
+        self._state = state  # history-bound agents stay history-bound: their IDs are unchanged
+
     # -- snapshots ---------------------------------------------------------------------
 
     def _require_quiet(self, action: str) -> None:

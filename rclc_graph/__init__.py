@@ -14,6 +14,7 @@ from .policy import ResolvedPolicy, ResolvedReasoning
 from .pool import LoadedModel, ModelPool, default_pool
 from .record import RunRecorder, finished_nodes, read_record, run_recorded, run_recorded_sync
 from .results import NodeResult, RunResult
+from .resume import ResumeError, ResumePoint, read_resume_point, resume_run, resume_run_sync
 from .runtime import LocalExecutor, NodeFailed, RunContext
 from .scheduler import run_plan, run_plan_sync
 from .spec import (
@@ -52,6 +53,11 @@ __all__ = [
     "RunContext",
     "RunRecorder",
     "RunResult",
+    "ResumeError",
+    "ResumePoint",
+    "read_resume_point",
+    "resume_run",
+    "resume_run_sync",
     "default_pool",
     "run_plan",
     "run_plan_sync",

@@ -58,3 +58,47 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class DirectoryLock:
+    """An exclusive, non-blocking advisory lock on a directory, held while a run writes it.
+
+    Two processes writing one run directory (a run still going and a resume of it, or two
+    resumes) would record some nodes twice. The lock is an flock on the directory itself,
+    so it adds no file, and the kernel drops it when its holder dies (a SIGKILLed run
+    leaves its directory free to resume). Where flock is missing it is a no-op.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._descriptor: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._descriptor is not None
+
+    def acquire(self) -> None:
+        if self._descriptor is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX
+            return
+        descriptor = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise ValueError(
+                f"run_dir: {str(self.directory)!r} is being written by another process (a run or a resume of it); "
+                "wait for it to end, or stop it first"
+            ) from None
+        except BaseException:
+            os.close(descriptor)
+            raise
+        self._descriptor = descriptor
+
+    def release(self) -> None:
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is not None:
+            os.close(descriptor)  # closing the descriptor drops the flock

@@ -41,28 +41,40 @@ from .validate import Blueprint, validate
 
 def Policy(**fields: Any) -> TransferPolicy:  # noqa: N802 - reads like the class it builds
     """A TransferPolicy; bad fields raise SpecError (with the code, path and fix) at once."""
-    return _build(TransferPolicy, (), fields)
+    return _build(TransferPolicy, (), fields, whole=("policy",))
 
 
 def Reasoning(**fields: Any) -> ReasoningSpec:  # noqa: N802
     """A ReasoningSpec for `Policy(reasoning=...)`; bad fields raise SpecError at once."""
-    return _build(ReasoningSpec, (), fields)
+    return _build(ReasoningSpec, (), fields, whole=("reasoning",))
 
 
 
-def _build(model: type[BaseModel], path: FieldPath, data: dict[str, Any]):
+def _build(model: type[BaseModel], path: FieldPath, data: dict[str, Any], *, whole: FieldPath = ()):
+    """`model` from `data`, or SpecError with every problem's field path under `path`; a
+    problem of the object as a whole (a check across its fields) is placed at `path`, or
+    at `whole` when that is empty, so every refusal names a field."""
     from .load import problems_from_validation
 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = problems_from_validation(exc, data, {}, model)
-        raise SpecError(Problem(p.code, p.message, p.fix, path + p.path) for p in problems) from None
+        raise SpecError(Problem(p.code, p.message, p.fix, path + (p.path or (() if path else whole)))
+                        for p in problems) from None
+
+
+def _check_key(kind: str, name: Any) -> None:
+    """Names that become mapping keys must be text before they reach a dict (a list there
+    is a TypeError, not a validation error)."""
+    if not isinstance(name, str):
+        raise SpecError.one("E_FIELD", f"{kind} name must be text, got {type(name).__name__} {name!r}",
+                            "pass the name as a string", (kind,))
 
 
 class Graph:
     def __init__(self, name: str, *, description: str = "") -> None:
-        _build(GraphSpec, (), {"name": name})
+        _build(GraphSpec, (), {"name": name, "description": description})
         self.name = name
         self.description = description
         self._inputs: dict[str, InputSpec] = {}
@@ -86,9 +98,10 @@ class Graph:
         return graph
 
     def input(self, name: str, type: str = "str", *, default: str | Sequence[str] | None = None, description: str = "") -> Graph:
+        _check_key("inputs", name)
         data: dict[str, Any] = {"type": type, "description": description}
         if default is not None:
-            data["default"] = default if isinstance(default, str) else list(default)
+            data["default"] = list(default) if isinstance(default, (list, tuple)) else default  # else: validation refuses it
         spec = _build(InputSpec, ("inputs", name), data)
         _build(GraphSpec, (), {"name": self.name, "inputs": {name: spec}})  # checks the input name
         self._inputs[name] = spec
@@ -117,6 +130,7 @@ class Graph:
 
     def policy(self, name: str, policy: TransferPolicy) -> Graph:
         """A named policy edges can refer to by name (change it once, every edge follows)."""
+        _check_key("policies", name)
         _build(GraphSpec, (), {"name": self.name, "policies": {name: policy}})
         self._policies[name] = policy
         return self

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .errors import GraphError, format_path
-from .interactive import execute
+from .interactive import execute, execute_resume
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -181,6 +181,40 @@ def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> None:
+    """Prompts that cannot fit their context and trusted code that does not import, refused
+    with the YAML line before any weights load."""
+    from .load import read_graph
+    from .preflight import check_code, check_context
+
+    for plan in plans:
+        try:
+            check_code(plan)
+            check_context(plan, pool, base_dir)
+        except GraphError as error:
+            raise error.with_locations(read_graph(topology).locate) from None
+
+
+def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interrupted: bool, json_output: bool) -> int:
+    """Print a recorded run (JSON summary or tables); the exit code it calls for (130 raises)."""
+    from .terminal import render_record
+
+    if json_output:
+        sys.stdout.write(json.dumps(_summary(record, run_dir), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        console.print()
+        render_record(console, record, str(run_dir))
+        console.print(Text("inspect ", style="bold") + Text(f"rclc-graph inspect {run_dir}"))
+    if interrupted:
+        if not json_output:
+            finished = ", ".join(record["nodes"]) or "none"
+            console.print(Text(f"interrupted; finished nodes: {finished}", style="yellow"))
+            console.print(Text(f"continue it with: rclc-graph resume {run_dir}", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED)
+    return 0 if record["status"] == "finished" else EXIT_FAILED
+
+
 def _load_models(plan: Any, pool: Any, base_dir: Path, console: Console, quiet: bool) -> None:
     """Load the plan's models before the run starts, so progress shows the run, not the load."""
     for spec in plan.models():
@@ -238,7 +272,6 @@ def run(
     from .executors import ExecutorUnavailable, make_executor
     from .executors.placement import parse_pins, parse_replicas
     from .pool import default_pool
-    from .terminal import render_record
 
     console = _stdout()
     try:
@@ -255,6 +288,10 @@ def run(
     pool = default_pool()
     base_dir = topology.resolve().parent
     status = 0
+    try:
+        _preflight(topology, plans, pool, base_dir)
+    except (GraphError, ValueError, OSError) as error:
+        _usage_error(error)
     executor = None
     if not json_output:
         _introduce(console, plans, input, out)
@@ -276,20 +313,7 @@ def run(
                     executor=executor,
                 )
             )
-            if json_output:
-                sys.stdout.write(json.dumps(_summary(record, run_dir), ensure_ascii=False) + "\n")
-                sys.stdout.flush()
-            else:
-                console.print()
-                render_record(console, record, str(run_dir))
-                console.print(Text("inspect ", style="bold") + Text(f"rclc-graph inspect {run_dir}"))
-            if interrupted:
-                if not json_output:
-                    finished = ", ".join(record["nodes"]) or "none"
-                    console.print(Text(f"interrupted; finished nodes: {finished}", style="yellow"))
-                raise typer.Exit(EXIT_INTERRUPTED)
-            if record["status"] != "finished":
-                status = EXIT_FAILED
+            status = max(status, _show_result(console, record, run_dir, interrupted, json_output))
     except KeyboardInterrupt:  # Ctrl-C outside a run (model loading): nothing to record
         _stderr().print(Text("interrupted", style="yellow"))
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -318,6 +342,46 @@ def _start_hosts(executor: Any, plan: Any, base_dir: Path, console: Console, qui
         hosts = anyio.run(executor.prepare, plan, base_dir)
     for host in hosts:
         console.print(Text(f"  {host['replica']} on node {host['node'][:12]}", style="dim"))
+
+
+# -- resume ------------------------------------------------------------------------------------
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="the directory of an interrupted run, e.g. runs/20250101-120000-abc123",
+                                   show_default=False),
+    json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
+) -> None:
+    """Continue a crashed, cancelled or failed run: finished nodes are kept, the rest runs."""
+    import anyio
+
+    from .pool import default_pool
+    from .resume import read_resume_point
+
+    console = _stdout()
+    try:
+        point = read_resume_point(run_dir, trust_code=trust_code)
+    except ValueError as error:
+        _usage_error(error)
+    pool = default_pool()
+    if not json_output:
+        remaining = ", ".join(point.remaining) or "none"
+        console.print(Text(f"resuming {point.run_id} ({point.plan.name}): {len(point.finished)} of "
+                           f"{len(point.plan.nodes)} nodes finished before; to run: {remaining}", style="dim"))
+    try:
+        record, directory, interrupted = anyio.run(
+            lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code)
+        )
+    except KeyboardInterrupt:  # Ctrl-C while models load: nothing was written
+        _stderr().print(Text("interrupted", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (GraphError, ValueError, NotImplementedError, OSError) as error:
+        _usage_error(error)
+    status = _show_result(console, record, directory, interrupted, json_output)
+    if status:
+        raise typer.Exit(status)
 
 
 # -- validate ----------------------------------------------------------------------------------

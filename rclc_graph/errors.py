@@ -33,6 +33,8 @@ Codes:
     E_FOREACH          a foreach over something that is not a list input, or an ambiguous edge
     E_INPUT            run inputs missing, unknown, of the wrong type, or too short
     E_TOO_LARGE        a plan with more nodes than `rounds.max_nodes` allows
+    E_CONTEXT          a node's own prompt and output cannot fit its context (checked with the
+                       tokenizer before any model work; see preflight.py)
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ CODES = frozenset(
         "E_FOREACH",
         "E_INPUT",
         "E_TOO_LARGE",
+        "E_CONTEXT",
     }
 )
 

@@ -63,10 +63,42 @@ async def execute(
     cancels the run (its record then says "cancelled" and lists what finished)."""
     run_id = run_id or new_run_id()
     base_dir = None if topology is None else topology.resolve().parent
+
+    async def start(events: EventStream) -> dict[str, Any]:
+        _, record, _ = await run_recorded(
+            plan, out, seed=seed, pool=pool, executor=executor, events=events, run_id=run_id,
+            topology_file=topology, base_dir=base_dir,
+        )
+        return record
+
+    return await _interactive(plan, Path(out) / run_id, start, console=console, quiet=quiet)
+
+
+async def execute_resume(
+    point: Any, *, pool: Any, console: Console, quiet: bool, trust_code: bool, executor: Any = None
+) -> tuple[dict[str, Any], Path, bool]:
+    """`execute` for a resume (resume.py): the same progress view, record and Ctrl-C."""
+    from .resume import resume_run
+
+    async def start(events: EventStream) -> dict[str, Any]:
+        _, record, _ = await resume_run(point.run_dir, pool=pool, executor=executor, events=events,
+                                        trust_code=trust_code)
+        return record
+
+    return await _interactive(point.plan, point.run_dir, start, console=console, quiet=quiet,
+                              finished=tuple(point.finished))
+
+
+async def _interactive(
+    plan: Any, run_dir: Path, start: Any, *, console: Console, quiet: bool, finished: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], Path, bool]:
     events = EventStream()
     view = ProgressView(plan, console, quiet=quiet)
+    for name in finished:
+        view.status[name] = "finished"  # restored from the run directory, not run again
     interrupt = _Interrupt(None if quiet else console)
     record = None
+    refused: Exception | None = None  # raised after the task group, as itself (not in a group)
     async with anyio.create_task_group() as group:
         group.start_soon(view.consume, events)
         run_scope = anyio.CancelScope()
@@ -79,14 +111,14 @@ async def execute(
         group.start_soon(watch)
         try:
             with run_scope:
-                _, record, _ = await run_recorded(
-                    plan, out, seed=seed, pool=pool, executor=executor, events=events, run_id=run_id,
-                    topology_file=topology, base_dir=base_dir,
-                )
+                record = await start(events)
+        except Exception as error:
+            refused = error
         finally:
             watcher_scope.cancel()
             events.close()
-    run_dir = Path(out) / run_id
+    if refused is not None:
+        raise refused
     if record is None:  # cancelled: run_recorded wrote what finished before cancelling
         record = read_record(run_dir)
     return record, run_dir, interrupt.requested

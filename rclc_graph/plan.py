@@ -300,6 +300,7 @@ def expand(blueprint: Blueprint, inputs: Mapping[str, Any]) -> Plan:
                     outgoing=tuple(outgoing.get(name, ())),
                 )
             )
+    _check_blank_texts(blueprint, nodes, edges)
     position = {node.name: index for index, node in enumerate(nodes)}
     return Plan(
         name=blueprint.spec.name,
@@ -397,6 +398,48 @@ def _check_indexed_fields(blueprint: Blueprint, values: Mapping[str, Any]) -> No
                         path,
                     )
                 )
+    if problems:
+        raise PlanError(problems)
+
+
+def _check_blank_texts(blueprint: Blueprint, nodes: list[PlanNode], edges: list[PlanEdge]) -> None:
+    """Refuse prompts and selection requests that the inputs render empty.
+
+    Empty inputs pass the type checks (a string is a string), but a node without senders
+    whose prompt renders to blanks has nothing to read, and a selection request that is
+    blank has nothing to condition on: both would fail inside the model work, after earlier
+    nodes already ran. Caught here, the error names the field and the inputs to fill in."""
+    declared = {node.name: index for index, node in enumerate(blueprint.spec.nodes)}
+    by_name = {node.name: node for node in nodes}
+    problems: list[Problem] = []
+    reported: set[tuple[str | int, ...]] = set()
+
+    def refuse(path: tuple[str | int, ...], what: str, template: str) -> None:
+        if path in reported:
+            return
+        reported.add(path)
+        used = sorted({found.name for found in templates.fields(template)} & set(blueprint.inputs))
+        problems.append(Problem(
+            "E_INPUT",
+            f"{what} is empty for these inputs" + (f" (it reads {', '.join(used)})" if used else ""),
+            f"pass non-empty text in {', '.join(used)}" if used else "write some text into the template",
+            path,
+        ))
+
+    for node in nodes:
+        if not node.incoming and not node.prompt.strip():
+            refuse(("nodes", declared[node.declared], "prompt"), f"the prompt of node {node.name!r}", node.template)
+    for edge in edges:
+        if edge.policy.mode == "text":
+            continue
+        target = by_name[edge.target]
+        if edge.request is not None:
+            if not edge.request.strip():
+                refuse(("edges", edge.declared, "policy", "request"), f"the selection request of edge {edge.source!r} -> "
+                       f"{edge.target!r}", edge.policy.request or "")
+        elif not target.prompt.strip() and not any(edges[other].policy.mode == "text" for other in target.incoming):
+            refuse(("nodes", declared[target.declared], "prompt"),
+                   f"the prompt of node {target.name!r} (the selection request of its state edges)", target.template)
     if problems:
         raise PlanError(problems)
 

@@ -70,13 +70,60 @@ def model_key(spec: ModelSpec, base_dir: Path | None = None) -> ModelKey:
     return ModelKey(source, _resolve_dtype(spec.dtype, device), device, spec.backend)
 
 
+@dataclass(frozen=True)
+class ModelProfile:
+    """What checks before a run need of a model: its tokenizer and its position limit.
+
+    Read from the checkpoint's tokenizer and config files, without loading weights, so a
+    prompt that cannot fit is refused before any model work (see preflight.py).
+    """
+
+    tokenizer: Any
+    context_limit: int
+
+
 class ModelPool:
     """Loads each distinct model once and hands the same objects to every caller (thread-safe)."""
 
     def __init__(self) -> None:
         self._models: dict[ModelKey, LoadedModel] = {}
+        self._profiles: dict[ModelKey, ModelProfile] = {}
         self._lock = threading.Lock()
         self.loads = 0  # how many models were actually loaded (tests and records read it)
+
+    def profile(self, spec: ModelSpec, base_dir: Path | None = None) -> ModelProfile:
+        """Tokenizer and context limit of `spec`: from the loaded model when there is one,
+        else from its tokenizer and config files alone (weights are not read)."""
+        key = model_key(spec, base_dir)
+        with self._lock:
+            loaded = self._models.get(key)
+            if loaded is not None:
+                return ModelProfile(loaded.tokenizer, int(loaded.model.config.max_position_embeddings))
+            known = self._profiles.get(key)
+        if known is not None:
+            return known
+        profile = self._read_profile(key)
+        with self._lock:
+            return self._profiles.setdefault(key, profile)
+
+    @staticmethod
+    def _read_profile(key: ModelKey) -> ModelProfile:
+        from rclc.models import EMBEDDED_NAME, local_dir
+        from transformers import AutoConfig, AutoTokenizer
+
+        path = str(local_dir(key.source)) if key.source == EMBEDDED_NAME else key.source
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            raise ValueError(
+                f"model source {key.source!r}: cannot read its tokenizer and config ({error}); "
+                "give a local checkpoint directory or 'embedded'"
+            ) from None
+        limit = getattr(config, "max_position_embeddings", None)
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"model source {key.source!r}: its config has no max_position_embeddings")
+        return ModelProfile(tokenizer, limit)
 
     def get(self, spec: ModelSpec, base_dir: Path | None = None) -> LoadedModel:
         key = model_key(spec, base_dir)

@@ -22,6 +22,7 @@ not finished.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ from typing import Any, Mapping
 
 import anyio
 
-from ._files import file_sha256, write_atomic, write_json_atomic
+from ._files import DirectoryLock, file_sha256, write_atomic, write_json_atomic
 from .lineage import HopRecord
 from .plan import Plan, PlanEdge, PlanNode
 from .results import NodeResult, RunResult
@@ -86,6 +87,26 @@ def versions() -> dict[str, str | None]:
     }
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """SHA-256 of the source of rclc and rclc_graph (every .py file but the experiments tool).
+
+    Package versions do not move when code is edited in place (a checkout, a patch), yet
+    any edit may change what a node computes; a resume compares this to refuse finishing a
+    run with different code than started it.
+    """
+    import rclc
+
+    digest = hashlib.sha256()
+    for package in (Path(rclc.__file__).parent, Path(__file__).parent):
+        for path in sorted(package.rglob("*.py")):
+            relative = path.relative_to(package.parent).as_posix()
+            if "/experiments/" in relative or "__pycache__" in relative:
+                continue
+            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def node_seed(plan_node: PlanNode, run_seed: int) -> int | None:
     """The sampling seed a generating node uses: its agent's seed, else one derived from the run's."""
     if not plan_node.generate:
@@ -113,7 +134,12 @@ class RunRecorder:
     Use `wrap(executor)` as the scheduler's executor: after each node it saves the node's
     result and agent snapshot, then lets the scheduler continue. `record.json` is written
     with status "running" by `start()` and replaced by `finish()`; a crashed run therefore
-    leaves status "running" next to its finished nodes.
+    leaves status "running" next to its finished nodes. `resume()` takes over such a
+    directory instead (see resume.py). While it writes, the recorder holds an exclusive
+    lock on the directory, released by `finish()`/`close()` or by the process dying.
+
+    Every start or resume is one *attempt*; the record lists them, each with the nodes it
+    ran, the finished nodes it reused and those whose state it restored from snapshots.
     """
 
     def __init__(
@@ -139,6 +165,11 @@ class RunRecorder:
         self.nodes: dict[str, NodeResult] = {}
         self.snapshot_info: dict[str, dict[str, Any] | None] = {}
         self.started_at = time.time()
+        self.started_nodes: set[str] = set()  # nodes this attempt began (finished or not)
+        self.attempts: list[dict[str, Any]] = []  # earlier attempts (resume)
+        self.attempt: dict[str, Any] = {"started_at": self.started_at, "ran": [], "reused": [], "restored": []}
+        self.earlier_seconds = 0.0
+        self.lock: DirectoryLock | None = None
         self._created = False
 
     # where things go
@@ -157,8 +188,56 @@ class RunRecorder:
                 f"out: run directory {str(self.run_dir)!r} already exists; choose another --out or run id"
             ) from None
         self._created = True
+        self.lock = DirectoryLock(self.run_dir)
+        self.lock.acquire()
         write_json_atomic(self.run_dir / RECORD_FILE, self._record("running", None, None, 0.0))
         return self.run_dir
+
+    def resume(
+        self,
+        record: Mapping[str, Any],
+        finished: Mapping[str, NodeResult],
+        snapshot_info: Mapping[str, dict[str, Any] | None],
+        *,
+        restored: list[str],
+        lock: DirectoryLock | None = None,
+    ) -> Path:
+        """Take over an interrupted run's directory: keep its finished nodes and attempts,
+        write a 'running' record, and record this attempt's nodes next to the old ones.
+
+        `lock` is the directory lock the caller already holds (resume.py takes it before
+        reading the directory, so nothing can change between the checks and the run).
+        """
+        self.lock = lock if lock is not None else DirectoryLock(self.run_dir)
+        self.lock.acquire()
+        self._created = True
+        self.nodes = dict(finished)
+        self.snapshot_info = dict(snapshot_info)
+        timings = record.get("timings") or {}
+        self.started_at = float(timings.get("started_at") or self.started_at)
+        earlier = [dict(attempt) for attempt in record.get("attempts") or []]
+        if not earlier:  # a record from before attempts were listed: one attempt of unknown content
+            earlier = [{"started_at": self.started_at, "status": record.get("status"),
+                        "seconds": float(timings.get("seconds") or 0.0)}]
+        if earlier[-1].get("status") == "running":
+            earlier[-1]["status"] = "crashed"  # it never wrote its final record
+        self.attempts = earlier
+        self.earlier_seconds = sum(float(attempt.get("seconds") or 0.0) for attempt in earlier)
+        self.attempt = {"started_at": time.time(), "ran": [], "reused": sorted(finished, key=self._order),
+                        "restored": sorted(restored, key=self._order)}
+        write_json_atomic(self.run_dir / RECORD_FILE, self._record("running", None, None, 0.0))
+        return self.run_dir
+
+    def _order(self, name: str) -> int:
+        try:
+            return self.plan.order.index(name)
+        except ValueError:
+            return len(self.plan.order)
+
+    def close(self) -> None:
+        """Release the directory lock (finish() does it too)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def wrap(self, executor: Any) -> RecordingExecutor:
         return RecordingExecutor(executor, self)
@@ -176,6 +255,7 @@ class RunRecorder:
         await anyio.to_thread.run_sync(write_json_atomic, self.node_json(result.node), data)
         self.nodes[result.node] = result
         self.snapshot_info[result.node] = info
+        self.attempt["ran"].append(result.node)
 
     def partial_result(self, status: str, error: str | None = None, seconds: float = 0.0) -> RunResult:
         """A RunResult from the nodes recorded so far (for cancelled or crashed runs)."""
@@ -190,12 +270,15 @@ class RunRecorder:
         """Write the final record.json (and report.html); returns the record."""
         for name, node in result.nodes.items():
             self.nodes.setdefault(name, node)
-        record = self._record(result.status, result, result.error, result.seconds)
-        write_json_atomic(self.run_dir / RECORD_FILE, record)
-        if report:
-            from .report import render_report
+        try:
+            record = self._record(result.status, result, result.error, result.seconds)
+            write_json_atomic(self.run_dir / RECORD_FILE, record)
+            if report:
+                from .report import render_report
 
-            write_atomic(self.run_dir / REPORT_FILE, render_report(record).encode("utf-8"))
+                write_atomic(self.run_dir / REPORT_FILE, render_report(record).encode("utf-8"))
+        finally:
+            self.close()
         return record
 
     # the record itself
@@ -207,6 +290,8 @@ class RunRecorder:
         for name in ordered:
             hops.extend(nodes[name].hops)
         outputs = {} if result is None else dict(result.outputs)
+        finished_at = None if status == "running" else time.time()
+        attempt = {**self.attempt, "status": status, "finished_at": finished_at, "seconds": seconds}
         return {
             "format": RECORD_FORMAT,
             "version": RECORD_VERSION,
@@ -217,6 +302,7 @@ class RunRecorder:
             "graph": plan.name,
             "topology": {
                 "file": self.topology_file,
+                "base_dir": None if self.base_dir is None else str(Path(self.base_dir).resolve()),
                 "spec": plan.spec.model_dump(mode="json"),
             },
             "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **plan.describe()},
@@ -228,10 +314,11 @@ class RunRecorder:
             },
             "models": self._models(),
             "versions": versions(),
+            "code": {"fingerprint": code_fingerprint()},
             "timings": {
                 "started_at": self.started_at,
-                "finished_at": None if status == "running" else time.time(),
-                "seconds": seconds,
+                "finished_at": finished_at,
+                "seconds": self.earlier_seconds + seconds,
                 "nodes": {
                     name: {
                         "started_at": nodes[name].started_at,
@@ -253,6 +340,8 @@ class RunRecorder:
                 for name in ordered
             },
             "unfinished": [name for name in plan.order if name not in nodes],
+            "interrupted": [name for name in plan.order if name in self.started_nodes and name not in nodes],
+            "attempts": [*self.attempts, attempt],
         }
 
     def _models(self) -> list[dict[str, Any]]:
@@ -312,6 +401,7 @@ class RecordingExecutor:
         self.name = getattr(inner, "name", "recorded")
 
     async def run_node(self, ctx: Any, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> NodeResult:
+        self.recorder.started_nodes.add(node.name)
         result = await self.inner.run_node(ctx, node, inbound)
         agent = None
         if hasattr(self.inner, "agent"):
@@ -343,12 +433,16 @@ async def run_recorded(
 ) -> tuple[RunResult, dict[str, Any], Path]:
     """Run `plan` and record it in `out/<run_id>/`; returns (result, record, run directory).
 
-    A cancelled run (or one that crashes) still leaves a record of the nodes that finished,
-    with status "cancelled" (or "failed"), before the cancellation or error propagates.
+    With the local executor (the default) the plan's prompts are first checked against
+    each model's context with its tokenizer alone (preflight.py), then the models are
+    loaded, so a run that cannot work fails before any weights are read and the 'running'
+    record already names the models' fingerprints. A cancelled run (or one that crashes)
+    still leaves a record of the nodes that finished, with status "cancelled" (or
+    "failed"), before the cancellation or error propagates.
     """
     from .pool import default_pool
     from .runtime import LocalExecutor
-    from .scheduler import new_run_id, run_plan
+    from .scheduler import new_run_id
 
     pool = pool if pool is not None else default_pool()
     owned = None
@@ -356,19 +450,47 @@ async def run_recorded(
         from .executors import make_executor
 
         executor = owned = make_executor(executor, pool=pool)
-    recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
-                           pool=pool, base_dir=base_dir)
     try:
+        if executor is None or isinstance(owned, LocalExecutor):
+            await prepare_models(plan, pool, base_dir)
+        recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
+                               pool=pool, base_dir=base_dir)
         recorder.start()
-    except BaseException:
+        inner = executor if executor is not None else LocalExecutor(pool)
+        return await record_run(recorder, inner, pool=pool, events=events, base_dir=base_dir)
+    finally:
         if owned is not None:
             owned.close()
-        raise
-    inner = executor if executor is not None else LocalExecutor(pool)
+
+
+async def prepare_models(plan: Plan, pool: Any, base_dir: Path | None) -> None:
+    """Check every prompt fits its context (tokenizers only) and every trusted module:callable
+    imports, then load the plan's models."""
+    from .preflight import check_code, check_context
+
+    await anyio.to_thread.run_sync(check_code, plan)
+    await anyio.to_thread.run_sync(check_context, plan, pool, base_dir)
+    for spec in plan.models():
+        await anyio.to_thread.run_sync(pool.get, spec, base_dir)
+
+
+async def record_run(
+    recorder: RunRecorder,
+    executor: Any,
+    *,
+    pool: Any,
+    events: Any = None,
+    base_dir: Path | None = None,
+    completed: dict[str, NodeResult] | None = None,
+) -> tuple[RunResult, dict[str, Any], Path]:
+    """Run the recorder's plan through `executor`, recording every node, and finish the record
+    (also when the run is cancelled or crashes, before that propagates)."""
+    from .scheduler import run_plan
+
     began = time.perf_counter()
     try:
-        result = await run_plan(plan, pool=pool, executor=recorder.wrap(inner), events=events,
-                                run_id=recorder.run_id, seed=seed, base_dir=base_dir)
+        result = await run_plan(recorder.plan, pool=pool, executor=recorder.wrap(executor), events=events,
+                                run_id=recorder.run_id, seed=recorder.seed, base_dir=base_dir, completed=completed)
     except BaseException as error:
         stopped = isinstance(error, (KeyboardInterrupt, anyio.get_cancelled_exc_class())) or _only_cancelled(error)
         partial = recorder.partial_result(
@@ -379,9 +501,6 @@ async def run_recorded(
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(recorder.finish, partial)
         raise
-    finally:
-        if owned is not None:
-            owned.close()
     record = await anyio.to_thread.run_sync(recorder.finish, result)
     return result, record, recorder.run_dir
 

@@ -188,7 +188,11 @@ class _StopOnCancel:
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool, device=input_ids.device)
+        from rclc._worker import stop_requested
+
+        # The run's stop flag, or the worker's own (set when this node's task alone is cancelled).
+        stopped = self.stop.is_set() or stop_requested()
+        return torch.full((input_ids.shape[0],), stopped, dtype=torch.bool, device=input_ids.device)
 
 
 class LocalExecutor:
@@ -365,6 +369,11 @@ class LocalExecutor:
             else:
                 await run_in_worker(functools.partial(agent.update, generation=output))
                 new_tokens = output.sequences[0, inputs["input_ids"].shape[1]:]
+            if sends_state(ctx.plan, node):
+                # Generation built the cache token by token; a snapshot restores it in one
+                # prefill. Re-prefill now so the KV receivers select from is a pure function
+                # of the rows, and a resumed run selects exactly what this run selects.
+                await agent.refresh()
         except NodeFailed:
             raise
         except anyio.get_cancelled_exc_class():
@@ -393,7 +402,7 @@ class LocalExecutor:
         from transformers import GenerationConfig, StoppingCriteriaList
 
         from rclc._locks import attention_lock
-        from rclc._worker import run_in_worker
+        from rclc._worker import WorkCancelled, check_stop, run_in_worker
 
         model, tokenizer, spec = agent.model, agent.tokenizer, node.agent
         eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
@@ -418,6 +427,9 @@ class LocalExecutor:
         def generate() -> Any:
             # Native generation must not overlap a capture on the same model (global dispatch).
             with attention_lock, torch.no_grad(), torch.random.fork_rng(devices=[]):
+                if ctx.stop.is_set():  # cancelled while waiting for the lock: start no model work
+                    raise WorkCancelled("the run was cancelled before generation started")
+                check_stop()
                 torch.manual_seed(seed)
                 return model.generate(
                     **arguments,
@@ -427,6 +439,11 @@ class LocalExecutor:
                 )
 
         return await run_in_worker(generate)
+
+
+def sends_state(plan: Plan, node: PlanNode) -> bool:
+    """Whether some receiver selects from this node's state (a state or full edge leaves it)."""
+    return any(plan.edges[edge].policy.mode != "text" for edge in node.outgoing)
 
 
 def _node_seed(run_seed: int, node: str) -> int:

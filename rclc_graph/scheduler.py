@@ -42,6 +42,10 @@ class RunObserver(Protocol):
     def node_finished(self, run_id: str, result: NodeResult) -> None: ...
 
 
+class ObserverFailed(Exception):
+    """The run's observer callback raised after a node finished (the node itself is done)."""
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
@@ -153,7 +157,11 @@ async def _drive(
         await ctx.publish("node", {"node": name, "status": "finished", "positions": result.positions,
                                    "text": result.text})
         if observer is not None:
-            observer.node_finished(ctx.run_id, result)
+            try:
+                observer.node_finished(ctx.run_id, result)
+            except Exception as error:  # a broken callback fails the run like a broken node
+                raise NodeFailed(name, ObserverFailed(f"observer {type(observer).__name__}.node_finished raised "
+                                                      f"{type(error).__name__}: {error}")) from error
         await send.send(name)
 
     async def stop_generation_on_cancel() -> None:

@@ -29,8 +29,9 @@ import torch
 
 from .._cache import cache_length, crop_cache, forward_rows, view_cache
 from .._locks import attention_lock
+from ..models import CAPTURE_ATTENTION
 
-CAPTURE_NAME = "rclc_capture"
+CAPTURE_NAME = CAPTURE_ATTENTION  # models.check_model must recognise the swap
 
 Fold = Callable[[torch.Tensor, torch.Tensor, float], None]
 

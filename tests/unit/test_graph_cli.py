@@ -195,9 +195,10 @@ def test_run_json_and_jsonl(small, tmp_path, tiny_pool):
 
 def test_a_failed_run_exits_1_and_is_recorded(small, tmp_path, tiny_pool):
     topology, inputs = small
-    # the answerer's context cannot hold its inheritance plus its prompt: the node fails
-    topology.write_text(CHAIN_YAML.replace("{name: answerer, model: base, max_new_tokens: 4}",
-                                           "{name: answerer, model: base, max_new_tokens: 4, context_limit: 8}"))
+    # a budget of 1 cannot hold the 2 latent rows reasoning adds: the transfer into final fails
+    # (a context too small for final's own prompt would be refused before the run, exit 2)
+    topology.write_text(CHAIN_YAML.replace("{source: reader_2, target: final, policy: handoff}",
+                                           "{source: reader_2, target: final, policy: {budget: 1, reasoning: {steps: 2}}}"))
     result = invoke("run", topology, "--input", inputs, "--out", tmp_path / "runs")
     assert result.exit_code == 1, result.output
     (run_dir,) = list((tmp_path / "runs").iterdir())

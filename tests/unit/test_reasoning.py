@@ -253,7 +253,7 @@ def test_rollout_validates_the_state_and_request(tiny_qwen3):
 # Cancellation
 
 
-def test_cancel_waits_for_the_rollout(tiny_tokenizer):
+def test_cancel_stops_the_rollout_after_the_step_under_way(tiny_tokenizer):
     model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer)
     state = make_state(model, tokenizer)
     before = frozen_copy(state)
@@ -288,13 +288,14 @@ def test_cancel_waits_for_the_rollout(tiny_tokenizer):
         anyio.run(main)
     finally:
         handle.remove()
-    # One seeding forward plus one per step: the whole rollout ran before CancelledError
-    # reached the caller, and nothing ran afterwards.
+    # The rollout stops after the forward that was under way when the caller was cancelled
+    # (the worker's stop flag, checked before every forward); the worker had finished
+    # before CancelledError reached the caller, and nothing ran afterwards.
     assert "finished" not in observed
     assert observed["calls_when_cancelled"] < steps + 1
-    assert observed["calls_at_cancel"] == steps + 1
+    assert observed["calls_at_cancel"] <= observed["calls_when_cancelled"] + 1 < steps + 1
     time.sleep(0.05)
-    assert len(calls) == steps + 1
+    assert len(calls) == observed["calls_at_cancel"]
     assert_unchanged(state, before)
 
 

@@ -1,0 +1,113 @@
+"""`rclc-graph` with one pause point installed, for crash and Ctrl-C tests (run as a script).
+
+    python _paused_cli.py POINT MARKER -- rclc-graph arguments...
+
+When the run reaches POINT the process writes MARKER and waits there, so the test can
+send SIGKILL (or SIGINT) at exactly that point instead of racing a fast run:
+
+    start        the run record is written, no node has finished (the first node is starting)
+    after:K      the K-th node's snapshot and node file are written (K nodes finished)
+    torn:K       the K-th node's snapshot is written, its node file not yet
+    forward:N    inside the N-th decoder forward of the run (mid-generation or mid-selection)
+
+A pause waits at most --hold seconds (default: forever); inside a worker it also ends as
+soon as the run is cancelled (Ctrl-C), so the cancellation is what the test observes.
+Nothing here is part of the package: the hooks wrap public methods from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _pause(marker: Path, hold: float | None) -> None:
+    from rclc._worker import stop_requested
+
+    temporary = marker.with_suffix(".tmp")
+    temporary.write_text(str(os.getpid()))
+    os.replace(temporary, marker)
+    deadline = None if hold is None else time.monotonic() + hold
+    while deadline is None or time.monotonic() < deadline:
+        if stop_requested():
+            return
+        time.sleep(0.01)
+
+
+def _install(point: str, marker: Path, hold: float | None) -> None:
+    from rclc_graph import record
+
+    kind, _, value = point.partition(":")
+    if kind == "start":
+        original_run = record.RecordingExecutor.run_node
+
+        async def run_node(self, ctx, node, inbound):
+            _pause(marker, hold)
+            return await original_run(self, ctx, node, inbound)
+
+        record.RecordingExecutor.run_node = run_node
+    elif kind == "after":
+        wanted = int(value)
+        original_save = record.RunRecorder.save_node
+        saved = [0]
+
+        async def save_node(self, result, agent):
+            await original_save(self, result, agent)
+            saved[0] += 1
+            if saved[0] == wanted:
+                _pause(marker, hold)
+
+        record.RunRecorder.save_node = save_node
+    elif kind == "torn":
+        wanted = int(value)
+        original_write = record.write_json_atomic
+        written = [0]
+
+        def write_json_atomic(path, data):
+            if Path(path).parent.name == record.NODES_DIR:
+                written[0] += 1
+                if written[0] == wanted:
+                    _pause(marker, hold)  # the snapshot is on disk, the node file is not
+            return original_write(path, data)
+
+        record.write_json_atomic = write_json_atomic
+    elif kind == "forward":
+        wanted = int(value)
+        from rclc._cache import backbone
+        from rclc_graph import pool
+
+        original_load = pool.ModelPool._load
+        seen = [0]
+
+        def hook(module, args):
+            seen[0] += 1
+            if seen[0] == wanted:
+                _pause(marker, hold)
+
+        def load(key):
+            loaded = original_load(key)
+            backbone(loaded.model).register_forward_pre_hook(hook)
+            return loaded
+
+        pool.ModelPool._load = staticmethod(load)
+    else:
+        raise SystemExit(f"unknown pause point {point!r}")
+
+
+def main() -> int:
+    arguments = sys.argv[1:]
+    hold = None
+    if arguments[:1] == ["--hold"]:
+        hold, arguments = float(arguments[1]), arguments[2:]
+    point, marker, separator, *cli = arguments
+    assert separator == "--", "usage: _paused_cli.py [--hold S] POINT MARKER -- ARGS..."
+    _install(point, Path(marker), hold)
+    from rclc_graph.cli import main as cli_main
+
+    return cli_main(cli)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
