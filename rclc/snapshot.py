@@ -25,6 +25,7 @@ import torch
 
 from ._cache import prefill
 from ._checks import is_exact_int
+from ._fsync import sync_directory
 from .models import check_model
 from .state import SenderState, checkpoint_vocabulary, embedding_weight
 
@@ -183,24 +184,10 @@ def write_snapshot(path: str | os.PathLike[str], state: SenderState, identity: s
         finally:
             os.close(descriptor)
         os.replace(temporary, destination)
-        _sync_directory(directory)
+        sync_directory(directory)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-
-
-def _sync_directory(directory: Path) -> None:
-    """Persist the rename itself (best effort: some filesystems refuse directory fsync)."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 # ---------------------------------------------------------------------------------------

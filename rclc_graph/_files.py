@@ -13,18 +13,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-
-def _sync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems refuse directory fsync; the rename is still atomic
-    finally:
-        os.close(descriptor)
+from rclc._fsync import sync_directory
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
@@ -40,7 +29,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, destination)
-        _sync_directory(destination.parent)
+        sync_directory(destination.parent)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)

@@ -15,6 +15,7 @@ import html
 import json
 from typing import Any, Iterable
 
+from ._units import format_bytes
 from .drawing import Sketch, sketch_record, to_svg
 
 MAX_SPAN_VIEWS = 400  # (origin, holder) prompt views shown; a note says when more were left out
@@ -23,15 +24,6 @@ MAX_PROMPT_CHARS = 20_000  # per view; longer prompts are cut with a note
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
-
-
-def _bytes(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
 
 
 def _seconds(value: float | None) -> str:
@@ -185,7 +177,7 @@ def _hops(record: dict[str, Any], sketch: Sketch) -> str:
             f"<td class='n'>{'–' if is_text else hop['budget']}</td>"
             f"<td class='n'>{'–' if is_text else hop['kept_positions']}</td>"
             f"<td class='wide'>{'text' if is_text else _origin_bar(hop['kept_by_origin'], sketch)}</td>"
-            f"<td class='n'>{_bytes(hop['payload_bytes'])}</td>"
+            f"<td class='n'>{format_bytes(hop['payload_bytes'])}</td>"
             f"<td class='n'>{_seconds(hop['selection_seconds'])}</td>"
             f"<td class='n'>{_seconds(hop['generation_seconds']) if hop['generation_seconds'] else '–'}</td>"
             "</tr>"

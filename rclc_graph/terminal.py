@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ._units import format_bytes
 from .events import EventStream
 from .plan import Plan
 from .report import hops_text
@@ -27,15 +28,6 @@ STATUS_STYLE = {
     "cancelled": ("■", "yellow"),
 }
 MAX_LIVE_ROWS = 24
-
-
-def _bytes(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
 
 
 def _seconds(value: float | None) -> str:
@@ -240,7 +232,7 @@ def render_record(
                 "–" if text_edge else str(hop["budget"]),
                 "–" if text_edge else str(hop["kept_positions"]),
                 Text("text" if text_edge else ", ".join(f"{k} {v}" for k, v in hop["kept_by_origin"].items())),
-                _bytes(hop["payload_bytes"]),
+                format_bytes(hop["payload_bytes"]),
                 _seconds(hop["selection_seconds"]),
             )
         console.print(Text("Handoffs", style="bold underline"),

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from rclc._fsync import sync_directory
+
 RESULTS = "results.jsonl"
 LOCK = ".lock"
 
@@ -80,7 +82,7 @@ class ResultStore:
         finally:
             os.close(descriptor)
         if created:
-            _fsync_directory(self.directory)
+            sync_directory(self.directory)
         self._needs_newline = False
         self._rows.append(json.loads(line))
 
@@ -182,16 +184,3 @@ def _check_row(row: Any, where: str) -> None:
     for key in ("case", "arm"):
         if not isinstance(row.get(key), str) or not row.get(key):
             raise StoreError(f"{where}: field {key!r} must be a non-empty string")
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from .._units import format_bytes as _format_bytes
 from . import stats
 from .arms import Arm
 
@@ -156,10 +157,7 @@ def format_accuracy(value: float | None, interval: Sequence[float] | None) -> st
 def format_bytes(value: float | None) -> str:
     if value is None:
         return "-"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value:.0f} B"
+    return _format_bytes(value)
 
 
 def _format(value: float | None, pattern: str) -> str:
