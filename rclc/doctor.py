@@ -67,18 +67,28 @@ def _rclc_version() -> str | None:
     return getattr(rclc, "__version__", None)
 
 
-def declared_range(distribution: str, dependency: str, fallback: str) -> SpecifierSet:
-    """The version range `distribution` declares for `dependency` (its unconditional requirement)."""
+def _unconditional_requirements(distribution: str) -> list[Requirement]:
+    """What an installed distribution requires on every platform (no markers, no extras);
+    empty when it is not installed. Unparseable entries are skipped, never fatal to a check."""
     try:
-        requirements = importlib.metadata.requires(distribution) or []
+        texts = importlib.metadata.requires(distribution) or []
     except importlib.metadata.PackageNotFoundError:
-        requirements = []
-    for text in requirements:
+        return []
+    requirements = []
+    for text in texts:
         try:
             requirement = Requirement(text)
         except InvalidRequirement:
             continue
-        if requirement.name.lower() == dependency and requirement.marker is None:
+        if requirement.marker is None:
+            requirements.append(requirement)
+    return requirements
+
+
+def declared_range(distribution: str, dependency: str, fallback: str) -> SpecifierSet:
+    """The version range `distribution` declares for `dependency` (its unconditional requirement)."""
+    for requirement in _unconditional_requirements(distribution):
+        if requirement.name.lower() == dependency:
             return requirement.specifier
     return SpecifierSet(fallback)
 
@@ -160,17 +170,9 @@ def _vllm_issues(versions: dict[str, str | None], allow_unstable: bool) -> list[
 def _pinned_pair_issues(distribution: str, versions: dict[str, str | None]) -> list[dict[str, str]]:
     """torch/transformers must satisfy what the installed vLLM build itself requires (local tags ignored)."""
     issues = []
-    try:
-        requirements = importlib.metadata.requires(distribution) or []
-    except importlib.metadata.PackageNotFoundError:
-        requirements = []
-    for text in requirements:
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
-            continue
+    for requirement in _unconditional_requirements(distribution):
         name = requirement.name.lower()
-        if name not in ("torch", "transformers") or requirement.marker is not None or not requirement.specifier:
+        if name not in ("torch", "transformers") or not requirement.specifier:
             continue
         installed = versions[name]
         public = None if installed is None else installed.split("+", 1)[0]
