@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import torch
 
 from rclc import models
@@ -68,7 +69,12 @@ class WatchingExecutor(LocalExecutor):
     async def run_node(self, ctx, node, inbound):
         self.contexts.append(ctx)
         result = await super().run_node(ctx, node, inbound)
-        state = self.agent(ctx.run_id, node.name).sender_state()
+        # In a worker, as LocalExecutor reads states: sender_state takes the preparation lock,
+        # which another node's worker may hold while its forward hook (Trigger.cancel) waits
+        # for this event loop; taking the lock on the loop would deadlock.
+        # Shielded, so a cancellation landing now is seen where it was before: after this node.
+        with anyio.CancelScope(shield=True):
+            state = await anyio.to_thread.run_sync(self.agent(ctx.run_id, node.name).sender_state)
         self.finished_state[node.name] = (
             state.input_embeds.clone(),
             [(keys.clone(), values.clone()) for keys, values in cache_layers(state.past_key_values)],
