@@ -2,7 +2,8 @@
 
 Atomic writes (snapshots, run records, experiment rows) write a temporary file, fsync it and
 rename it into place; the rename itself only survives a power loss once the directory entry
-is on disk. One helper serves every writer in both packages."""
+is on disk. rclc_graph keeps a twin in rclc_graph/_files.py, because importing anything under
+rclc imports torch and graph planning must stay torch-free."""
 
 from __future__ import annotations
 

@@ -13,7 +13,21 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from rclc._fsync import sync_directory
+
+def sync_directory(directory: Path) -> None:
+    """Persist a rename by fsyncing its directory (best effort: some filesystems refuse it,
+    and the rename stays atomic). rclc has its twin in rclc/_fsync.py; importing that from
+    here would import torch, and planning must stay torch-free (test_planning_imports_no_torch)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from rclc._fsync import sync_directory
+from .._files import sync_directory
 
 RESULTS = "results.jsonl"
 LOCK = ".lock"
