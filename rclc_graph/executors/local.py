@@ -1,161 +1,40 @@
 """Running one node in this process: bind its agent, take its handoffs, generate, record lineage.
 
 This is where the graph meets the transfer core, through rclc's public API only:
-- `text` edges put each sender's text before the node's prompt, in edge order;
+- `text` edges put each sender's text before the node's prompt, in edge order (prompts.py);
 - consecutive `state`/`full` edges with the same policy go through one `rclc.transfer`
-  call (so budgets are fitted across those senders), each call leaving one delivery;
+  call (so budgets are fitted across those senders), each call leaving one delivery
+  (transfer_options.py);
 - a `generate: true` node pops all deliveries plus its prompt and runs native generation,
   then records the continuation; a `generate: false` node absorbs them without decoding.
 The executor keeps each run's bound agents so later nodes can send from them.
+
+rclc, torch and transformers are imported inside the functions that use them: `import
+rclc_graph` and planning must not load torch. Phase 2 of issue 12 hoists the rclc imports
+(rclc becomes torch-free to import) and moves native generation into rclc's backends.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.from_thread
 
-from .errors import PlanError
-from .lineage import Hop, Lineage, compose_hop
-from .plan import Plan, PlanEdge, PlanNode
-from .policy import ResolvedPolicy
+from ..errors import NodeFailed
+from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
+from ..results.run_result import NodeResult
+from . import vllm_engine
+from .contract import Executor, Inbound, Publish, RunContext
 from .pool import ModelPool
-from .results import NodeResult
-
-Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
-
-
-class NodeFailed(Exception):
-    """A node failed; names the node, the edge (when a handoff failed) and the cause."""
-
-    def __init__(self, node: str, cause: BaseException, edge: PlanEdge | None = None) -> None:
-        self.node, self.cause, self.edge = node, cause, edge
-        where = f"node {node!r}"
-        if edge is not None:
-            where += f", edge {edge.source!r} -> {edge.target!r} ({edge.policy.label})"
-        super().__init__(f"{where}: {type(cause).__name__}: {cause}")
-
-
-@dataclass
-class RunContext:
-    """What a node needs to know about the run it belongs to."""
-
-    run_id: str
-    plan: Plan
-    publish: Publish
-    seed: int = 0
-    base_dir: Path | None = None
-    stop: threading.Event = field(default_factory=threading.Event)  # set when the run is cancelled
-
-
-def _import_callable(reference: str, trust_code: bool, field_name: str) -> Any:
-    if not trust_code:
-        raise PlanError.one(
-            "E_TRUST_CODE",
-            f"{field_name} {reference!r} imports code, and trust_code is off",
-            "pass --trust-code / trust_code=True if you trust this topology",
-        )
-    module_name, _, attribute = reference.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"{field_name}: {reference!r} is not callable")
-    return target
-
-
-def resolve_selector(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> Any:
-    """The callable for a policy's selector name, with its options bound."""
-    from rclc import selectors
-
-    name = policy.selector or "cacheback"
-    options = policy.options
-    if name in selectors.BUILTIN:
-        base = selectors.BUILTIN[name]
-    elif name == "recent":
-        base = selectors.recent
-    elif name == "random":
-        return selectors.random_selector(int(options.get("seed", seed)))
-    else:
-        base = _import_callable(name, trust_code, "selector")
-    return functools.partial(base, **options) if options else base
-
-
-def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, Any]:
-    import rclc
-
-    reasoning = policy.reasoning
-    if reasoning is None:
-        return {}
-    if reasoning.method == "latent_mass":
-        method: Any = functools.partial(rclc.latent_mass, steps=reasoning.steps)
-    else:
-        method = _import_callable(reasoning.method, trust_code, "reasoning.method")
-    options: dict[str, Any] = {"reasoning": method, "reasoning_context": reasoning.context}
-    if reasoning.budget is not None:
-        options["reasoning_budget"] = reasoning.budget
-    return options
-
-
-def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> dict[str, Any]:
-    """Keyword arguments of `rclc.transfer` for a state/full edge policy."""
-    options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or "embeddings"}
-    if policy.mode == "full":
-        options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
-    else:
-        options["selector"] = resolve_selector(policy, trust_code=trust_code, seed=seed)
-        if policy.budget is not None:
-            options["budget"] = policy.budget
-        else:
-            options["ratio"] = policy.ratio
-    options.update(resolve_reasoning(policy, trust_code=trust_code))
-    return options
-
-
-def _groups(edges: list[PlanEdge]) -> list[list[PlanEdge]]:
-    """Consecutive state/full edges sharing policy and request travel in one transfer call."""
-    groups: list[list[PlanEdge]] = []
-    for edge in edges:
-        if groups and groups[-1][0].policy == edge.policy and groups[-1][0].request == edge.request:
-            groups[-1].append(edge)
-        else:
-            groups.append([edge])
-    return groups
-
-
-def state_groups(edges: list[PlanEdge]) -> list[list[PlanEdge]]:
-    """The transfer calls a node's inbound state/full edges make, in arrival order."""
-    return _groups([edge for edge in edges if edge.policy.mode != "text"])
-
-
-def compose_content(node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> str:
-    """The user turn of a node: each text sender's answer (edge order), then its own prompt."""
-    texts = [
-        f"Message from {edge.source}:\n{(result.text or '').strip()}" for edge, result in inbound if edge.policy.mode == "text"
-    ]
-    return "\n\n".join(texts + [node.prompt])
-
-
-def group_request(lead: PlanEdge, content: str) -> str:
-    """What a transfer group's selection is conditioned on: the edge's request, else the receiver's turn."""
-    return lead.request if lead.request is not None else content
-
-
-def render_prompt(tokenizer: Any, system: str, content: str, *, generation_prompt: bool) -> str:
-    """The node's prompt as text: its chat template when it has one, else plain text."""
-    if getattr(tokenizer, "chat_template", None):
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, enable_thinking=False
-        )
-    return f"{system}\n\n{content}\n" if system else f"{content}\n"
+from .prompts import compose_content, group_request, render_prompt
+from .transfer_options import state_groups, transfer_options
 
 
 class _TokenStreamer:
@@ -186,16 +65,16 @@ class _StopOnCancel:
         self.stop = stop
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
+        import torch  # lazy: see the module docstring
 
-        from rclc._worker import stop_requested
+        from rclc._worker import stop_requested  # lazy: see the module docstring
 
         # The run's stop flag, or the worker's own (set when this node's task alone is cancelled).
         stopped = self.stop.is_set() or stop_requested()
         return torch.full((input_ids.shape[0],), stopped, dtype=torch.bool, device=input_ids.device)
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Runs nodes in this process on models from a shared pool (the default executor)."""
 
     name = "local"
@@ -205,6 +84,7 @@ class LocalExecutor:
         self._agents: dict[tuple[str, str], Any] = {}
 
     def agent(self, run_id: str, node: str) -> Any:
+        """The bound agent node `node` left in run `run_id` (KeyError if it holds none)."""
         return self._agents[(run_id, node)]
 
     def release(self, run_id: str) -> None:
@@ -216,8 +96,27 @@ class LocalExecutor:
         """Register an agent restored from a snapshot (resume) as node `node`'s state."""
         self._agents[(run_id, node)] = agent
 
+    async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
+        """Load the plan's models into the pool; they live in this process, so no placements."""
+        for spec in plan.models():
+            await anyio.to_thread.run_sync(self.pool.get, spec, base_dir)
+        return []
+
+    async def fingerprints(self, plan: Plan, base_dir: Path | None = None) -> dict[str, str]:
+        """Model name -> identity hash, loading each model into the pool if needed."""
+        result = {}
+        for spec in plan.models():
+            loaded = await anyio.to_thread.run_sync(self.pool.get, spec, base_dir)
+            result[spec.name] = await anyio.to_thread.run_sync(lambda: loaded.fingerprint)
+        return result
+
+    def close(self) -> None:
+        """Drop every run's agents; the pool (and its models) is shared and stays."""
+        self._agents.clear()
+
     def bind(self, ctx: RunContext, node: PlanNode) -> Any:
-        import rclc
+        """A fresh agent for `node` on its model from the pool (what `run_node` starts from)."""
+        import rclc  # lazy: see the module docstring
 
         loaded = self.pool.get(node.model, ctx.base_dir)
         spec = node.agent
@@ -231,7 +130,7 @@ class LocalExecutor:
             context_limit=spec.context_limit,
         )
 
-    async def run_node(self, ctx: RunContext, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> NodeResult:
+    async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
         started = time.time()
         agent = self.bind(ctx, node)
         tokenizer = agent.tokenizer
@@ -249,7 +148,7 @@ class LocalExecutor:
                             payload_bytes=payload, mode="text", policy="text", edge=edge.id)
             )
         deliveries = 0
-        for group in _groups(state_edges):
+        for group in state_groups(state_edges):
             lead = group[0]
             request = group_request(lead, content)
             began = time.perf_counter()
@@ -267,7 +166,7 @@ class LocalExecutor:
         # In a worker: sender_state takes the preparation lock, which another run's update may
         # hold while it waits for the attention lock of a generation that is itself waiting for
         # this event loop to publish its next token (a deadlock if the loop blocked here).
-        from rclc._worker import run_in_worker
+        from rclc._worker import run_in_worker  # lazy: see the module docstring
 
         state = await run_in_worker(agent.sender_state)
         lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
@@ -302,9 +201,9 @@ class LocalExecutor:
     ) -> float:
         """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
         budgets are fitted across the senders). Returns seconds spent elsewhere on it (selection
-        that ran before this call, e.g. on another host); 0 here. Executors that place
+        that ran before this call, e.g. on another replica); 0 here. Executors that place
         senders elsewhere override this."""
-        import rclc
+        import rclc  # lazy: see the module docstring
 
         options = transfer_options(group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
         sending = [self.agent(ctx.run_id, edge.source) for edge in group]
@@ -342,7 +241,7 @@ class LocalExecutor:
                 if deliveries:
                     await agent.absorb(prompt=prompt_text, deliveries=deliveries)
                 else:
-                    from rclc._worker import run_in_worker
+                    from rclc._worker import run_in_worker  # lazy: see the module docstring
 
                     await run_in_worker(functools.partial(agent.update, prompt_text))
             except Exception as error:
@@ -361,7 +260,7 @@ class LocalExecutor:
             seconds = time.perf_counter() - began
             if ctx.stop.is_set():
                 raise anyio.get_cancelled_exc_class()()
-            from rclc._worker import run_in_worker
+            from rclc._worker import run_in_worker  # lazy: see the module docstring
 
             if deliveries:
                 await run_in_worker(functools.partial(agent.update, inputs=inputs, generation=output))
@@ -386,18 +285,17 @@ class LocalExecutor:
     async def _finish_vllm(
         self, ctx: RunContext, node: PlanNode, agent: Any, prompt_text: str, deliveries: int
     ) -> tuple[int, float, str | None]:
-        """`llm.generate` instead of `model.generate` (see vllm_runtime), with the same error wrapping."""
-        from .vllm_runtime import finish_with_vllm
-
-        seed = node.agent.seed if node.agent.seed is not None else _node_seed(ctx.seed, node.name)
+        """`llm.generate` instead of `model.generate` (see vllm_engine), with the same error wrapping."""
+        seed = node.sampling_seed(ctx.seed)
         try:
-            return await finish_with_vllm(ctx, node, agent, prompt_text, deliveries, seed)
+            return await vllm_engine.finish_with_vllm(ctx, node, agent, prompt_text, deliveries, seed)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as error:
             raise NodeFailed(node.name, error) from error
 
     async def _generate(self, ctx: RunContext, node: PlanNode, agent: Any, inputs: dict[str, Any]) -> Any:
+        # lazy: see the module docstring
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -422,7 +320,7 @@ class LocalExecutor:
         if "input_ids" in arguments:
             arguments["attention_mask"] = torch.ones_like(arguments["input_ids"])
         streamer = _TokenStreamer(tokenizer, ctx.publish, node.name, skip_prompt="input_ids" in arguments)
-        seed = spec.seed if spec.seed is not None else _node_seed(ctx.seed, node.name)
+        seed = node.sampling_seed(ctx.seed)
 
         def generate() -> Any:
             # Native generation must not overlap a capture on the same model (global dispatch).
@@ -446,14 +344,5 @@ def sends_state(plan: Plan, node: PlanNode) -> bool:
     return any(plan.edges[edge].policy.mode != "text" for edge in node.outgoing)
 
 
-def _node_seed(run_seed: int, node: str) -> int:
-    import hashlib
-
-    digest = hashlib.sha256(f"{run_seed}:{node}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
-
-
-def _with_generation(record: Any, seconds: float) -> Any:
-    from dataclasses import replace
-
+def _with_generation(record: HopRecord, seconds: float) -> HopRecord:
     return replace(record, generation_seconds=float(seconds))

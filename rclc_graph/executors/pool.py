@@ -9,65 +9,13 @@ only where a hub is reachable.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .spec import ModelSpec
-
-
-@dataclass(frozen=True)
-class ModelKey:
-    source: str
-    dtype: str
-    device: str
-    backend: str
-
-
-@dataclass
-class LoadedModel:
-    """A loaded model and what records need about it (fingerprint computed once, on demand)."""
-
-    key: ModelKey
-    model: Any
-    tokenizer: Any
-    _fingerprint: str | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @property
-    def fingerprint(self) -> str:
-        """SHA-256 identity of weights, forward configuration and vocabulary (rclc.snapshot)."""
-        with self._lock:
-            if self._fingerprint is None:
-                from rclc.snapshot import model_identity
-
-                self._fingerprint = model_identity(self.model, self.tokenizer)
-            return self._fingerprint
-
-
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _resolve_dtype(dtype: str, device: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device.startswith("cuda") else "float32"
-
-
-def model_key(spec: ModelSpec, base_dir: Path | None = None) -> ModelKey:
-    source = spec.source
-    if spec.source_kind == "path":
-        path = Path(source).expanduser()
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        source = str(path.resolve())
-    device = _resolve_device(spec.device)
-    return ModelKey(source, _resolve_dtype(spec.dtype, device), device, spec.backend)
+from ..spec.models import ModelSpec
+from . import vllm_engine
+from .loaded_model import LoadedModel, ModelKey, model_key
 
 
 @dataclass(frozen=True)
@@ -108,8 +56,10 @@ class ModelPool:
 
     @staticmethod
     def _read_profile(key: ModelKey) -> ModelProfile:
-        from rclc.models import EMBEDDED_NAME, local_dir
+        # lazy: transformers and rclc import torch, which planning and `import rclc_graph` must not load
         from transformers import AutoConfig, AutoTokenizer
+
+        from rclc.models import EMBEDDED_NAME, local_dir
 
         path = str(local_dir(key.source)) if key.source == EMBEDDED_NAME else key.source
         try:
@@ -150,10 +100,8 @@ class ModelPool:
     @staticmethod
     def _load(key: ModelKey) -> LoadedModel:
         if key.backend == "vllm":
-            from .vllm_runtime import load_model
-
-            return load_model(key)
-        from rclc.models import load
+            return vllm_engine.load_model(key)
+        from rclc.models import load  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
 
         model, tokenizer = load(key.source, dtype=key.dtype, device=key.device)
         return LoadedModel(key, model, tokenizer)

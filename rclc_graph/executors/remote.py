@@ -1,57 +1,49 @@
-"""The scheduler's side of executors whose nodes run on hosts (model replicas) elsewhere.
+"""The scheduler's side of executors whose nodes run on model replicas elsewhere.
 
-`HostedExecutor` implements the scheduler's Executor protocol on top of hosts it reaches
-through `HostHandle`s; a backend supplies how hosts start (`RayExecutor`: Ray actors;
-`InProcessHostsExecutor`: several hosts in this process, for tests). Per node it:
+`RemoteExecutor` implements the executor contract on top of replicas it reaches through
+`ReplicaHandle`s (replica.py is the other side); a backend supplies how replicas start
+(`RayExecutor`: Ray actors; `rclc_graph.testing.InProcessReplicasExecutor`: several in this
+process). Per node it:
 
 1. places the node (placement.py: the run's replica of its model, or a pin);
-2. for each transfer group whose senders are not all on that host, asks the receiving host
-   for its free positions, fits the senders' counts (fitting.py, the core's arithmetic) and
-   has each sender's host select with its count; what comes back is a `Handoff` handle per
-   sender (the payload stays with the transport, e.g. in Ray's object store);
-3. runs the node on its host with those handles, publishing its token events as they arrive;
+2. for each transfer group whose senders are not all on that replica, asks the receiving
+   replica for its free positions, fits the senders' counts (fitting.py, the core's
+   arithmetic) and has each sender's replica select with its count; what comes back is a
+   `PayloadRef` per sender (the payload stays with the transport, e.g. in Ray's object store);
+3. runs the node on its replica with those refs, publishing its token events as they arrive;
 4. adds where the node and each hop ran, and the bytes that crossed machines.
 
-Groups whose senders all live on the receiving host go through one `rclc.transfer` there, as
-in-process. Records, resume and cancellation go through the same handles: `agent()` and
-`bind()` return `HostedAgent` proxies whose `save`/`load` move snapshot bytes to and from the
-host that holds (or will hold) the node.
+Groups whose senders all live on the receiving replica go through one `rclc.transfer` there,
+as in-process. Records, resume and cancellation go through the same handles: `agent()` and
+`bind()` return `RemoteAgent` proxies whose `save`/`load` move snapshot bytes to and from the
+replica that holds (or will hold) the node.
 """
 
 from __future__ import annotations
 
 import builtins
-import time
+from abc import abstractmethod
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 import anyio
 
-from ..lineage import HopRecord
-from ..plan import Plan, PlanEdge, PlanNode
-from ..pool import ModelPool
-from ..results import NodeResult
-from ..runtime import NodeFailed, RunContext, compose_content, group_request, state_groups, transfer_options
+from .._files import write_atomic
+from ..errors import HostDied, NodeFailed, RemoteNodeFailure
+from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..results.lineage import HopRecord
+from ..results.run_result import NodeResult
+from .contract import Executor, Inbound, Publish, RunContext
 from .fitting import SenderShape, fit_counts, refuse_unmatched
-from .host import NodeHost, Publish, RunTicket
-from .placement import ReplicaGroup, check_pins, group_key, group_label, pinned
+from .placement import ReplicaGroup, check_pins, group_key, pinned
+from .prompts import compose_content, group_request
+from .replica import RunTicket
+from .transfer_options import state_groups, transfer_options
 
 
-class HostDied(RuntimeError):
-    """The host (actor) holding a node or its sender is gone; a resume continues on a fresh one."""
-
-
-class RemoteNodeFailure(Exception):
-    """A node failed on a host whose exceptions cannot travel; `info` is host.failure_info's data."""
-
-    def __init__(self, info: Mapping[str, Any]) -> None:
-        super().__init__(info.get("message"))
-        self.info = info
-
-
-class HostHandle(Protocol):
-    """The scheduler's view of one host."""
+class ReplicaHandle(Protocol):
+    """The scheduler's view of one replica (a Ray actor, an object in this process)."""
 
     placement: dict[str, str]  # {"replica": "base#0", "actor": ..., "node": machine id}
     dead: bool
@@ -60,7 +52,7 @@ class HostHandle(Protocol):
 
     async def run_node(
         self, ticket: RunTicket, node: str, inbound: list[tuple[PlanEdge, NodeResult]],
-        handoffs: dict[int, list[Any]], publish: Publish,
+        refs: dict[int, list[Any]], publish: Publish,
     ) -> tuple[NodeResult, SenderShape]: ...
 
     def stop(self, run_id: str) -> None: ...
@@ -76,32 +68,31 @@ class _Run:
     plan: Plan
     base_dir: Path | None
     replicas: dict[tuple[Any, ...], int] = field(default_factory=dict)  # group key -> the run's replica
-    where: dict[str, HostHandle] = field(default_factory=dict)  # finished node -> its host
+    where: dict[str, ReplicaHandle] = field(default_factory=dict)  # finished node -> its replica
     shapes: dict[str, SenderShape] = field(default_factory=dict)
     outputs_left: set[str] = field(default_factory=set)
-    used: dict[int, HostHandle] = field(default_factory=dict)  # every host a node of the run was sent to
+    used: dict[int, ReplicaHandle] = field(default_factory=dict)  # every replica a node of the run was sent to
     active: bool = True
 
 
-class HostedAgent:
-    """A node's agent as seen from the scheduler: it lives on a host; records and resume move
+class RemoteAgent:
+    """A node's agent as seen from the scheduler: it lives on a replica; records and resume move
     its snapshot bytes (never its model) through this proxy."""
 
-    def __init__(self, executor: HostedExecutor, run_id: str, node: PlanNode, host: HostHandle | None = None) -> None:
+    def __init__(self, executor: RemoteExecutor, run_id: str, node: PlanNode, host: ReplicaHandle | None = None) -> None:
         self.executor, self.run_id, self.node = executor, run_id, node
         self.host = host
         self.shape: SenderShape | None = None
 
     async def save(self, path: Any) -> None:
-        from .._files import write_atomic
-
+        """Write the node's snapshot (bytes fetched from its replica) to `path`, atomically."""
         if self.host is None:
             raise ValueError(f"agent: node {self.node.name!r} holds no state yet")
         data = await self.executor._guard(self.host, self.node.name, self.host.call("snapshot", self.run_id, self.node.name))
         await anyio.to_thread.run_sync(write_atomic, path, data)
 
     async def load(self, path: Any) -> None:
-        """Restore a snapshot on the host that will hold this node in its run."""
+        """Restore a snapshot on the replica that will hold this node in its run."""
         data = await anyio.to_thread.run_sync(Path(path).read_bytes)
         run = self.executor._runs[self.run_id]
         host = self.executor._place(run, self.node)
@@ -111,10 +102,10 @@ class HostedAgent:
         self.host = host
 
 
-class HostedExecutor:
-    """Runs each node on a host of its model's replica group (see the module docstring)."""
+class RemoteExecutor(Executor):
+    """Runs each node on a replica of its model's replica group (see the module docstring)."""
 
-    name = "hosted"
+    name = "remote"
 
     def __init__(self, *, pins: Mapping[str, int] | None = None, replicas: Mapping[str, int] | None = None) -> None:
         self.pins = dict(pins or {})
@@ -123,16 +114,18 @@ class HostedExecutor:
             if type(count) is not int or count < 1:
                 raise ValueError(f"replicas: {name}={count!r} is not a replica count; use an int >= 1")
         self._groups: dict[tuple[Any, ...], ReplicaGroup] = {}
-        self._hosts: dict[tuple[tuple[Any, ...], int], HostHandle] = {}
+        self._hosts: dict[tuple[tuple[Any, ...], int], ReplicaHandle] = {}
         self._runs: dict[str, _Run] = {}
 
     # -- what a backend provides ---------------------------------------------------------------
 
-    def _start_host(self, group: ReplicaGroup, index: int) -> HostHandle:
-        raise NotImplementedError
+    @abstractmethod
+    def _start_host(self, group: ReplicaGroup, index: int) -> ReplicaHandle:
+        """Start replica `index` of `group` (a Ray actor, an object in this process) and return
+        the scheduler's handle on it."""
 
     def _share(self, plan: Plan) -> Any:
-        """The plan as hosts receive it (a Ray executor puts it in the object store once)."""
+        """The plan as replicas receive it (a Ray executor puts it in the object store once)."""
         return plan
 
     # -- placement -----------------------------------------------------------------------------
@@ -145,7 +138,7 @@ class HostedExecutor:
         group.grow(self.replicas.get(spec.name, spec.replicas))
         return group
 
-    def host(self, group: ReplicaGroup, index: int) -> HostHandle:
+    def host(self, group: ReplicaGroup, index: int) -> ReplicaHandle:
         """Replica `index` of `group`, started now if it is not running (or died)."""
         handle = self._hosts.get((group.key, index))
         if handle is None or handle.dead:
@@ -163,7 +156,7 @@ class HostedExecutor:
             self._runs[ctx.run_id] = run
         return run
 
-    def _place(self, run: _Run, node: PlanNode) -> HostHandle:
+    def _place(self, run: _Run, node: PlanNode) -> ReplicaHandle:
         group = self._group(node.model, run.base_dir)
         index = pinned(node.name, node.declared, self.pins)
         if index is None:
@@ -186,10 +179,6 @@ class HostedExecutor:
             for key, index in run.replicas.items():
                 self._groups[key].active[index] -= 1
 
-    def placement_of(self, run_id: str, node: str) -> dict[str, str]:
-        """Where a finished node's state lives."""
-        return dict(self._runs[run_id].where[node].placement)
-
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         """Start every replica the plan's models declare and load their models (before a run,
         so its timing shows the run, not the loading). Returns the hosts' placements."""
@@ -202,7 +191,7 @@ class HostedExecutor:
                 tasks.start_soon(self._warm, handle, spec, base_dir)
         return [dict(handle.placement) for handle, _ in targets]
 
-    async def _warm(self, handle: HostHandle, spec: Any, base_dir: Path | None) -> None:
+    async def _warm(self, handle: ReplicaHandle, spec: Any, base_dir: Path | None) -> None:
         await self._guard(handle, None, handle.call("warm", spec, None if base_dir is None else str(base_dir)))
 
     async def fingerprints(self, plan: Plan, base_dir: Path | None = None) -> dict[str, str]:
@@ -214,9 +203,9 @@ class HostedExecutor:
             result[spec.name] = await self._guard(handle, None, handle.call("fingerprint", spec, base))
         return result
 
-    # -- the Executor protocol -----------------------------------------------------------------
+    # -- the executor contract -----------------------------------------------------------------
 
-    async def run_node(self, ctx: RunContext, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> NodeResult:
+    async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
         run = self._open(ctx)
         host = self._place(run, node)
         content = compose_content(node, inbound)
@@ -249,15 +238,15 @@ class HostedExecutor:
         self._finish(run, node.name)
         return self._annotate(run, host, result, crossing)
 
-    def _sender(self, run: _Run, node: PlanNode, edge: PlanEdge) -> HostHandle:
+    def _sender(self, run: _Run, node: PlanNode, edge: PlanEdge) -> ReplicaHandle:
         sender = run.where.get(edge.source)
         if sender is None:
             raise NodeFailed(node.name, KeyError(f"no host holds the state of {edge.source!r}; resume restores it"), edge)
         return sender
 
     async def _select(
-        self, run: _Run, ctx: RunContext, host: HostHandle, node: PlanNode, group: list[PlanEdge],
-        senders: list[HostHandle], request: str,
+        self, run: _Run, ctx: RunContext, host: ReplicaHandle, node: PlanNode, group: list[PlanEdge],
+        senders: list[ReplicaHandle], request: str,
     ) -> list[Any]:
         """Fit the group's counts here and select each sender on its own host, concurrently."""
         lead = group[0]
@@ -288,7 +277,7 @@ class HostedExecutor:
             raise first from None
         return handles
 
-    def _annotate(self, run: _Run, host: HostHandle, result: NodeResult, crossing: dict[int, str]) -> NodeResult:
+    def _annotate(self, run: _Run, host: ReplicaHandle, result: NodeResult, crossing: dict[int, str]) -> NodeResult:
         hops: list[HopRecord] = []
         for record in result.hops:
             sender = run.where.get(record.source)
@@ -305,19 +294,19 @@ class HostedExecutor:
             hops.append(replace(record, placement=placement, crossed_bytes=record.payload_bytes if crossed else 0))
         return replace(result, hops=hops, placement=dict(host.placement))
 
-    def agent(self, run_id: str, node: str) -> HostedAgent:
+    def agent(self, run_id: str, node: str) -> RemoteAgent:
         run = self._runs[run_id]
-        proxy = HostedAgent(self, run_id, run.plan.node(node), run.where[node])
+        proxy = RemoteAgent(self, run_id, run.plan.node(node), run.where[node])
         proxy.shape = run.shapes.get(node)
         return proxy
 
-    def bind(self, ctx: RunContext, node: PlanNode) -> HostedAgent:
+    def bind(self, ctx: RunContext, node: PlanNode) -> RemoteAgent:
         """An agent for `node` that is not placed yet; `load` restores it on its host (resume)."""
         self._open(ctx)
-        return HostedAgent(self, ctx.run_id, node)
+        return RemoteAgent(self, ctx.run_id, node)
 
-    def adopt(self, run_id: str, node: str, agent: HostedAgent) -> None:
-        if not isinstance(agent, HostedAgent) or agent.host is None or agent.shape is None:
+    def adopt(self, run_id: str, node: str, agent: RemoteAgent) -> None:
+        if not isinstance(agent, RemoteAgent) or agent.host is None or agent.shape is None:
             raise ValueError(
                 f"agent: {self.name} executors adopt agents from their own bind() + load(); got {type(agent).__name__}"
             )
@@ -346,7 +335,7 @@ class HostedExecutor:
 
     # -- errors --------------------------------------------------------------------------------
 
-    async def _guard(self, host: HostHandle, node: str | None, call: Any, *, sender_of: str | None = None) -> Any:
+    async def _guard(self, host: ReplicaHandle, node: str | None, call: Any, *, sender_of: str | None = None) -> Any:
         """Await a host call; a dead host becomes HostDied naming the host and the node."""
         try:
             return await call
@@ -376,60 +365,3 @@ def remote_failure(info: Mapping[str, Any], plan: Plan) -> NodeFailed:
         cause = RuntimeError(f"{info.get('type')}: {message}")
     edge = None if info.get("edge") is None else plan.edges[int(info["edge"])]
     return NodeFailed(str(info.get("node")), cause, edge)
-
-
-# -- several hosts in this process ------------------------------------------------------------
-
-
-class _InProcessHandle:
-    """A NodeHost in this process standing in for a separate machine (for tests)."""
-
-    def __init__(self, host: NodeHost, index: int) -> None:
-        self.host = host
-        self.dead = False
-        self.placement = {"replica": host.label, "actor": f"in-process-{id(host):x}", "node": f"in-process-{index}"}
-
-    async def call(self, method: str, *args: Any) -> Any:
-        if self.dead:
-            raise HostDied(f"host {self.host.label} was stopped")
-        target = getattr(self.host, method)
-        result = target(*args)
-        return await result if hasattr(result, "__await__") else result
-
-    async def run_node(self, ticket, node, inbound, handoffs, publish):  # type: ignore[no-untyped-def]
-        if self.dead:
-            raise HostDied(f"host {self.host.label} was stopped")
-        return await self.host.execute(ticket, node, inbound, handoffs, publish)
-
-    def stop(self, run_id: str) -> None:
-        self.host.stop(run_id)
-
-    def release(self, run_id: str) -> None:
-        self.host.release(run_id)
-
-    def close(self) -> None:
-        self.dead = True
-
-
-class InProcessHostsExecutor(HostedExecutor):
-    """Hosts as objects in this process, sharing `pool`'s models; handoffs between hosts travel
-    as bytes, so placement, fitting and transport run exactly as across machines."""
-
-    name = "in-process-hosts"
-
-    def __init__(
-        self, pool: ModelPool, *, pins: Mapping[str, int] | None = None, replicas: Mapping[str, int] | None = None
-    ) -> None:
-        super().__init__(pins=pins, replicas=replicas)
-        self.pool = pool
-        self.started = 0
-
-    def _start_host(self, group: ReplicaGroup, index: int) -> HostHandle:
-        self.started += 1
-        return _InProcessHandle(NodeHost(group_label(group.spec, index), pool=self.pool), self.started)
-
-    def kill(self, replica: str) -> None:
-        """Stop the host of replica `replica` ("base#1"), as if its machine died (tests)."""
-        for handle in self._hosts.values():
-            if handle.placement["replica"] == replica and not handle.dead:
-                handle.close()

@@ -1,37 +1,41 @@
-"""One replica of a model: loads it once, hosts the agents of the nodes placed on it, selects
-for their outgoing handoffs and runs nodes with the local executor's code.
+"""One replica of a model, the worker side of remote execution: it loads the model once, holds
+the agents of the nodes placed on it, selects for their outgoing handoffs and runs nodes with
+the local executor's code.
 
-A `NodeHost` is what a Ray actor runs (rclc_graph.executors.ray wraps it); tests also run
-several in one process. Everything a host receives or returns is small and plain (plans,
-node results, shapes, `Handoff`s), except snapshot bytes, which records need on the
-scheduler's machine. Model work is the local executor's: `_HostExecutor` overrides only how a
-transfer group arrives when its senders were selected on other hosts.
+A `Replica` is what a Ray actor runs (rclc_graph.executors.ray wraps it); the scheduler's
+side is remote.py. `rclc_graph.testing.InProcessReplicasExecutor` runs several in one process.
+Everything a replica receives or returns is small and plain (plans, node results, shapes,
+`PayloadRef`s), except snapshot bytes, which records need on the scheduler's machine. Model
+work is the local executor's: `_ReplicaExecutor` overrides only how a transfer group arrives
+when its senders were selected on other replicas.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import anyio
 
-from ..plan import Plan, PlanEdge, PlanNode
-from ..pool import ModelPool
-from ..results import NodeResult
-from ..runtime import LocalExecutor, NodeFailed, RunContext, transfer_options
+from ..errors import NodeFailed
+from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..results.run_result import NodeResult
+from .contract import Publish, RunContext
 from .fitting import SenderShape, shape_of, with_count
-from .transport import BytesTransport, Handoff, HandoffTransport, InProcessTransport
-
-Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+from .local import LocalExecutor
+from .pool import ModelPool
+from .transfer_options import transfer_options
+from .transport import BytesTransport, InProcessTransport, PayloadRef, PayloadTransport
 
 
 @dataclass(frozen=True)
 class RunTicket:
-    """What a host needs to know about a run; `plan` is the Plan or an awaitable reference to it
-    (a Ray ObjectRef put once per run), so a plan crosses to each host once."""
+    """What a replica needs to know about a run; `plan` is the Plan or an awaitable reference to it
+    (a Ray ObjectRef put once per run), so a plan crosses to each replica once."""
 
     run_id: str
     seed: int
@@ -43,41 +47,41 @@ async def _no_events(kind: str, payload: dict[str, Any]) -> None:
     return None
 
 
-class _HostExecutor(LocalExecutor):
-    """The local executor, except that a transfer group selected on other hosts arrives as
-    handoffs (one delivery, messages in sender order) instead of through `rclc.transfer`."""
+class _ReplicaExecutor(LocalExecutor):
+    """The local executor, except that a transfer group selected on other replicas arrives as
+    payload refs (one delivery, messages in sender order) instead of through `rclc.transfer`."""
 
-    def __init__(self, host: NodeHost) -> None:
-        super().__init__(host.pool)
-        self.host = host
+    def __init__(self, replica: Replica) -> None:
+        super().__init__(replica.pool)
+        self.replica = replica
 
     async def _deliver_group(
         self, ctx: RunContext, node: PlanNode, agent: Any, group: list[PlanEdge], request: str
     ) -> float:
-        handoffs = self.host.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
-        if handoffs is None:
+        refs = self.replica.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
+        if refs is None:
             return await super()._deliver_group(ctx, node, agent, group, request)
-        from rclc.state import Delivery
+        from rclc.state import Delivery  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
 
         messages: list[Any] = []
-        for handle in handoffs:
-            messages.extend(await self.host.transport(handle).receive(handle))
+        for ref in refs:
+            messages.extend(await self.replica.transport(ref).receive(ref))
         agent(Delivery(request, tuple(messages)))  # the receiver prepares its prompt for the request
-        return max(handle.seconds for handle in handoffs)
+        return max(ref.seconds for ref in refs)
 
 
-class NodeHost:
+class Replica:
     """A model replica's worker: its own model pool, the agents of its nodes, per-run stop flags."""
 
     def __init__(
-        self, label: str, *, pool: ModelPool | None = None, remote_transport: HandoffTransport | None = None
+        self, label: str, *, pool: ModelPool | None = None, remote_transport: PayloadTransport | None = None
     ) -> None:
         self.label = label
         self.pool = pool if pool is not None else ModelPool()
         self.local = InProcessTransport()
-        self.remote: HandoffTransport = remote_transport if remote_transport is not None else BytesTransport()
-        self.executor = _HostExecutor(self)
-        self.incoming: dict[tuple[str, str], dict[int, list[Handoff]]] = {}
+        self.remote: PayloadTransport = remote_transport if remote_transport is not None else BytesTransport()
+        self.executor = _ReplicaExecutor(self)
+        self.incoming: dict[tuple[str, str], dict[int, list[PayloadRef]]] = {}  # (run, node) -> edge -> refs
         self.running = 0  # nodes executing here now
         self._runs: dict[str, RunContext] = {}
 
@@ -109,11 +113,12 @@ class NodeHost:
         for key in [key for key in self.incoming if key[0] == run_id]:
             del self.incoming[key]
 
-    def transport(self, handle: Handoff) -> HandoffTransport:
+    def transport(self, ref: PayloadRef) -> PayloadTransport:
+        """The transport that can receive `ref` here."""
         for transport in (self.local, self.remote):
-            if transport.name == handle.transport:
+            if transport.name == ref.transport:
                 return transport
-        raise RuntimeError(f"handoff: transport {handle.transport!r} is not available on host {self.label}")
+        raise RuntimeError(f"handoff: transport {ref.transport!r} is not available on replica {self.label}")
 
     # -- models ------------------------------------------------------------------------------
 
@@ -137,11 +142,9 @@ class NodeHost:
 
     async def select(
         self, ticket: RunTicket, edge_id: int, request: str, count: int, same_host: bool
-    ) -> Handoff:
-        """Select `count` positions of the edge's sender for `request` and hand back a handle."""
-        import time
-
-        import rclc
+    ) -> PayloadRef:
+        """Select `count` positions of the edge's sender for `request` and hand back a ref."""
+        import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
 
         ctx = await self.context(ticket)
         edge = ctx.plan.edges[edge_id]
@@ -149,7 +152,7 @@ class NodeHost:
             agent = self.executor.agent(ctx.run_id, edge.source)
         except KeyError:
             raise LookupError(
-                f"host {self.label} holds no state of node {edge.source!r} in run {ctx.run_id!r} (the host was "
+                f"replica {self.label} holds no state of node {edge.source!r} in run {ctx.run_id!r} (the replica was "
                 "restarted or the run released); resume the run to restore it"
             ) from None
         options = with_count(transfer_options(edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed), count)
@@ -167,14 +170,14 @@ class NodeHost:
         ticket: RunTicket,
         node_name: str,
         inbound: list[tuple[PlanEdge, NodeResult]],
-        handoffs: dict[int, list[Handoff]],
+        refs: dict[int, list[PayloadRef]],
         publish: Publish,
     ) -> tuple[NodeResult, SenderShape]:
         """Run one node here; NodeFailed as the local executor raises it."""
         ctx = await self.context(ticket)
         node = ctx.plan.node(node_name)
         key = (ctx.run_id, node_name)
-        self.incoming[key] = handoffs
+        self.incoming[key] = refs
         self.running += 1
         try:
             result = await self.executor.run_node(replace(ctx, publish=publish), node, inbound)
@@ -183,14 +186,14 @@ class NodeHost:
             self.incoming.pop(key, None)
         if self._runs.get(ctx.run_id) is not ctx:  # released while it ran: keep nothing
             self.executor.release(ctx.run_id)
-            raise RuntimeError(f"run {ctx.run_id!r} was released on host {self.label} while node {node_name!r} ran")
+            raise RuntimeError(f"run {ctx.run_id!r} was released on replica {self.label} while node {node_name!r} ran")
         shape = await anyio.to_thread.run_sync(shape_of, self.executor.agent(ctx.run_id, node_name))
         return result, shape
 
     async def snapshot(self, run_id: str, node_name: str) -> bytes:
         """The node's agent as rclc snapshot bytes (records are written where the scheduler runs)."""
         agent = self.executor.agent(run_id, node_name)
-        with tempfile.TemporaryDirectory(prefix="rclc-host-") as directory:
+        with tempfile.TemporaryDirectory(prefix="rclc-replica-") as directory:
             path = Path(directory) / "agent.safetensors"
             await agent.save(path)
             return await anyio.to_thread.run_sync(path.read_bytes)
@@ -200,7 +203,7 @@ class NodeHost:
         ctx = await self.context(ticket)
         node = ctx.plan.node(node_name)
         agent = await anyio.to_thread.run_sync(self.executor.bind, ctx, node)
-        with tempfile.TemporaryDirectory(prefix="rclc-host-") as directory:
+        with tempfile.TemporaryDirectory(prefix="rclc-replica-") as directory:
             path = Path(directory) / "agent.safetensors"
             await anyio.to_thread.run_sync(path.write_bytes, data)
             await agent.load(path)
@@ -212,7 +215,7 @@ class NodeHost:
 
 
 def failure_info(error: BaseException) -> dict[str, Any]:
-    """A NodeFailed (or any error) as plain data, for hosts whose exceptions cannot travel."""
+    """A NodeFailed (or any error) as plain data, for replicas whose exceptions cannot travel."""
     if isinstance(error, NodeFailed):
         cause = error.cause
         return {"node": error.node, "edge": None if error.edge is None else error.edge.id,

@@ -22,13 +22,13 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .pool import LoadedModel, ModelKey
+import anyio
 
-if TYPE_CHECKING:
-    from .plan import PlanNode
-    from .runtime import RunContext
+from ..plan.compile import PlanNode
+from .contract import RunContext
+from .loaded_model import LoadedModel, ModelKey
 
 CONNECTOR = {
     "kv_connector": "RCLCCaptureConnector",
@@ -47,7 +47,7 @@ _engine: tuple[ModelKey, weakref.ref] | None = None
 
 
 def _bytes_per_position(config: Any, dtype: str) -> int:
-    import torch
+    import torch  # lazy: importing this module must not load torch (the pool imports it)
 
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
@@ -62,7 +62,7 @@ def engine_arguments(path: str, dtype: str) -> dict[str, Any]:
     The context is the checkpoint's own `max_position_embeddings`; the KV pool is sized for
     a few sequences of that length (vLLM's VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it).
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers imports torch
 
     config = AutoConfig.from_pretrained(path)
     max_model_len = int(config.max_position_embeddings)
@@ -96,6 +96,7 @@ class VLLMLoadedModel(LoadedModel):
     def fingerprint(self) -> str:
         with self._lock:
             if self._fingerprint is None:
+                # lazy: rclc imports torch, rclc.vllm imports vLLM (an optional extra); phase 2 hoists rclc.snapshot
                 from rclc.snapshot import model_identity
                 from rclc.vllm import shared_view
 
@@ -107,7 +108,7 @@ def load_model(key: ModelKey) -> VLLMLoadedModel:
     """Start the process's vLLM engine for `key` (ValueError if another engine is alive)."""
     global _engine
     _require_in_process()
-    from rclc.models import EMBEDDED_NAME, local_dir
+    from rclc.models import EMBEDDED_NAME, local_dir  # lazy: rclc imports torch; phase 2 hoists it
 
     path = str(local_dir(EMBEDDED_NAME)) if key.source == EMBEDDED_NAME else key.source
     with _engine_lock:
@@ -117,9 +118,9 @@ def load_model(key: ModelKey) -> VLLMLoadedModel:
                 "allows one capture engine per process; give every vllm model in the graph the same source and "
                 "dtype, or use backend: hf for the others"
             )
-        import vllm
+        import vllm  # lazy: vLLM is an optional extra
 
-        from rclc.vllm import engine_tokenizer
+        from rclc.vllm import engine_tokenizer  # lazy: imports vLLM
 
         llm = vllm.LLM(**engine_arguments(path, key.dtype))
         _engine = (key, weakref.ref(llm))
@@ -142,7 +143,7 @@ def shutdown(loaded: LoadedModel) -> None:
 
 def sampling_params(spec: Any, max_tokens: int, seed: int) -> Any:
     """The agent spec's decoding as vLLM sampling: greedy is temperature 0."""
-    import vllm
+    import vllm  # lazy: vLLM is an optional extra
 
     if spec.greedy:
         return vllm.SamplingParams(max_tokens=max_tokens, temperature=0.0)
@@ -158,6 +159,7 @@ def _generate(llm: Any, inputs: dict[str, Any]) -> Any:
     The shared-weight view's side passes and capture prefills need an idle engine; holding
     both core locks (in their fixed order) makes them wait rather than fail.
     """
+    # lazy: rclc imports torch and rclc.vllm imports vLLM; phase 2 replaces rclc._locks with public API
     from rclc._locks import attention_lock, preparation_lock
     from rclc.vllm import require_idle
 
@@ -173,10 +175,9 @@ async def finish_with_vllm(
 
     Returns (generated tokens, generation seconds, text), like the HF path.
     """
-    import anyio
-    import torch
+    import torch  # lazy: importing this module must not load torch
 
-    from rclc._worker import run_in_worker
+    from rclc._worker import run_in_worker  # lazy: rclc imports torch; phase 2 uses rclc.run_in_worker
 
     llm, tokenizer, spec = agent.engine, agent.tokenizer, node.agent
     limit = llm.llm_engine.model_config.max_model_len

@@ -1,6 +1,6 @@
 """Command-line pieces for experiments, as a typer sub-app the main `rclc-graph` app mounts:
 
-    main_app.add_typer(rclc_graph.experiments.cli.app)    # adds `experiment`, `data`, `compare-runs`
+    main_app.add_typer(rclc_graph.experiments.commands.app)    # adds `experiment`, `data`, `compare-runs`
 
     rclc-graph experiment --topology T --data D.jsonl --arm NAME=POLICY ... [--arms-file F.yaml]
                           --out DIR [--limit N] [--json] [--trust-code] [--scorer module:fn]
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import GraphError
 from . import runner
@@ -41,8 +43,6 @@ def _fail(error: Exception, as_json: bool) -> None:
             payload["problems"] = [problem.to_dict() for problem in error.problems]
         typer.echo(json.dumps(payload, indent=2))
     else:
-        from rich.console import Console
-
         Console(stderr=True).print(f"[red]error:[/red] {error}", markup=True, highlight=False)
     raise typer.Exit(2)
 
@@ -79,9 +79,6 @@ def experiment(
     except (GraphError, ValueError) as exc:
         _fail(exc, as_json)
         return
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
@@ -161,7 +158,7 @@ def compare(
         raise typer.Exit(1)
 
 
-def main() -> None:  # pragma: no cover - for `python -m rclc_graph.experiments.cli`
+def main() -> None:  # pragma: no cover - for `python -m rclc_graph.experiments.commands`
     app(sys.argv[1:])
 
 

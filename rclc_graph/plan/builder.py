@@ -22,9 +22,9 @@ from typing import Any, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import FieldPath, Problem, SpecError
-from .plan import Plan, compile_plan
-from .spec import (
+from ..errors import FieldPath, Problem, SpecError
+from .compile import Plan, compile_plan
+from ..spec.models import (
     AgentSpec,
     EdgeSpec,
     GraphSpec,
@@ -54,7 +54,7 @@ def _build(model: type[BaseModel], path: FieldPath, data: dict[str, Any], *, who
     """`model` from `data`, or SpecError with every problem's field path under `path`; a
     problem of the object as a whole (a check across its fields) is placed at `path`, or
     at `whole` when that is empty, so every refusal names a field."""
-    from .load import problems_from_validation
+    from ..spec.load import problems_from_validation
 
     try:
         return model.model_validate(data)

@@ -20,10 +20,10 @@ from typing import Any, Collection, Mapping
 
 import networkx as nx
 
-from . import templates
-from .errors import PlanError, Problem
+from ..spec import templates
+from ..errors import PlanError, Problem
 from .policy import ResolvedPolicy
-from .spec import AgentSpec, GraphSpec, ModelSpec
+from ..spec.models import AgentSpec, GraphSpec, ModelSpec
 from .validate import Blueprint, Step, validate
 
 
@@ -45,6 +45,14 @@ class PlanNode:
     item: str | None  # the foreach item this copy reads
     incoming: tuple[int, ...]  # PlanEdge ids, in declaration order (handoff arrival order)
     outgoing: tuple[int, ...]
+
+    def sampling_seed(self, run_seed: int) -> int:
+        """The seed this node samples with: its agent's `seed`, else one derived from the run's
+        seed and the node's name (so every node of a run, and every rerun, differs yet repeats)."""
+        if self.agent.seed is not None:
+            return self.agent.seed
+        digest = hashlib.sha256(f"{run_seed}:{self.name}".encode()).digest()
+        return int.from_bytes(digest[:4], "big")
 
 
 @dataclass(frozen=True)

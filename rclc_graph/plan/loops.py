@@ -15,8 +15,8 @@ from typing import Mapping
 
 import networkx as nx
 
-from .errors import PlanError, Problem
-from .spec import GraphSpec, NodeSpec
+from ..errors import PlanError, Problem
+from ..spec.models import GraphSpec, NodeSpec
 
 
 @dataclass(frozen=True)

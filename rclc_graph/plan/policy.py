@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .spec import BUILTIN_REASONING, BUILTIN_SELECTORS, TransferPolicy
+from ..spec.models import BUILTIN_REASONING, BUILTIN_SELECTORS, TransferPolicy
 
 # Must equal rclc.budget.DEFAULT_RATIO (a test checks); not imported so planning stays torch-free.
 DEFAULT_RATIO = 4

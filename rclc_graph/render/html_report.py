@@ -15,7 +15,7 @@ import html
 import json
 from typing import Any, Iterable
 
-from ._units import format_bytes
+from .units import format_bytes, format_seconds
 from .drawing import Sketch, sketch_record, to_svg
 
 MAX_SPAN_VIEWS = 400  # (origin, holder) prompt views shown; a note says when more were left out
@@ -24,12 +24,6 @@ MAX_PROMPT_CHARS = 20_000  # per view; longer prompts are cut with a note
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def _when(stamp: float | None) -> str:
@@ -111,7 +105,7 @@ def _header(record: dict[str, Any]) -> str:
     facts = [
         ("run", record.get("run_id")),
         ("started", _when(timings.get("started_at"))),
-        ("took", _seconds(timings.get("seconds"))),
+        ("took", format_seconds(timings.get("seconds"))),
         ("nodes", f"{len(record.get('nodes', {}))} of {len(record.get('plan', {}).get('nodes', []))} finished"),
         ("seed", record.get("seeds", {}).get("run")),
         ("topology", topology.get("file") or "(built in Python)"),
@@ -178,8 +172,8 @@ def _hops(record: dict[str, Any], sketch: Sketch) -> str:
             f"<td class='n'>{'–' if is_text else hop['kept_positions']}</td>"
             f"<td class='wide'>{'text' if is_text else _origin_bar(hop['kept_by_origin'], sketch)}</td>"
             f"<td class='n'>{format_bytes(hop['payload_bytes'])}</td>"
-            f"<td class='n'>{_seconds(hop['selection_seconds'])}</td>"
-            f"<td class='n'>{_seconds(hop['generation_seconds']) if hop['generation_seconds'] else '–'}</td>"
+            f"<td class='n'>{format_seconds(hop['selection_seconds'])}</td>"
+            f"<td class='n'>{format_seconds(hop['generation_seconds']) if hop['generation_seconds'] else '–'}</td>"
             "</tr>"
         )
     head = (

@@ -21,14 +21,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import PlanError, Problem
-from .plan import Plan
+from ..errors import PlanError, Problem
+from ..executors.prompts import render_prompt
+from ..executors.trusted_code import import_callable
+from ..plan.compile import Plan
 
 
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
     """Tokens of the node's own rendered prompt (chat template applied, no text messages)."""
-    from .runtime import render_prompt
-
     node = plan.node(name)
     text = render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -91,8 +91,6 @@ def check_code(plan: Plan) -> None:
     """Raise PlanError (E_UNKNOWN_REF) for every module:callable the plan names that cannot be
     imported or is not callable. Imports only when the plan was compiled with trust_code
     (without it, validation has already refused such names with E_TRUST_CODE)."""
-    from .runtime import _import_callable
-
     if not plan.trust_code:
         return
     problems: list[Problem] = []
@@ -107,7 +105,7 @@ def check_code(plan: Plan) -> None:
                 continue
             seen.add((edge.declared, field_name))
             try:
-                _import_callable(reference, True, field_name)
+                import_callable(reference, trust_code=True, field_name=field_name)
             except Exception as error:  # an import runs the module's code, which may raise anything
                 problems.append(Problem(
                     "E_UNKNOWN_REF",

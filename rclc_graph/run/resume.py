@@ -23,6 +23,7 @@ so a run still going (or a second resume) cannot write the same nodes.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,29 +31,19 @@ from typing import Any, Mapping
 
 import anyio
 
-from ._files import DirectoryLock, file_sha256
-from .errors import GraphError
-from .plan import Plan, compile_plan
-from .record import (
-    NODES_DIR,
-    RunRecorder,
-    code_fingerprint,
-    prepare_models,
-    read_node,
-    read_record,
-    record_run,
-    safe_name,
-    versions,
-)
-from .results import NodeResult, RunResult
-from .spec import GraphSpec
+from .._files import DirectoryLock, file_sha256
+from ..errors import GraphError, ResumeError
+from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
+from ..plan.compile import Plan, compile_plan
+from ..results.events import EventStream
+from ..results.run_result import NodeResult, RunResult
+from ..spec.models import GraphSpec
+from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, versions
+from .recorded import prepare_models, record_run
+from .recorder import RunRecorder
 
 # Versions that decide what a node computes; the code fingerprint covers rclc's own source.
 _COMPUTING_PACKAGES = ("rclc", "rclc_graph", "torch", "transformers")
-
-
-class ResumeError(ValueError):
-    """A run directory that cannot be resumed to the outputs an uninterrupted run gives."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +161,6 @@ def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str,
 
 
 def _node_run_id(path: Path) -> Any:
-    import json
-
     return json.loads(path.read_text(encoding="utf-8")).get("run_id")
 
 
@@ -203,9 +192,9 @@ def read_resume_point(run_dir: str | os.PathLike[str], *, trust_code: bool = Fal
 async def resume_run(
     run_dir: str | os.PathLike[str],
     *,
-    pool: Any = None,
-    executor: Any = None,
-    events: Any = None,
+    pool: ModelPool | None = None,
+    executor: Executor | None = None,
+    events: EventStream | None = None,
     trust_code: bool = False,
 ) -> tuple[RunResult, dict[str, Any], Path]:
     """Continue the run recorded in `run_dir`; returns (result, record, run_dir) like run_recorded.
@@ -214,9 +203,6 @@ async def resume_run(
     recorded in the same directory: its nodes next to the old ones, and the record's
     `attempts` say which nodes each attempt ran, reused and restored.
     """
-    from .pool import default_pool
-    from .runtime import LocalExecutor, RunContext
-
     directory = Path(run_dir)
     if not directory.is_dir():
         raise ResumeError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
@@ -226,8 +212,6 @@ async def resume_run(
         point = read_resume_point(directory, trust_code=trust_code)
         pool = pool if pool is not None else default_pool()
         inner = executor if executor is not None else LocalExecutor(pool)
-        if point.restore and not (hasattr(inner, "bind") and hasattr(inner, "adopt")):
-            raise ResumeError(f"executor: {getattr(inner, 'name', type(inner).__name__)!r} cannot adopt restored agents")
         if executor is None:
             await prepare_models(point.plan, pool, point.base_dir)
         await anyio.to_thread.run_sync(_check_models, point, pool)  # hashing weights takes a moment
@@ -258,7 +242,7 @@ async def _silent(kind: str, payload: dict[str, Any]) -> None:
     return None
 
 
-def _check_models(point: ResumePoint, pool: Any) -> None:
+def _check_models(point: ResumePoint, pool: ModelPool) -> None:
     """The loaded models must be the ones the run used: the record's fingerprints, and the
     identity each finished node's snapshot was written with."""
     recorded = {item.get("name"): item for item in point.record.get("models") or [] if isinstance(item, Mapping)}
@@ -284,9 +268,12 @@ def _check_models(point: ResumePoint, pool: Any) -> None:
             )
 
 
-async def _restore(executor: Any, ctx: Any, point: ResumePoint, name: str) -> Any:
+async def _restore(executor: Executor, ctx: RunContext, point: ResumePoint, name: str) -> Any:
     """Bind the node's agent as the run did and load its snapshot (every check before use)."""
-    agent = executor.bind(ctx, point.plan.node(name))
+    try:
+        agent = executor.bind(ctx, point.plan.node(name))
+    except NotImplementedError as error:
+        raise ResumeError(f"executor: {executor.name!r} cannot adopt restored agents ({error})") from None
     path = point.run_dir / NODES_DIR / str(point.snapshots[name]["file"])
     try:
         await agent.load(path)
@@ -295,4 +282,4 @@ async def _restore(executor: Any, ctx: Any, point: ResumePoint, name: str) -> An
     return agent
 
 
-__all__ = ["ResumeError", "ResumePoint", "read_resume_point", "resume_run", "resume_run_sync"]
+__all__ = ["ResumePoint", "read_resume_point", "resume_run", "resume_run_sync"]

@@ -10,6 +10,7 @@ business (`LocalExecutor` in-process; others can place nodes elsewhere).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import uuid
@@ -18,32 +19,21 @@ from typing import Any, Protocol
 
 import anyio
 
-from .events import EventStream
-from .lineage import HopRecord
-from .plan import Plan, PlanEdge, PlanNode
-from .pool import ModelPool, default_pool
-from .results import NodeResult, RunResult
-from .runtime import LocalExecutor, NodeFailed, RunContext
-
-
-class Executor(Protocol):
-    name: str
-
-    async def run_node(
-        self, ctx: RunContext, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]
-    ) -> NodeResult: ...
-
-    def release(self, run_id: str) -> None: ...
+from ..errors import NodeFailed, ObserverFailed
+from ..executors import make_executor
+from ..executors.contract import Executor, RunContext
+from ..executors.local import LocalExecutor
+from ..executors.pool import ModelPool, default_pool
+from ..plan.compile import Plan
+from ..results.events import EventStream
+from ..results.lineage import HopRecord
+from ..results.run_result import NodeResult, RunResult
 
 
 class RunObserver(Protocol):
     """Told about node completions as they happen (records, progress bars)."""
 
     def node_finished(self, run_id: str, result: NodeResult) -> None: ...
-
-
-class ObserverFailed(Exception):
-    """The run's observer callback raised after a node finished (the node itself is done)."""
 
 
 def new_run_id() -> str:
@@ -84,16 +74,12 @@ async def run_plan(
     one made from a name here is closed when the run ends.
     """
     if isinstance(executor, str):
-        from .executors import make_executor
-
         owned = make_executor(executor, pool=pool)
         try:
             return await run_plan(plan, pool=pool, executor=owned, events=events, run_id=run_id, seed=seed,
                                   base_dir=base_dir, completed=completed, observer=observer)
         finally:
-            close = getattr(owned, "close", None)
-            if close is not None:
-                close()
+            owned.close()
     executor = executor if executor is not None else LocalExecutor(pool if pool is not None else default_pool())
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
@@ -213,6 +199,4 @@ def _only(error: BaseException, kind: type) -> bool:
 
 def run_plan_sync(plan: Plan, **options: Any) -> RunResult:
     """`run_plan` for code without an event loop."""
-    import functools
-
     return anyio.run(functools.partial(run_plan, plan, **options))

@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from . import _yaml
-from .errors import CODES, FieldPath, GraphError, Location, PlanError, Problem, SpecError, format_path
-from .spec import AgentSpec, GraphSpec, ModelSpec
+from ..errors import ErrorCode, FieldPath, GraphError, Location, Problem, SpecError, format_path
+from . import safe_yaml as _yaml
+from .models import AgentSpec, GraphSpec, ModelSpec
 
 DEFAULT_MAX_BYTES = 1 << 20
 _PROFILE_DIRS = {"agents": "agents", "models": "models"}
@@ -118,34 +118,6 @@ def load_agent(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
 
 def load_model(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> ModelSpec:
     return _load_profile(ModelSpec, path, max_bytes)
-
-
-def validate_file(path: str | os.PathLike[str], *, trust_code: bool = False, max_bytes: int = DEFAULT_MAX_BYTES):
-    """Load and validate a topology; graph-level errors also name file and line."""
-    from .validate import validate
-
-    loaded = read_graph(path, max_bytes=max_bytes)
-    try:
-        return validate(loaded.spec, trust_code=trust_code)
-    except PlanError as exc:
-        raise exc.with_locations(loaded.locate) from None
-
-
-def plan_file(
-    path: str | os.PathLike[str],
-    inputs: Mapping[str, Any] | None = None,
-    *,
-    trust_code: bool = False,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-):
-    """Load, validate and compile a topology for one run's inputs."""
-    from .plan import compile_plan
-
-    loaded = read_graph(path, max_bytes=max_bytes)
-    try:
-        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code)
-    except PlanError as exc:
-        raise exc.with_locations(loaded.locate) from None
 
 
 # -- internals -------------------------------------------------------------------------------
@@ -250,7 +222,8 @@ def problems_from_validation(
     problems = []
     for error in exc.errors():
         path = _data_path(error["loc"], data, error["type"] == "missing")
-        code = error["type"] if error["type"] in CODES else "E_FIELD"
+        # our own checks raise their stable code as the pydantic error type (spec/models.py)
+        code = ErrorCode(error["type"]) if error["type"] in ErrorCode.__members__ else ErrorCode.E_FIELD
         message, fix = _describe(error, path, root)
         problems.append(Problem(code, message, fix, path, locate(sources, path)))
     return problems

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from yaml.constructor import SafeConstructor
 
-from .errors import FieldPath, Location, Problem, SpecError
+from ..errors import FieldPath, Location, Problem, SpecError
 
 _PLAIN_SCALARS = {
     "tag:yaml.org,2002:str",

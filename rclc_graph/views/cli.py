@@ -10,7 +10,6 @@ the fix. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -18,12 +17,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
+import anyio
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from .errors import GraphError, format_path
+from ..errors import ExecutorUnavailable, GraphError, format_path
+from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
+from ..experiments import commands as experiment_commands
+from ..plan import plan_file, validate_file
+from ..render import save_png, sketch_blueprint, sketch_plan, to_mermaid
+from ..run import read_record, read_resume_point
+from ..run.preflight import check_code, check_context
+from ..spec import json_schema, read_graph
 from .interactive import execute, execute_resume
+from .terminal import render_record
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -39,20 +47,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-# Sub-apps living in their own modules: (group name or None, module, attribute holding a
-# typer.Typer). None mounts the sub-app's commands at the top level (`rclc-graph experiment`).
-SUBAPPS: tuple[tuple[str | None, str, str], ...] = (
-    (None, "rclc_graph.experiments.cli", "app"),  # experiment, data, compare-runs
-)
-
-
-def _add_subapps() -> None:
-    for name, module, attribute in SUBAPPS:
-        sub_app = getattr(importlib.import_module(module), attribute)
-        if name is None:
-            app.add_typer(sub_app)
-        else:
-            app.add_typer(sub_app, name=name)
+app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
 
 
 def _stdout() -> Console:
@@ -148,8 +143,6 @@ def read_inputs(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool) -> list[Any]:
-    from .load import plan_file
-
     plans = []
     for label, inputs in runs:
         try:
@@ -184,9 +177,6 @@ def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> None:
     """Prompts that cannot fit their context and trusted code that does not import, refused
     with the YAML line before any weights load."""
-    from .load import read_graph
-    from .preflight import check_code, check_context
-
     for plan in plans:
         try:
             check_code(plan)
@@ -197,8 +187,6 @@ def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> N
 
 def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interrupted: bool, json_output: bool) -> int:
     """Print a recorded run (JSON summary or tables); the exit code it calls for (130 raises)."""
-    from .terminal import render_record
-
     if json_output:
         sys.stdout.write(json.dumps(_summary(record, run_dir), ensure_ascii=False) + "\n")
         sys.stdout.flush()
@@ -267,12 +255,6 @@ def run(
     ),
 ) -> None:
     """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
-    import anyio
-
-    from .executors import ExecutorUnavailable, make_executor
-    from .executors.placement import parse_pins, parse_replicas
-    from .pool import default_pool
-
     console = _stdout()
     try:
         runs = read_inputs(input)
@@ -326,10 +308,8 @@ def run(
         raise typer.Exit(status)
 
 
-def _start_hosts(executor: Any, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+def _start_hosts(executor: Executor, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
     """Start the executor's replicas and load their models before the run (Ray actors)."""
-    import anyio
-
     label = f"starting {executor.name} replicas of {', '.join(spec.name for spec in plan.models())}"
     if quiet:
         anyio.run(executor.prepare, plan, base_dir)
@@ -355,11 +335,6 @@ def resume(
     trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
 ) -> None:
     """Continue a crashed, cancelled or failed run: finished nodes are kept, the rest runs."""
-    import anyio
-
-    from .pool import default_pool
-    from .resume import read_resume_point
-
     console = _stdout()
     try:
         point = read_resume_point(run_dir, trust_code=trust_code)
@@ -395,8 +370,6 @@ def validate(
     json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
 ) -> None:
     """Check a topology (and optionally inputs) without running anything. Exit 1 on problems."""
-    from .load import validate_file
-
     console = _stdout()
     try:
         blueprint = validate_file(topology, trust_code=trust_code)
@@ -444,9 +417,6 @@ def draw(
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
 ) -> None:
     """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib)."""
-    from .drawing import save_png, sketch_blueprint, sketch_plan, to_mermaid
-    from .load import validate_file
-
     try:
         if input is not None:
             runs = read_inputs(input)
@@ -484,9 +454,6 @@ def inspect(
     node: Optional[str] = typer.Option(None, "--node", "-n", help="show the detailed lineage of this node"),
 ) -> None:
     """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
-    from .record import read_record
-    from .terminal import render_record
-
     try:
         record = read_record(run_dir)
         if json_output:
@@ -511,12 +478,8 @@ def schema(
     kind: SchemaKind = typer.Option(SchemaKind.topology, "--kind", "-k", help="which file's schema"),
 ) -> None:
     """Print the JSON Schema of topology, agent or model files (for editor completion)."""
-    from .spec import json_schema
-
     _write_json(json_schema(kind.value))
 
-
-_add_subapps()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,7 +491,3 @@ def main(argv: list[str] | None = None) -> int:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,9 +17,8 @@ import anyio
 from rich.console import Console
 from rich.text import Text
 
-from .events import EventStream
-from .record import read_record, run_recorded
-from .scheduler import new_run_id
+from ..results.events import EventStream
+from ..run import new_run_id, read_record, resume_run, run_recorded
 from .terminal import ProgressView
 
 
@@ -78,8 +77,6 @@ async def execute_resume(
     point: Any, *, pool: Any, console: Console, quiet: bool, trust_code: bool, executor: Any = None
 ) -> tuple[dict[str, Any], Path, bool]:
     """`execute` for a resume (resume.py): the same progress view, record and Ctrl-C."""
-    from .resume import resume_run
-
     async def start(events: EventStream) -> dict[str, Any]:
         _, record, _ = await resume_run(point.run_dir, pool=pool, executor=executor, events=events,
                                         trust_code=trust_code)

@@ -15,10 +15,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ._units import format_bytes
-from .events import EventStream
-from .plan import Plan
-from .report import hops_text
+from ..plan.compile import Plan
+from ..render.html_report import hops_text
+from ..render.units import format_bytes, format_seconds
+from ..results.events import EventStream
 
 STATUS_STYLE = {
     "waiting": ("·", "dim"),
@@ -31,9 +31,7 @@ MAX_LIVE_ROWS = 24
 
 
 def _seconds(value: float | None) -> str:
-    if value is None:
-        return ""
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+    return format_seconds(value, decimals=1, missing="")
 
 
 def _one_line(text: str, width: int) -> str:

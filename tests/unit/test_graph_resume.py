@@ -20,8 +20,8 @@ import torch
 from rclc import models
 from rclc_graph import ModelPool, plan_file, read_resume_point, resume_run_sync, run_recorded_sync
 from rclc_graph._files import DirectoryLock
-from rclc_graph.record import RECORD_FILE
-from rclc_graph.resume import ResumeError
+from rclc_graph.run.record import RECORD_FILE
+from rclc_graph.errors import ResumeError
 
 from _reliability import (
     SIX_INPUTS,
