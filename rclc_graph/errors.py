@@ -25,10 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
-
-if TYPE_CHECKING:  # annotations only: errors sit below every other module of the package
-    from .plan.compile import PlanEdge
+from typing import Any, Callable, Iterable, Mapping
 
 
 class ErrorCode(str, Enum):
@@ -205,7 +202,8 @@ class StoreError(RclcGraphError, ValueError):
 class NodeFailed(RclcGraphError):
     """A node failed; names the node, the edge (when a handoff failed) and the cause."""
 
-    def __init__(self, node: str, cause: BaseException, edge: PlanEdge | None = None) -> None:
+    def __init__(self, node: str, cause: BaseException, edge: Any = None) -> None:
+        # `edge` is a plan.PlanEdge (or None); not imported: errors sit below every layer.
         self.node, self.cause, self.edge = node, cause, edge
         where = f"node {node!r}"
         if edge is not None:

@@ -76,6 +76,7 @@ class ModelPool:
         return ModelProfile(tokenizer, limit)
 
     def get(self, spec: ModelSpec, base_dir: Path | None = None) -> LoadedModel:
+        """The loaded model `spec` declares, loading it on first use (once per process)."""
         key = model_key(spec, base_dir)
         with self._lock:
             loaded = self._models.get(key)
@@ -94,6 +95,7 @@ class ModelPool:
             return loaded
 
     def loaded(self) -> list[LoadedModel]:
+        """Every model loaded so far (records name their fingerprints)."""
         with self._lock:
             return list(self._models.values())
 

@@ -73,6 +73,10 @@ def _check_key(kind: str, name: Any) -> None:
 
 
 class Graph:
+    """A topology written as code: each method adds one declaration (checked at once) and
+    returns the graph, so calls chain; `spec()`, `validate()`, `plan()` and `to_yaml()` turn
+    it into what a YAML file would give."""
+
     def __init__(self, name: str, *, description: str = "") -> None:
         _build(GraphSpec, (), {"name": name, "description": description})
         self.name = name
@@ -87,6 +91,7 @@ class Graph:
 
     @classmethod
     def from_spec(cls, spec: GraphSpec) -> Graph:
+        """A builder holding everything `spec` declares, to edit a loaded topology in code."""
         graph = cls(spec.name, description=spec.description)
         graph._inputs = spec.input_specs()
         graph._models = list(spec.models)
@@ -98,6 +103,7 @@ class Graph:
         return graph
 
     def input(self, name: str, type: str = "str", *, default: str | Sequence[str] | None = None, description: str = "") -> Graph:
+        """Declare a run input (`type` "str" or "list[str]"), optionally with a default."""
         _check_key("inputs", name)
         data: dict[str, Any] = {"type": type, "description": description}
         if default is not None:
@@ -108,20 +114,29 @@ class Graph:
         return self
 
     def model(self, name: str, source: str = "embedded", **options: Any) -> Graph:
+        """Declare a model (`source`: "embedded", a local path or a hub id; `options`: the
+        other ModelSpec fields such as dtype, device, backend, replicas)."""
         self._add(self._models, "models", ModelSpec, {"name": name, "source": source, **options})
         return self
 
     def agent(self, name: str, *, model: str, system: str = "", **options: Any) -> Graph:
+        """Declare an agent profile on a declared model (`options`: the other AgentSpec fields
+        such as max_new_tokens, greedy, temperature, seed, context_limit)."""
         self._add(self._agents, "agents", AgentSpec, {"name": name, "model": model, "system": system, **options})
         return self
 
     def node(self, name: str, *, agent: str, prompt: str = "", **options: Any) -> Graph:
+        """Declare a node run by `agent` with a prompt template (`options`: the other NodeSpec
+        fields such as output, generate, foreach, item)."""
         self._add(self._nodes, "nodes", NodeSpec, {"name": name, "agent": agent, "prompt": prompt, **options})
         return self
 
     def edge(
         self, source: str, target: str, policy: TransferPolicy | str | None = None, *, rounds: int | None = None, description: str = ""
     ) -> Graph:
+        """Declare an edge: `policy` is a TransferPolicy (`Policy(...)`), a mapping of its
+        fields, or the name of a declared policy (None: the default state policy); `rounds`
+        makes it the closing edge of a bounded loop."""
         data: dict[str, Any] = {"source": source, "target": target, "description": description, "rounds": rounds}
         if policy is not None:
             data["policy"] = policy
@@ -136,12 +151,14 @@ class Graph:
         return self
 
     def limits(self, *, rounds: int | None = None, max_nodes: int | None = None) -> Graph:
+        """Set the graph's bounds: the most loop rounds and the most plan nodes."""
         data = self._rounds.model_dump()
         data.update({key: value for key, value in (("limit", rounds), ("max_nodes", max_nodes)) if value is not None})
         self._rounds = _build(RoundsSpec, ("rounds",), data)
         return self
 
     def spec(self) -> GraphSpec:
+        """The GraphSpec of everything declared so far (what loading a YAML file gives)."""
         return GraphSpec(
             name=self.name,
             description=self.description,
@@ -155,12 +172,15 @@ class Graph:
         )
 
     def validate(self, *, trust_code: bool = False) -> Blueprint:
+        """Whole-graph checks without inputs; PlanError listing every problem."""
         return validate(self.spec(), trust_code=trust_code)
 
     def plan(self, inputs: Mapping[str, Any], *, trust_code: bool = False) -> Plan:
+        """Validate and compile the graph for one run's inputs."""
         return compile_plan(self.spec(), inputs, trust_code=trust_code)
 
     def to_yaml(self) -> str:
+        """The topology as YAML text that loads back into an equal spec."""
         return to_yaml(self.spec())
 
     def _add(self, items: list, kind: str, model: type[BaseModel], data: dict[str, Any]) -> None:

@@ -57,6 +57,8 @@ class PlanNode:
 
 @dataclass(frozen=True)
 class PlanEdge:
+    """One handoff between two concrete nodes, with its resolved policy and rendered request."""
+
     id: int  # position in Plan.edges
     source: str
     target: str
@@ -74,6 +76,10 @@ class _Wiring:
 
 @dataclass(frozen=True)
 class Plan:
+    """A topology expanded over one run's inputs: a frozen DAG of concrete nodes and edges
+    that the scheduler walks (`ready`, `ready_after`) and records describe (`describe`,
+    `fingerprint`). Build one with `compile_plan` or `Graph.plan`."""
+
     name: str
     spec: GraphSpec
     trust_code: bool
@@ -86,9 +92,11 @@ class Plan:
 
     @property
     def order(self) -> tuple[str, ...]:
+        """Node names in the plan's deterministic topological order."""
         return tuple(node.name for node in self.nodes)
 
     def node(self, name: str) -> PlanNode:
+        """The node called `name` (KeyError naming the plan otherwise)."""
         try:
             return self.nodes[self._index[name]]
         except KeyError:
@@ -99,15 +107,19 @@ class Plan:
         return tuple(self.edges[edge] for edge in self.node(name).incoming)
 
     def outgoing(self, name: str) -> tuple[PlanEdge, ...]:
+        """Edges out of `name`, in declaration order."""
         return tuple(self.edges[edge] for edge in self.node(name).outgoing)
 
     def senders(self, name: str) -> tuple[str, ...]:
+        """The nodes `name` receives from, in arrival order (one per edge)."""
         return tuple(edge.source for edge in self.incoming(name))
 
     def receivers(self, name: str) -> tuple[str, ...]:
+        """The nodes `name` hands over to, one per outgoing edge."""
         return tuple(edge.target for edge in self.outgoing(name))
 
     def roots(self) -> tuple[str, ...]:
+        """Nodes without senders: the ones a run starts with."""
         return tuple(node.name for node in self.nodes if not node.incoming)
 
     def levels(self) -> tuple[tuple[str, ...], ...]:
@@ -232,6 +244,8 @@ def compile_plan(spec: GraphSpec | Blueprint, inputs: Mapping[str, Any], *, trus
 
 
 def expand(blueprint: Blueprint, inputs: Mapping[str, Any]) -> Plan:
+    """A validated blueprint over one run's inputs: foreach copies, loop rounds, rendered
+    prompts and requests; PlanError (E_INPUT, E_TOO_LARGE, ...) naming every problem."""
     values = _check_inputs(blueprint, inputs)
     _check_indexed_fields(blueprint, values)
     copies = _copies(blueprint, values)

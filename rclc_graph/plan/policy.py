@@ -22,6 +22,8 @@ Mode = Literal["state", "full", "text"]
 
 @dataclass(frozen=True)
 class ResolvedReasoning:
+    """An edge's reasoning step with every default filled in."""
+
     method: str  # "latent_mass" or "module:callable"
     steps: int
     context: str  # full | full_with_request | selected | selected_with_request
@@ -29,13 +31,16 @@ class ResolvedReasoning:
 
     @property
     def builtin(self) -> bool:
+        """Whether the method is one rclc ships (not a module:callable)."""
         return self.method in BUILTIN_REASONING
 
     @property
     def after_selection(self) -> bool:
+        """Whether reasoning runs on the selected rows (context selected*), not the full state."""
         return self.context.startswith("selected")
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (plan descriptions and records)."""
         return {"method": self.method, "steps": self.steps, "context": self.context, "budget": self.budget}
 
 
@@ -63,6 +68,7 @@ class ResolvedPolicy:
 
     @property
     def options(self) -> dict[str, Any]:
+        """The selector's keyword options as a dict."""
         return dict(self.selector_options)
 
     def user_code(self) -> tuple[tuple[str, str], ...]:
@@ -75,6 +81,7 @@ class ResolvedPolicy:
         return tuple(found)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (plan descriptions and records)."""
         return {
             "mode": self.mode,
             "label": self.label,

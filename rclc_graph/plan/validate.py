@@ -43,11 +43,9 @@ class Blueprint:
     _loop_of: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
 
     def loop_of(self, node: str) -> Loop | None:
+        """The bounded loop `node` belongs to, or None."""
         index = self._loop_of.get(node)
         return None if index is None else self.loops[index]
-
-    def model_of(self, node: str) -> ModelSpec:
-        return self.models[self.agents[self.nodes[node].agent].model]
 
     def variables(self, node: str) -> frozenset[str]:
         """Template variables a node may use: inputs, its foreach item and index, and round."""

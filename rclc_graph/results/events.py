@@ -52,6 +52,8 @@ def estimate_bytes(value: Any, _depth: int = 0) -> int:
 
 @dataclass(frozen=True)
 class Event:
+    """One event of a run as the consumer receives it (kinds: `KINDS`)."""
+
     seq: int  # strictly increasing in delivery order
     epoch: int
     run_id: str
@@ -60,6 +62,7 @@ class Event:
     nbytes: int  # the estimate the byte bound counts
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
         return {
             "seq": self.seq,
             "epoch": self.epoch,
@@ -72,6 +75,8 @@ class Event:
 
 @dataclass(frozen=True)
 class StreamStats:
+    """Counters of an EventStream (`EventStream.stats()`): bounds, traffic, drops, high water."""
+
     max_events: int
     max_bytes: int
     published: int  # events that entered the queue
@@ -85,6 +90,7 @@ class StreamStats:
     retired_epochs: tuple[int, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
@@ -103,6 +109,9 @@ class _Waiter:
 
 
 class EventStream:
+    """A bounded, ordered stream of run events with epochs (see the module docstring): a slow
+    consumer slows its producers, a cancelled run's stale events are dropped, never late."""
+
     def __init__(self, *, max_events: int = 1024, max_bytes: int = 1 << 20) -> None:
         if type(max_events) is not int or max_events < 1:
             raise ValueError(f"max_events: expected an int >= 1, got {max_events!r}")
@@ -180,9 +189,6 @@ class EventStream:
         self._pump()
         return dropped
 
-    def is_retired(self, epoch: int) -> bool:
-        return epoch in self._retired
-
     def close(self) -> None:
         """No more publishing: blocked and later publishes raise ClosedResourceError; the
         consumer drains what is queued, then iteration ends."""
@@ -225,6 +231,7 @@ class EventStream:
         self.close()
 
     def stats(self) -> StreamStats:
+        """A snapshot of the stream's counters."""
         return StreamStats(
             max_events=self.max_events,
             max_bytes=self.max_bytes,

@@ -34,6 +34,9 @@ KINDS: tuple[str, ...] = ("prompt", "token", "latent", "continuous")
 
 @dataclass(frozen=True)
 class Origin:
+    """Where one held position came from: the node that created it, its index there, its kind
+    and how many handoffs it crossed since."""
+
     node: str
     index: int  # position in the origin node's state when it was created
     kind: Kind
@@ -60,9 +63,11 @@ class Segment:
                 raise ValueError(f"{name}: expected an int >= {1 if name == 'length' else 0}, got {value!r}")
 
     def origin(self, offset: int) -> Origin:
+        """The origin of the segment's `offset`-th position."""
         return Origin(self.node, self.start + offset, self.kind, self.hops)
 
     def to_list(self) -> list[Any]:
+        """[node, kind, hops, start, length]: the compact JSON form of a segment."""
         return [self.node, self.kind, self.hops, self.start, self.length]
 
 
@@ -106,6 +111,7 @@ class Lineage:
         return self._ends[-1] if self._ends else 0
 
     def origin(self, position: int) -> Origin:
+        """Where position `position` of this state came from (IndexError outside it)."""
         if type(position) is not int or not 0 <= position < len(self):
             raise IndexError(f"position {position!r} is outside a lineage of {len(self)} positions")
         segment_index = bisect_right(self._ends, position)
@@ -120,12 +126,15 @@ class Lineage:
                 yield segment.origin(offset)
 
     def counts_by_node(self) -> dict[str, int]:
+        """Positions per origin node."""
         return _count(self.segments, lambda segment: segment.node)
 
     def counts_by_kind(self) -> dict[str, int]:
+        """Positions per kind (prompt, token, latent)."""
         return _count(self.segments, lambda segment: segment.kind)
 
     def counts_by_hops(self) -> dict[int, int]:
+        """Positions per number of handoffs they crossed."""
         return _count(self.segments, lambda segment: segment.hops)
 
     # -- composition -----------------------------------------------------------------------
@@ -151,16 +160,19 @@ class Lineage:
     # -- records ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data: the position count and the segments."""
         return {"positions": len(self), "segments": [segment.to_list() for segment in self.segments]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Lineage:
+        """The inverse of `to_dict` (ValueError when the counts disagree)."""
         lineage = cls.join([cls((Segment(*entry),)) for entry in data["segments"]])
         if len(lineage) != data.get("positions", len(lineage)):
             raise ValueError(f"positions: the record says {data['positions']} but its segments hold {len(lineage)}")
         return lineage
 
     def summary(self) -> dict[str, Any]:
+        """Counts by node, kind and hops: what records keep per node."""
         return {
             "positions": len(self),
             "by_node": self.counts_by_node(),
@@ -194,6 +206,7 @@ class HopRecord:
     crossed_bytes: int = 0  # payload bytes that left the sender's machine (0 in-process)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["kept_by_origin"] = dict(self.kept_by_origin)
         data["kept_by_kind"] = dict(self.kept_by_kind)
@@ -205,6 +218,8 @@ class HopRecord:
 
 @dataclass(frozen=True)
 class Hop:
+    """One handoff as the receiver composes it: the lineage it inherits and the hop's record."""
+
     lineage: Lineage  # what the receiver inherits from this sender (hops already counted)
     record: HopRecord
 

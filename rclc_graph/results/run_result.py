@@ -28,6 +28,7 @@ class NodeResult:
     placement: dict[str, str] | None = None  # where it ran ({"replica", "actor", "node"}); None in-process
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (node files and records)."""
         return {
             "node": self.node,
             "text": self.text,
@@ -48,6 +49,7 @@ class NodeResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeResult:
+        """The inverse of `to_dict` (reading a node file)."""
         return cls(
             node=data["node"],
             text=data["text"],
@@ -68,6 +70,8 @@ class NodeResult:
 
 @dataclass
 class RunResult:
+    """A whole run: status, the output nodes' texts, every node's result, every hop in plan order."""
+
     run_id: str
     status: str  # finished | failed | cancelled
     outputs: dict[str, str]
@@ -78,6 +82,7 @@ class RunResult:
     failed_node: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
         return {
             "run_id": self.run_id,
             "status": self.status,

@@ -91,9 +91,11 @@ class RunRecorder:
 
     # where things go
     def node_json(self, node: str) -> Path:
+        """Where node `node`'s JSON goes."""
         return self.run_dir / NODES_DIR / f"{safe_name(node)}.json"
 
     def node_snapshot(self, node: str) -> Path:
+        """Where node `node`'s snapshot goes."""
         return self.run_dir / NODES_DIR / f"{safe_name(node)}.safetensors"
 
     def start(self) -> Path:

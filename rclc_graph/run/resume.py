@@ -61,10 +61,12 @@ class ResumePoint:
 
     @property
     def run_id(self) -> str:
+        """The run being resumed."""
         return str(self.record["run_id"])
 
     @property
     def remaining(self) -> tuple[str, ...]:
+        """Nodes still to run, in plan order."""
         return tuple(name for name in self.plan.order if name not in self.finished)
 
 

@@ -102,6 +102,7 @@ def read_graph(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
 
 
 def load_graph(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> GraphSpec:
+    """The GraphSpec of a topology file (`read_graph` also keeps each value's file and line)."""
     return read_graph(path, max_bytes=max_bytes).spec
 
 
@@ -113,10 +114,12 @@ def load_graph_text(
 
 
 def load_agent(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> AgentSpec:
+    """An agent profile file (agents/*.yaml); `name` defaults to the file's stem."""
     return _load_profile(AgentSpec, path, max_bytes)
 
 
 def load_model(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> ModelSpec:
+    """A model profile file (models/*.yaml); a relative source resolves against the file."""
     return _load_profile(ModelSpec, path, max_bytes)
 
 

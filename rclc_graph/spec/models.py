@@ -147,6 +147,7 @@ class ModelSpec(_Spec):
 
     @property
     def source_kind(self) -> str:
+        """"embedded", "path" or "hub": how the pool finds the weights."""
         return source_kind(self.source) or "hub"
 
 
@@ -185,6 +186,7 @@ class AgentSpec(_Spec):
 
     @property
     def greedy(self) -> bool:
+        """Whether the agent decodes greedily (no temperature): reruns give the same text."""
         return self.temperature is None
 
 
@@ -382,6 +384,7 @@ class GraphSpec(_Spec):
         return {key: InputSpec(type=spec) if isinstance(spec, str) else spec for key, spec in value.items()}
 
     def input_specs(self) -> dict[str, InputSpec]:
+        """Each declared input as an InputSpec (short forms like `question: str` expanded)."""
         return dict(self.inputs)  # type: ignore[arg-type]  # normalised by _normalise_inputs
 
 
