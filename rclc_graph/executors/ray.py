@@ -126,6 +126,19 @@ class _RayHandle:
             f"died: {reason}"
         )
 
+    def _failure(self, error: BaseException, *, keep_cause: bool) -> BaseException:
+        """What a failed actor call raises here: HostDied when the actor is gone; with
+        `keep_cause`, the exception the actor method raised; else Ray's last line as a
+        RuntimeError."""
+        if isinstance(error, (RayActorError, ActorUnavailableError)):
+            return self._death(error)
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, (RayActorError, ActorUnavailableError)):
+            return self._death(cause)
+        if keep_cause and isinstance(cause, Exception):
+            return cause
+        return RuntimeError(str(error).strip().splitlines()[-1])
+
     async def _describe(self) -> None:
         if not self._described:
             info = await self.actor.describe.remote()
@@ -138,25 +151,18 @@ class _RayHandle:
             await self._describe()
             ref = getattr(self.actor, method).remote(*args)
             return await ref
-        except (RayActorError, ActorUnavailableError) as error:
-            raise self._death(error) from None
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, (RayActorError, ActorUnavailableError)):
-                raise self._death(cause) from None
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise RuntimeError(str(error).strip().splitlines()[-1]) from None
+        except (RayActorError, ActorUnavailableError, RayTaskError) as error:
+            raise self._failure(error, keep_cause=True) from None
         except asyncio.CancelledError:
             if ref is not None:
                 ray.cancel(ref)
             raise
 
-    async def run_node(self, ticket, node, inbound, handoffs, publish):  # type: ignore[no-untyped-def]
+    async def run_node(self, ticket, node, inbound, refs, publish):  # type: ignore[no-untyped-def]
         stream = None
         try:
             await self._describe()
-            stream = self.actor.run_node_stream.options(num_returns="streaming").remote(ticket, node, inbound, handoffs)
+            stream = self.actor.run_node_stream.options(num_returns="streaming").remote(ticket, node, inbound, refs)
             async for ref in stream:
                 item = await ref
                 if item[0] == "event":
@@ -166,13 +172,9 @@ class _RayHandle:
                 else:
                     raise RemoteNodeFailure(item[1])
             raise RuntimeError(f"replica {self.placement['replica']}: node {node!r} ended without a result")
-        except (RayActorError, ActorUnavailableError) as error:
-            raise self._death(error) from None
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, (RayActorError, ActorUnavailableError)):
-                raise self._death(cause) from None
-            raise RuntimeError(str(error).strip().splitlines()[-1]) from None
+        except (RayActorError, ActorUnavailableError, RayTaskError) as error:
+            # a node's own failure arrives as an ("error", info) item; this is the actor failing
+            raise self._failure(error, keep_cause=False) from None
         except asyncio.CancelledError:
             self.stop(ticket.run_id)
             if stream is not None:

@@ -9,11 +9,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
+from .._files import write_atomic, write_text_atomic
 from .summary import format_accuracy, format_bytes
 
 COMPRESSION_PLOT = "accuracy_vs_compression.png"
@@ -21,8 +24,8 @@ LATENCY_PLOT = "accuracy_vs_latency.png"
 REPORT = "report.md"
 
 
-def _pyplot():
-    import matplotlib
+def _pyplot() -> Any:
+    import matplotlib  # lazy: matplotlib is heavy, and only experiments that finish plot
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as pyplot
@@ -35,61 +38,66 @@ def _error_bar(arm: Mapping[str, Any]) -> list[list[float]]:
     return [[max(arm["accuracy"] - low, 0.0)], [max(high - arm["accuracy"], 0.0)]]
 
 
-def plot_accuracy_vs_compression(summary: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+@contextlib.contextmanager
+def _accuracy_figure(summary: Mapping[str, Any], path: str | os.PathLike[str], what: str, x_label: str) -> Iterator[Any]:
+    """Axes whose y axis is accuracy; the block draws the arms, then the figure is labelled,
+    written to `path` (atomically) and closed."""
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     try:
+        yield axes
+        axes.set_xlabel(x_label)
+        axes.set_ylabel("accuracy (95% bootstrap interval)")
+        axes.set_ylim(-0.02, 1.02)
+        axes.set_title(_title(summary, what))
+        axes.grid(True, alpha=0.3)
+        figure.tight_layout()
+        image = io.BytesIO()
+        figure.savefig(image, dpi=120, format="png")
+        write_atomic(path, image.getvalue())
+    finally:
+        pyplot.close(figure)
+
+
+def _point(axes: Any, x: float, arm: Mapping[str, Any], name: str, colour: str) -> None:
+    """One arm as a point with its accuracy interval, labelled with its name."""
+    axes.errorbar([x], [arm["accuracy"]], yerr=_error_bar(arm), fmt="o", capsize=3, color=colour, label=name)
+    axes.annotate(name, (x, arm["accuracy"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+
+
+def plot_accuracy_vs_compression(summary: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Accuracy against compression for arms with handoffs; reference arms as horizontal lines."""
+    with _accuracy_figure(summary, path, "accuracy vs compression",
+                          "compression: positions sent / positions kept (log scale)") as axes:
         points = lines = 0
         for index, (name, arm) in enumerate(summary["arms"].items()):
             if arm["accuracy"] is None:
                 continue
             colour = f"C{index % 10}"
             if arm["compression"] is not None and arm["compression"] > 0:
-                axes.errorbar([arm["compression"]], [arm["accuracy"]], yerr=_error_bar(arm), fmt="o", capsize=3, color=colour, label=name)
-                axes.annotate(name, (arm["compression"], arm["accuracy"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+                _point(axes, arm["compression"], arm, name, colour)
                 points += 1
             else:
                 axes.axhline(arm["accuracy"], linestyle="--", linewidth=1, color=colour, label=f"{name} ({arm['label']})")
                 lines += 1
         if points:
             axes.set_xscale("log", base=2)
-        axes.set_xlabel("compression: positions sent / positions kept (log scale)")
-        axes.set_ylabel("accuracy (95% bootstrap interval)")
-        axes.set_ylim(-0.02, 1.02)
-        axes.set_title(_title(summary, "accuracy vs compression"))
         if points or lines:
             axes.legend(fontsize=8, loc="best")
-        axes.grid(True, alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(path, dpi=120)
-    finally:
-        pyplot.close(figure)
     return Path(path)
 
 
 def plot_accuracy_vs_latency(summary: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    pyplot = _pyplot()
-    figure, axes = pyplot.subplots(figsize=(7, 4.5))
-    try:
+    """Accuracy against median end-to-end latency, every arm."""
+    with _accuracy_figure(summary, path, "accuracy vs latency", "median end-to-end latency (s)") as axes:
         plotted = 0
         for index, (name, arm) in enumerate(summary["arms"].items()):
             if arm["accuracy"] is None or arm["median_latency_s"] is None:
                 continue
             plotted += 1
-            axes.errorbar([arm["median_latency_s"]], [arm["accuracy"]], yerr=_error_bar(arm), fmt="o", capsize=3,
-                          color=f"C{index % 10}", label=name)
-            axes.annotate(name, (arm["median_latency_s"], arm["accuracy"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+            _point(axes, arm["median_latency_s"], arm, name, f"C{index % 10}")
         if plotted:
             axes.legend(fontsize=8, loc="best")
-        axes.set_xlabel("median end-to-end latency (s)")
-        axes.set_ylabel("accuracy (95% bootstrap interval)")
-        axes.set_ylim(-0.02, 1.02)
-        axes.set_title(_title(summary, "accuracy vs latency"))
-        axes.grid(True, alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(path, dpi=120)
-    finally:
-        pyplot.close(figure)
     return Path(path)
 
 
@@ -150,7 +158,7 @@ Rerun the same command into another directory and compare the answers with
 fingerprints and the same graphs, every answer must match.
 """
     paths["report"] = directory / REPORT
-    paths["report"].write_text(text, encoding="utf-8")
+    write_text_atomic(paths["report"], text)
     return paths
 
 

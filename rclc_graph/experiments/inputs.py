@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from ..spec import templates
 from ..errors import PlanError, Problem
+from ..spec import templates
 from ..spec.models import GraphSpec
 from .datasets import Case
 

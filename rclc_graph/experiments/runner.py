@@ -29,14 +29,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .._files import file_sha256, write_json_atomic
 from ..errors import GraphError, PlanError, Problem
-from ..spec.load import read_graph
 from ..plan.compile import expand
+from ..spec.load import read_graph
 from . import stats
 from .arms import Arm, apply_arm, parse_arm, spec_fingerprint, validate_arms
 from .case_result import CaseResult, RunCase, failed_result, hop_totals, scheduler_run_case
 from .datasets import Case, read_dataset
-from .inputs import check_case_fits, resolve_mapping
 from .figures import write_report
+from .inputs import check_case_fits, resolve_mapping
 from .scoring import Scorer, load_scorer
 from .store import ResultStore
 from .summary import summarise

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import FieldPath, Problem, SpecError
-from .compile import Plan, compile_plan
+from ..spec.load import problems_from_validation
 from ..spec.models import (
     AgentSpec,
     EdgeSpec,
@@ -35,8 +35,8 @@ from ..spec.models import (
     RoundsSpec,
     TransferPolicy,
 )
+from .compile import Plan, compile_plan
 from .validate import Blueprint, validate
-
 
 
 def Policy(**fields: Any) -> TransferPolicy:  # noqa: N802 - reads like the class it builds
@@ -54,8 +54,6 @@ def _build(model: type[BaseModel], path: FieldPath, data: dict[str, Any], *, who
     """`model` from `data`, or SpecError with every problem's field path under `path`; a
     problem of the object as a whole (a check across its fields) is placed at `path`, or
     at `whole` when that is empty, so every refusal names a field."""
-    from ..spec.load import problems_from_validation
-
     try:
         return model.model_validate(data)
     except ValidationError as exc:

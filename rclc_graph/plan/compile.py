@@ -20,12 +20,11 @@ from typing import Any, Collection, Mapping
 
 import networkx as nx
 
-from ..spec import templates
 from ..errors import PlanError, Problem
-from .policy import ResolvedPolicy
+from ..spec import templates
 from ..spec.models import AgentSpec, GraphSpec, ModelSpec
+from .policy import ResolvedPolicy
 from .validate import Blueprint, Step, validate
-
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import Iterable, Mapping
 
 import networkx as nx
 
-from ..spec import templates
 from ..errors import FieldPath, PlanError, Problem
+from ..spec import templates
+from ..spec.models import AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
-from ..spec.models import AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,13 @@ randomness, so two drawings of one graph are identical.
 from __future__ import annotations
 
 import html
+import io
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .._files import write_atomic
 
 # A palette that stays readable on white (Tableau 10, darker variants first).
 PALETTE = (
@@ -130,8 +134,6 @@ def layout(sketch: Sketch) -> dict[str, tuple[int, float]]:
         value = 1 + max((depth(source, visiting | {name}) for source in senders[name]), default=-1)
         column[name] = value
         return value
-
-    import sys
 
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 4 * len(sketch.nodes) + 100))
@@ -342,6 +344,7 @@ def to_svg(sketch: Sketch) -> str:
 def save_png(sketch: Sketch, path: str | Path, *, dpi: int = 150) -> Path:
     """The same picture as the SVG, drawn with matplotlib's Agg canvas (no display, no
     network, no pyplot state)."""
+    # lazy: matplotlib is heavy, and only PNGs need it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
@@ -374,5 +377,7 @@ def save_png(sketch: Sketch, path: str | Path, *, dpi: int = 150) -> Path:
         axes.text(x + w / 2, y + 17, node.name, ha="center", va="center", fontsize=8.5, fontweight="bold")
         axes.text(x + w / 2, y + 33, node.detail, ha="center", va="center", fontsize=6.5, color="#59636e")
     destination = Path(path)
-    figure.savefig(destination, dpi=dpi, format="png")
+    image = io.BytesIO()
+    figure.savefig(image, dpi=dpi, format="png")
+    write_atomic(destination, image.getvalue())
     return destination

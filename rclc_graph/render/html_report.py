@@ -15,8 +15,8 @@ import html
 import json
 from typing import Any, Iterable
 
-from .units import format_bytes, format_seconds
 from .drawing import Sketch, sketch_record, to_svg
+from .units import format_bytes, format_seconds
 
 MAX_SPAN_VIEWS = 400  # (origin, holder) prompt views shown; a note says when more were left out
 MAX_PROMPT_CHARS = 20_000  # per view; longer prompts are cut with a note

@@ -18,7 +18,7 @@ from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from .preflight import check_code, check_context
 from .recorder import RunRecorder
-from .scheduler import new_run_id, run_plan
+from .scheduler import is_cancellation, new_run_id, run_plan
 
 
 class RecordingExecutor(DelegatingExecutor):
@@ -104,7 +104,7 @@ async def record_run(
         result = await run_plan(recorder.plan, pool=pool, executor=RecordingExecutor(executor, recorder), events=events,
                                 run_id=recorder.run_id, seed=recorder.seed, base_dir=base_dir, completed=completed)
     except BaseException as error:
-        stopped = isinstance(error, (KeyboardInterrupt, anyio.get_cancelled_exc_class())) or _only_cancelled(error)
+        stopped = isinstance(error, KeyboardInterrupt) or is_cancellation(error)
         partial = recorder.partial_result(
             "cancelled" if stopped else "failed",
             "cancelled before the run finished" if stopped else f"{type(error).__name__}: {error}",
@@ -121,8 +121,3 @@ def run_recorded_sync(plan: Plan, out: str | os.PathLike[str] = "runs", **option
     """`run_recorded` for code without an event loop."""
     return anyio.run(functools.partial(run_recorded, plan, out, **options))
 
-
-def _only_cancelled(error: BaseException) -> bool:
-    if isinstance(error, BaseExceptionGroup):
-        return all(_only_cancelled(inner) for inner in error.exceptions)
-    return isinstance(error, anyio.get_cancelled_exc_class())

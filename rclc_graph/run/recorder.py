@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import anyio
 
 from .._files import DirectoryLock, write_atomic, write_json_atomic
-from ..executors import Executor, model_key
+from ..executors import model_key
 from ..plan.compile import Plan
 from ..render.html_report import render_report
 from ..results.lineage import HopRecord

@@ -92,7 +92,7 @@ async def run_plan(
         await _drive(plan, executor, ctx, results, observer)
     except BaseException as error:
         ctx.stop.set()
-        if isinstance(error, anyio.get_cancelled_exc_class()) or _only(error, anyio.get_cancelled_exc_class()):
+        if is_cancellation(error):
             if events is not None:
                 with anyio.CancelScope(shield=True):
                     await events.cancel(publish.epoch, run_id=run_id, payload={"finished": sorted(results)})
@@ -191,10 +191,12 @@ def _first(error: BaseException, kind: type) -> Any:
     return None
 
 
-def _only(error: BaseException, kind: type) -> bool:
+def is_cancellation(error: BaseException) -> bool:
+    """Whether `error` is the event loop's cancellation, alone or grouped (every member of an
+    exception group a cancellation): a run stopped, not one that failed."""
     if isinstance(error, BaseExceptionGroup):
-        return all(_only(inner, kind) for inner in error.exceptions)
-    return isinstance(error, kind)
+        return all(is_cancellation(inner) for inner in error.exceptions)
+    return isinstance(error, anyio.get_cancelled_exc_class())
 
 
 def run_plan_sync(plan: Plan, **options: Any) -> RunResult:

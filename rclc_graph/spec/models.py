@@ -95,6 +95,17 @@ InputType = Literal["str", "list[str]"]
 OptionValue = Union[bool, int, float, str]
 
 
+def _builtin_or_callable(value: str, what: str, builtins: tuple[str, ...]) -> str:
+    """`value` when it names a built-in or a package.module:callable, else E_FIELD."""
+    if value not in builtins and not is_callable_ref(value):
+        raise _error(
+            "E_FIELD",
+            f"{what} {value!r} is unknown",
+            f"use one of {', '.join(builtins)} or package.module:callable",
+        )
+    return value
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -201,13 +212,7 @@ class ReasoningSpec(_Spec):
     @field_validator("method")
     @classmethod
     def _method(cls, value: str) -> str:
-        if value not in BUILTIN_REASONING and not is_callable_ref(value):
-            raise _error(
-                "E_FIELD",
-                f"reasoning method {value!r} is unknown",
-                f"use one of {', '.join(BUILTIN_REASONING)} or package.module:callable",
-            )
-        return value
+        return _builtin_or_callable(value, "reasoning method", BUILTIN_REASONING)
 
     @model_validator(mode="after")
     def _budget(self) -> ReasoningSpec:
@@ -247,13 +252,7 @@ class TransferPolicy(_Spec):
     @field_validator("selector")
     @classmethod
     def _selector(cls, value: str | None) -> str | None:
-        if value is not None and value not in BUILTIN_SELECTORS and not is_callable_ref(value):
-            raise _error(
-                "E_FIELD",
-                f"selector {value!r} is unknown",
-                f"use one of {', '.join(BUILTIN_SELECTORS)} or package.module:callable",
-            )
-        return value
+        return None if value is None else _builtin_or_callable(value, "selector", BUILTIN_SELECTORS)
 
     @model_validator(mode="after")
     def _options_fit_mode(self) -> TransferPolicy:

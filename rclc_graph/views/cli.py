@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from .._files import write_text_atomic
 from ..errors import ExecutorUnavailable, GraphError, format_path
 from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
 from ..experiments import commands as experiment_commands
@@ -431,7 +432,7 @@ def draw(
             sys.stdout.write(text)
             return
         try:
-            out.write_text(text, encoding="utf-8")
+            write_text_atomic(out, text)
         except OSError as error:
             _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
     else:

@@ -16,7 +16,6 @@ from rclc_graph._files import write_atomic, write_json_atomic
 from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_record, safe_name
 from rclc_graph.run.recorded import RecordingExecutor, run_recorded, run_recorded_sync
 from rclc_graph.run.recorder import RunRecorder
-from rclc_graph.results.run_result import RunResult
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
 

@@ -11,7 +11,7 @@ from rclc_graph.run.recorded import RecordingExecutor
 from rclc_graph.run.recorder import RunRecorder
 from rclc_graph.render.html_report import kept_prompt_tokens, marked_prompt, render_report
 
-from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, DANGER, FakeExecutor, tokens_of
+from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor, tokens_of
 
 
 def fake_record(tmp_path):
