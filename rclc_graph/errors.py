@@ -17,8 +17,8 @@ still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tool
 (what is wrong), `fix` (what to change), `path` (the field path inside the graph, e.g.
 ("edges", 2, "policy", "ratio")) and `location` (file, line, column) when the graph came from
 YAML. One GraphError may carry several problems so a user sees every typo of a file at once.
-The codes are documented once, on `ErrorCode`'s members (docs/yaml_reference.md#error-codes
-shows the same table).
+The codes are documented once, on `ErrorCode`'s members; docs/yaml_reference.md#error-codes
+shows the same table, and tests/unit/test_graph_errors.py keeps the two equal.
 """
 
 from __future__ import annotations
@@ -51,30 +51,38 @@ class ErrorCode(str, Enum):
         except ValueError:
             raise ValueError(f"code: {value!r} is not a documented error code (see rclc_graph.errors.ErrorCode)") from None
 
-    E_FILE = "E_FILE", "a file is missing, unreadable or not a regular file"
-    E_FILE_SIZE = "E_FILE_SIZE", "a file is larger than the loader's size limit"
-    E_ENCODING = "E_ENCODING", "a file is not valid UTF-8"
-    E_YAML_SYNTAX = "E_YAML_SYNTAX", "YAML that does not parse (or too many nodes after alias expansion)"
-    E_YAML_DUPLICATE = "E_YAML_DUPLICATE", "the same key twice in one mapping"
-    E_YAML_TAG = "E_YAML_TAG", "a YAML tag that would build a non-plain value (e.g. !!python/object)"
-    E_FIELD = "E_FIELD", "a field is unknown, missing, or has the wrong type or value"
-    E_DUPLICATE_NAME = "E_DUPLICATE_NAME", "two models, agents or nodes share a name (or an edge is declared twice)"
-    E_UNKNOWN_REF = "E_UNKNOWN_REF", "a name that refers to nothing (model, agent, node, policy, input, file)"
-    E_POLICY = "E_POLICY", "an edge policy that cannot work (ratio with budget, options for another mode)"
-    E_TRUST_CODE = "E_TRUST_CODE", "a module:callable selector, method or scorer without trust_code"
-    E_CROSS_MODEL = "E_CROSS_MODEL", "a state/full edge between agents on different models"
-    E_TEMPLATE = "E_TEMPLATE", "a prompt or request template that is malformed or uses unknown fields"
-    E_NO_OUTPUT = "E_NO_OUTPUT", "no node is marked output: true"
-    E_UNREACHABLE = "E_UNREACHABLE", "a node that lies on no path to an output node"
-    E_NO_PROMPT = "E_NO_PROMPT", "a node without senders whose prompt uses no input"
-    E_GENERATE = "E_GENERATE", "generation required but disabled (output node, text edge sender)"
-    E_CYCLE = "E_CYCLE", "a cycle that is not a declared bounded loop"
-    E_LOOP = "E_LOOP", "a malformed bounded loop (rounds on an edge that closes no loop, ...)"
-    E_FOREACH = "E_FOREACH", "a foreach over something that is not a list input, or an ambiguous edge"
-    E_INPUT = "E_INPUT", "run inputs missing, unknown, of the wrong type, or too short"
-    E_TOO_LARGE = "E_TOO_LARGE", "a plan with more nodes than `rounds.max_nodes` allows"
+    E_FILE = "E_FILE", "A file is missing, unreadable or not a regular file."
+    E_FILE_SIZE = "E_FILE_SIZE", "A file is larger than the size limit."
+    E_ENCODING = "E_ENCODING", "A file is not valid UTF-8."
+    E_YAML_SYNTAX = "E_YAML_SYNTAX", "YAML that does not parse, a merge key, or too many nodes after alias expansion."
+    E_YAML_DUPLICATE = "E_YAML_DUPLICATE", "The same key twice in one mapping."
+    E_YAML_TAG = "E_YAML_TAG", "A YAML tag that would build a non-plain value."
+    E_FIELD = "E_FIELD", "A field is unknown, missing, or has the wrong type or value."
+    E_DUPLICATE_NAME = "E_DUPLICATE_NAME", "Two models, agents or nodes share a name, or an edge is declared twice."
+    E_UNKNOWN_REF = "E_UNKNOWN_REF", "A name that refers to nothing (model, agent, node, policy, input, profile file)."
+    E_POLICY = "E_POLICY", (
+        "A policy that cannot work: ratio with budget, options "
+        "the mode does not use, selected reasoning without budget."
+    )
+    E_TRUST_CODE = "E_TRUST_CODE", "A `module:callable` selector, reasoning method or scorer without trust_code."
+    E_CROSS_MODEL = "E_CROSS_MODEL", "A state/full edge between agents on different models."
+    E_TEMPLATE = "E_TEMPLATE", "A malformed template, or one that uses unknown fields."
+    E_NO_OUTPUT = "E_NO_OUTPUT", "No node is marked `output: true`."
+    E_UNREACHABLE = "E_UNREACHABLE", "A node (or a round of it) that lies on no path to an output node."
+    E_NO_PROMPT = "E_NO_PROMPT", "A node without senders whose prompt reads no input."
+    E_GENERATE = "E_GENERATE", "Generation required but disabled (output node, sender of a text edge)."
+    E_CYCLE = "E_CYCLE", "A cycle that is not a declared bounded loop."
+    E_LOOP = "E_LOOP", "A malformed loop (rounds closing no loop, disagreeing rounds, above the limit)."
+    E_FOREACH = "E_FOREACH", (
+        "A foreach over a non-list input, an item name hiding an input, or edges joining different lists."
+    )
+    E_INPUT = "E_INPUT", (
+        "Run inputs missing, unknown, of the wrong type, too short for `{x[i]}`, or an empty foreach list."
+    )
+    E_TOO_LARGE = "E_TOO_LARGE", "A plan with more nodes than `rounds.max_nodes`."
     E_CONTEXT = "E_CONTEXT", (
-        "a node's own prompt and output cannot fit its context (checked with the tokenizer before any model work)"
+        "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
+        "the tokenizer before any model is loaded), or an agent `context_limit` above its model's."
     )
 
 

@@ -34,7 +34,7 @@ def test_every_code_is_documented_once_in_code_and_in_the_yaml_reference():
     reference = (ROOT / "docs" / "yaml_reference.md").read_text()
     for code in ErrorCode:
         assert code.value == code.name and code.description, code
-        assert f"| `{code.value}` |" in reference, code
+        assert f"| `{code.value}` | {code.description} |" in reference, code  # the table shows the same text
 
 
 def test_graph_errors_stay_value_errors_under_one_root():
