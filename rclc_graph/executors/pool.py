@@ -23,7 +23,7 @@ class ModelProfile:
     """What checks before a run need of a model: its tokenizer and its position limit.
 
     Read from the checkpoint's tokenizer and config files, without loading weights, so a
-    prompt that cannot fit is refused before any model work (see preflight.py).
+    prompt that cannot fit is refused before any model work (see run/preflight.py).
     """
 
     tokenizer: Any

@@ -11,7 +11,7 @@ A topology file may list agent and model profiles by reference instead of inline
 A profile file holds one AgentSpec (or ModelSpec) mapping; `name` defaults to the file's
 stem. Model sources that are relative paths are resolved against the file that declares
 them. Files are read as UTF-8 (a BOM is accepted), at most `max_bytes` each, with safe YAML
-only (see `_yaml.py`).
+only (see `safe_yaml.py`).
 """
 
 from __future__ import annotations

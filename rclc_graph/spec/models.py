@@ -3,7 +3,7 @@
 Every model forbids unknown fields (a typo is an error, not a silently ignored key) and is
 strict (`ratio: "4"` is refused rather than coerced) and frozen. Checks that need one object
 only live here, so YAML and the builder both hit them at once; checks that need the whole
-graph (references, cycles, models across edges, template fields) live in `validate.py`.
+graph (references, cycles, models across edges, template fields) live in `plan/validate.py`.
 
 Mode-specific policy options default to None, meaning "the default for this mode"; the plan
 resolves them (`selector` -> cacheback, neither `ratio` nor `budget` -> ratio 4,

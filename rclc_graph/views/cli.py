@@ -492,3 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+if __name__ == "__main__":  # `python -m rclc_graph.views.cli`; `python -m rclc_graph` is the short form
+    sys.exit(main())
