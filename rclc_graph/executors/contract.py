@@ -94,11 +94,21 @@ class Executor(ABC):
         whoever made the executor, e.g. `run_plan` for an executor it made from a name."""
 
 
+def require_executor(value: Any, field_name: str = "executor") -> Executor:
+    """`value` when it implements the contract, else ValueError naming the field and the fix."""
+    if not isinstance(value, Executor):
+        raise ValueError(
+            f"{field_name}: {type(value).__name__} is not an executor; subclass rclc_graph.executors.Executor "
+            "(or DelegatingExecutor to wrap one), or pass a name such as 'local'"
+        )
+    return value
+
+
 class DelegatingExecutor(Executor):
     """Forwards the whole contract to `inner`; subclasses override the steps they change."""
 
     def __init__(self, inner: Executor) -> None:
-        self.inner = inner
+        self.inner = require_executor(inner, "inner")
         self.name = inner.name
 
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:

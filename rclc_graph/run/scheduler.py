@@ -21,7 +21,7 @@ import anyio
 
 from ..errors import NodeFailed, ObserverFailed
 from ..executors import make_executor
-from ..executors.contract import Executor, RunContext
+from ..executors.contract import Executor, RunContext, require_executor
 from ..executors.local import LocalExecutor
 from ..executors.pool import ModelPool, default_pool
 from ..plan.compile import Plan
@@ -80,7 +80,9 @@ async def run_plan(
                                   base_dir=base_dir, completed=completed, observer=observer)
         finally:
             owned.close()
-    executor = executor if executor is not None else LocalExecutor(pool if pool is not None else default_pool())
+    if executor is None:
+        executor = LocalExecutor(pool if pool is not None else default_pool())
+    require_executor(executor)
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
     ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)

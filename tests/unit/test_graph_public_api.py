@@ -126,3 +126,25 @@ def test_every_exception_class_lives_in_errors_py():
         assert re.search(rf"\b{name}\b", tree), f"{name} is not drawn in the tree at the top of errors.py"
         assert inspect.getdoc(getattr(errors, name)), name
         assert issubclass(getattr(errors, name), errors.RclcGraphError), name
+
+
+def test_something_that_is_not_an_executor_is_refused_by_name():
+    from rclc_graph import Graph, run_plan_sync
+
+    graph = Graph("one").input("question")
+    graph.model("base").agent("reader", model="base")
+    graph.node("answer", agent="reader", prompt="{question}", output=True)
+
+    class DuckTyped:  # has run_node and release, but not the contract
+        name = "duck"
+
+        async def run_node(self, ctx, node, inbound):
+            raise AssertionError("never called")
+
+        def release(self, run_id):
+            pass
+
+    with pytest.raises(ValueError, match="executor: DuckTyped is not an executor"):
+        run_plan_sync(graph.plan({"question": "q"}), executor=DuckTyped())
+    with pytest.raises(ValueError, match="inner: DuckTyped is not an executor"):
+        DelegatingExecutor(DuckTyped())
