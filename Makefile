@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make demo   -> installs, then runs topologies/chain_of_agents.yaml on the embedded model
-#   make test   -> installs, then runs the whole test suite (unit + integration + vLLM tier + Ray tier)
+#   make test   -> installs, then checks the import contracts and runs the whole test suite
+#                  (unit + integration + vLLM tier + Ray tier)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-main test-unit quickstart clean vllm test-vllm ray test-ray
+.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +29,12 @@ quickstart: $(STAMP)
 # tier in .venv-ray (both optional extras, so each has its own venv).
 test: test-main test-vllm test-ray
 
-test-main: $(STAMP)
+# Import contracts (pyproject.toml [tool.importlinter]): a broken one fails `make test`.
+# PYTHONPATH: check this checkout's code, also from a worktree sharing another checkout's venv.
+lint: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports --no-cache
+
+test-main: lint
 	$(BIN)/python -m pytest -q
 
 test-unit: $(STAMP)

@@ -42,8 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rclc_graph import plan_file, run_plan  # noqa: E402
-from rclc_graph.pool import ModelPool  # noqa: E402
-from rclc_graph.runtime import LocalExecutor  # noqa: E402
+from rclc_graph.executors import LocalExecutor, ModelPool  # noqa: E402
 
 TOPOLOGY = ROOT / "topologies" / "fanout_qa.yaml"
 INPUTS = ROOT / "examples" / "inputs" / "fanout_qa.json"

@@ -32,16 +32,19 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rclc_graph import Lineage, NodeResult, chain_of_agents, run_plan  # noqa: E402
+from rclc_graph.testing import FakeExecutor  # noqa: E402
 
 TARGET_RATIO = 0.25
 
 
-class NoopExecutor:
-    """Implements the scheduler's Executor protocol and does no work at all."""
+class NoopExecutor(FakeExecutor):
+    """The test executor with node work cut to nothing: `run_node` returns an empty result at
+    once, so a run measures the scheduler alone."""
 
     name = "noop"
 
     def __init__(self) -> None:
+        super().__init__()
         self._empty = Lineage()
 
     async def run_node(self, ctx: Any, node: Any, inbound: list[Any]) -> NodeResult:
@@ -49,9 +52,6 @@ class NoopExecutor:
             node=node.name, text="", positions=0, inherited_positions=0, lineage=self._empty,
             prompt_text="", prompt_start=0, prompt_offsets=[],
         )
-
-    def release(self, run_id: str) -> None:
-        pass
 
 
 def rclc_chain(nodes: int) -> Any:

@@ -1,7 +1,13 @@
-"""Files that are never torn: write to a temporary name, flush, fsync, rename, fsync the directory.
+"""Files that are never torn, and directories that only one process writes at a time.
 
-A reader (or a crash) sees the old file or the new one, never part of one. The temporary
-name sits in the destination's directory so the rename stays on one filesystem.
+Every file the graph layer writes goes through `write_atomic`: write to a temporary name in
+the destination's directory (so the rename stays on one filesystem), flush, fsync, rename,
+fsync the directory. A reader (or a crash) sees the old file or the new one, never part of
+one. Phase 2 of issue 12 points `write_atomic` at rclc's own implementation (rclc.files);
+until then rclc has its twin in rclc/_fsync.py, and importing that from here would import
+torch, which planning must not (test_planning_imports_no_torch).
+
+`DirectoryLock` is the `filelock` library's lock on `DIR/.lock`.
 """
 
 from __future__ import annotations
@@ -11,13 +17,16 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import filelock
+
+LOCK_FILE = ".lock"
 
 
 def sync_directory(directory: Path) -> None:
     """Persist a rename by fsyncing its directory (best effort: some filesystems refuse it,
-    and the rename stays atomic). rclc has its twin in rclc/_fsync.py; importing that from
-    here would import torch, and planning must stay torch-free (test_planning_imports_no_torch)."""
+    and the rename stays atomic)."""
     try:
         descriptor = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -49,13 +58,19 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             os.remove(temporary)
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """`text` as UTF-8, atomically replaced."""
+    write_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int = 1) -> None:
     """Strict JSON (no NaN/Infinity), UTF-8, atomically replaced."""
-    text = json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False, sort_keys=False)
-    write_atomic(path, (text + "\n").encode("utf-8"))
+    text = json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False, sort_keys=False)
+    write_text_atomic(path, text + "\n")
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes, read in blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
@@ -63,45 +78,44 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def _run_dir_busy(directory: Path) -> Exception:
+    return ValueError(
+        f"run_dir: {str(directory)!r} is being written by another process (a run or a resume of it); "
+        "wait for it to end, or stop it first"
+    )
+
+
 class DirectoryLock:
-    """An exclusive, non-blocking advisory lock on a directory, held while a run writes it.
+    """An exclusive, non-blocking lock on a directory (`DIR/.lock`), held while one process writes it.
 
     Two processes writing one run directory (a run still going and a resume of it, or two
-    resumes) would record some nodes twice. The lock is an flock on the directory itself,
-    so it adds no file, and the kernel drops it when its holder dies (a SIGKILLed run
-    leaves its directory free to resume). Where flock is missing it is a no-op.
+    resumes) would record some nodes twice; two experiments appending to one results file
+    would interleave rows. The lock is an OS lock on the lock file (flock on POSIX), so the
+    kernel drops it when its holder dies: a SIGKILLed run leaves its directory free to resume.
+    `acquire` raises `busy(directory)` (a ValueError naming the run directory by default)
+    when another holder has it, and does nothing when this object holds it already;
+    `release` may run on another thread than `acquire` (records finish in a worker thread).
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, busy: Callable[[Path], Exception] = _run_dir_busy) -> None:
         self.directory = Path(directory)
-        self._descriptor: int | None = None
+        self._busy = busy
+        # thread_local=False: released from the worker thread that finishes a record.
+        # preserve_lock_file: the file stays, so a refused resume leaves the directory as it was.
+        self._lock = filelock.FileLock(self.directory / LOCK_FILE, thread_local=False, preserve_lock_file=True)
 
     @property
     def held(self) -> bool:
-        return self._descriptor is not None
+        return self._lock.is_locked
 
     def acquire(self) -> None:
-        if self._descriptor is not None:
+        if self._lock.is_locked:
             return
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not on POSIX
-            return
-        descriptor = os.open(self.directory, os.O_RDONLY)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            raise ValueError(
-                f"run_dir: {str(self.directory)!r} is being written by another process (a run or a resume of it); "
-                "wait for it to end, or stop it first"
-            ) from None
-        except BaseException:
-            os.close(descriptor)
-            raise
-        self._descriptor = descriptor
+            self._lock.acquire(blocking=False)
+        except filelock.Timeout:
+            raise self._busy(self.directory) from None
 
     def release(self) -> None:
-        descriptor, self._descriptor = self._descriptor, None
-        if descriptor is not None:
-            os.close(descriptor)  # closing the descriptor drops the flock
+        if self._lock.is_locked:
+            self._lock.release(force=True)

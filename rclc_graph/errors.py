@@ -1,74 +1,90 @@
-"""Errors of the graph layer: one small family, each problem with a stable code and a fix.
+"""Every exception the graph layer raises, in one tree, and the stable codes of graph problems.
 
-    GraphError            base class; holds one or more `Problem`s
-    ├── SpecError         a file or a field is wrong (reading, YAML, pydantic field checks)
-    └── PlanError         the graph as a whole is wrong (references, shape, policies, inputs)
+    RclcGraphError             base of everything below: catch it to catch any graph-layer error
+    ├── GraphError             what the user wrote is wrong; holds one or more `Problem`s (a ValueError)
+    │   ├── SpecError          a file or a field is wrong (reading, YAML, pydantic field checks)
+    │   └── PlanError          the graph as a whole is wrong (references, shape, policies, inputs)
+    ├── ResumeError            a run directory cannot be resumed to an uninterrupted run's outputs (a ValueError)
+    ├── StoreError             an experiment's results.jsonl is damaged or locked (a ValueError)
+    ├── NodeFailed             a node failed; names the node, the edge and the cause
+    ├── ObserverFailed         a run observer's callback raised after a node finished
+    ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
+    ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
+    └── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
 
-A `Problem` is data: `code` (stable, for tests and tools), `message` (what is wrong),
-`fix` (what to change), `path` (the field path inside the graph, e.g. ("edges", 2, "policy",
-"ratio")) and `location` (file, line, column) when the graph came from YAML. One error may
-carry several problems so a user sees every typo of a file at once.
-
-Codes:
-
-    E_FILE             a file is missing, unreadable or not a regular file
-    E_FILE_SIZE        a file is larger than the loader's size limit
-    E_ENCODING         a file is not valid UTF-8
-    E_YAML_SYNTAX      YAML that does not parse (or too many nodes after alias expansion)
-    E_YAML_DUPLICATE   the same key twice in one mapping
-    E_YAML_TAG         a YAML tag that would build a non-plain value (e.g. !!python/object)
-    E_FIELD            a field is unknown, missing, or has the wrong type or value
-    E_DUPLICATE_NAME   two models, agents or nodes share a name (or an edge is declared twice)
-    E_UNKNOWN_REF      a name that refers to nothing (model, agent, node, policy, input, file)
-    E_POLICY           an edge policy that cannot work (ratio with budget, options for another mode)
-    E_TRUST_CODE       a module:callable selector or method without trust_code
-    E_CROSS_MODEL      a state/full edge between agents on different models
-    E_TEMPLATE         a prompt or request template that is malformed or uses unknown fields
-    E_NO_OUTPUT        no node is marked output: true
-    E_UNREACHABLE      a node that lies on no path to an output node
-    E_NO_PROMPT        a node without senders whose prompt uses no input
-    E_GENERATE         generation required but disabled (output node, text edge sender)
-    E_CYCLE            a cycle that is not a declared bounded loop
-    E_LOOP             a malformed bounded loop (rounds on an edge that closes no loop, ...)
-    E_FOREACH          a foreach over something that is not a list input, or an ambiguous edge
-    E_INPUT            run inputs missing, unknown, of the wrong type, or too short
-    E_TOO_LARGE        a plan with more nodes than `rounds.max_nodes` allows
-    E_CONTEXT          a node's own prompt and output cannot fit its context (checked with the
-                       tokenizer before any model work; see preflight.py)
+The ValueError / RuntimeError / ImportError bases are kept so callers that caught those before
+still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tools), `message`
+(what is wrong), `fix` (what to change), `path` (the field path inside the graph, e.g.
+("edges", 2, "policy", "ratio")) and `location` (file, line, column) when the graph came from
+YAML. One GraphError may carry several problems so a user sees every typo of a file at once.
+The codes are documented once, on `ErrorCode`'s members; docs/yaml_reference.md#error-codes
+shows the same table, and tests/unit/test_graph_errors.py keeps the two equal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from enum import Enum
+from typing import Any, Callable, Iterable, Mapping
 
-CODES = frozenset(
-    {
-        "E_FILE",
-        "E_FILE_SIZE",
-        "E_ENCODING",
-        "E_YAML_SYNTAX",
-        "E_YAML_DUPLICATE",
-        "E_YAML_TAG",
-        "E_FIELD",
-        "E_DUPLICATE_NAME",
-        "E_UNKNOWN_REF",
-        "E_POLICY",
-        "E_TRUST_CODE",
-        "E_CROSS_MODEL",
-        "E_TEMPLATE",
-        "E_NO_OUTPUT",
-        "E_UNREACHABLE",
-        "E_NO_PROMPT",
-        "E_GENERATE",
-        "E_CYCLE",
-        "E_LOOP",
-        "E_FOREACH",
-        "E_INPUT",
-        "E_TOO_LARGE",
-        "E_CONTEXT",
-    }
-)
+
+class ErrorCode(str, Enum):
+    """The stable code of a graph problem. Members compare equal to their plain strings
+    ("E_FIELD" == ErrorCode.E_FIELD), so YAML, pydantic and JSON paths can keep strings."""
+
+    description: str
+
+    def __new__(cls, value: str, description: str) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.description = description
+        return member
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, value: str | ErrorCode) -> ErrorCode:
+        """The member for `value`; ValueError naming the field for anything undocumented."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"code: {value!r} is not a documented error code (see rclc_graph.errors.ErrorCode)") from None
+
+    E_FILE = "E_FILE", "A file is missing, unreadable or not a regular file."
+    E_FILE_SIZE = "E_FILE_SIZE", "A file is larger than the size limit."
+    E_ENCODING = "E_ENCODING", "A file is not valid UTF-8."
+    E_YAML_SYNTAX = "E_YAML_SYNTAX", "YAML that does not parse, a merge key, or too many nodes after alias expansion."
+    E_YAML_DUPLICATE = "E_YAML_DUPLICATE", "The same key twice in one mapping."
+    E_YAML_TAG = "E_YAML_TAG", "A YAML tag that would build a non-plain value."
+    E_FIELD = "E_FIELD", "A field is unknown, missing, or has the wrong type or value."
+    E_DUPLICATE_NAME = "E_DUPLICATE_NAME", "Two models, agents or nodes share a name, or an edge is declared twice."
+    E_UNKNOWN_REF = "E_UNKNOWN_REF", "A name that refers to nothing (model, agent, node, policy, input, profile file)."
+    E_POLICY = "E_POLICY", (
+        "A policy that cannot work: ratio with budget, options "
+        "the mode does not use, selected reasoning without budget."
+    )
+    E_TRUST_CODE = "E_TRUST_CODE", "A `module:callable` selector, reasoning method or scorer without trust_code."
+    E_CROSS_MODEL = "E_CROSS_MODEL", "A state/full edge between agents on different models."
+    E_TEMPLATE = "E_TEMPLATE", "A malformed template, or one that uses unknown fields."
+    E_NO_OUTPUT = "E_NO_OUTPUT", "No node is marked `output: true`."
+    E_UNREACHABLE = "E_UNREACHABLE", "A node (or a round of it) that lies on no path to an output node."
+    E_NO_PROMPT = "E_NO_PROMPT", "A node without senders whose prompt reads no input."
+    E_GENERATE = "E_GENERATE", "Generation required but disabled (output node, sender of a text edge)."
+    E_CYCLE = "E_CYCLE", "A cycle that is not a declared bounded loop."
+    E_LOOP = "E_LOOP", "A malformed loop (rounds closing no loop, disagreeing rounds, above the limit)."
+    E_FOREACH = "E_FOREACH", (
+        "A foreach over a non-list input, an item name hiding an input, or edges joining different lists."
+    )
+    E_INPUT = "E_INPUT", (
+        "Run inputs missing, unknown, of the wrong type, too short for `{x[i]}`, or an empty foreach list."
+    )
+    E_TOO_LARGE = "E_TOO_LARGE", "A plan with more nodes than `rounds.max_nodes`."
+    E_CONTEXT = "E_CONTEXT", (
+        "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
+        "the tokenizer before any model is loaded), or an agent `context_limit` above its model's."
+    )
+
 
 FieldPath = tuple["str | int", ...]
 
@@ -98,15 +114,16 @@ def format_path(path: FieldPath) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    code: str
+    """One thing wrong with what a user wrote: a code, what is wrong, the fix, and where."""
+
+    code: ErrorCode
     message: str
     fix: str
     path: FieldPath = ()
     location: Location | None = None
 
     def __post_init__(self) -> None:
-        if self.code not in CODES:
-            raise ValueError(f"code: {self.code!r} is not a documented error code (see rclc_graph.errors)")
+        object.__setattr__(self, "code", ErrorCode.of(self.code))  # a documented code, as its member
 
     def __str__(self) -> str:
         where = f"{self.location}: " if self.location is not None else ""
@@ -114,14 +131,16 @@ class Problem:
         return f"{where}{field}{self.message} [{self.code}] (fix: {self.fix})"
 
     def at(self, location: Location | None) -> Problem:
+        """The same problem placed at `location`."""
         return Problem(self.code, self.message, self.fix, self.path, location)
 
     def to_dict(self) -> dict[str, object]:
+        """Plain JSON data (`rclc-graph validate --json`)."""
         where = None
         if self.location is not None:
             where = {"file": self.location.file, "line": self.location.line, "column": self.location.column}
         return {
-            "code": self.code,
+            "code": self.code.value,
             "message": self.message,
             "fix": self.fix,
             "path": format_path(self.path),
@@ -129,12 +148,14 @@ class Problem:
         }
 
 
-class GraphError(ValueError):
-    """Base of the family. A ValueError, so callers that catch bad arguments catch it too.
+class RclcGraphError(Exception):
+    """Base of every exception the graph layer raises on purpose."""
 
-    `code`, `message`, `fix`, `path` and `location` describe the first problem; `problems`
-    holds them all.
-    """
+
+class GraphError(RclcGraphError, ValueError):
+    """What the user wrote is wrong; `problems` holds every problem found, the attributes
+    `code`, `message`, `fix`, `path` and `location` describe the first. A ValueError, so
+    callers that catch bad arguments catch it too."""
 
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
@@ -149,8 +170,11 @@ class GraphError(ValueError):
         super().__init__(self._text())
 
     @classmethod
-    def one(cls, code: str, message: str, fix: str, path: FieldPath = (), location: Location | None = None):
-        return cls([Problem(code, message, fix, tuple(path), location)])
+    def one(
+        cls, code: ErrorCode | str, message: str, fix: str, path: FieldPath = (), location: Location | None = None
+    ) -> Any:
+        """An error of this class holding a single problem."""
+        return cls([Problem(ErrorCode.of(code), message, fix, tuple(path), location)])
 
     def _text(self) -> str:
         if len(self.problems) == 1:
@@ -158,10 +182,11 @@ class GraphError(ValueError):
         lines = [f"{len(self.problems)} problems:"] + [f"  - {problem}" for problem in self.problems]
         return "\n".join(lines)
 
-    def codes(self) -> tuple[str, ...]:
+    def codes(self) -> tuple[ErrorCode, ...]:
+        """The code of each problem, in order."""
         return tuple(problem.code for problem in self.problems)
 
-    def with_locations(self, locate) -> GraphError:
+    def with_locations(self, locate: Callable[[FieldPath], Location | None]) -> GraphError:
         """The same error with each problem's location filled in by `locate(path)`."""
         return type(self)(problem.at(problem.location or locate(problem.path)) for problem in self.problems)
 
@@ -172,3 +197,48 @@ class SpecError(GraphError):
 
 class PlanError(GraphError):
     """The graph as a whole is wrong: raised by validation and plan compilation."""
+
+
+class ResumeError(RclcGraphError, ValueError):
+    """A run directory that cannot be resumed to the outputs an uninterrupted run gives."""
+
+
+class StoreError(RclcGraphError, ValueError):
+    """An experiment's results.jsonl cannot be used as it is (damaged line, locked by another process)."""
+
+
+class NodeFailed(RclcGraphError):
+    """A node failed; names the node, the edge (when a handoff failed) and the cause."""
+
+    def __init__(self, node: str, cause: BaseException, edge: Any = None) -> None:
+        # `edge` is a plan.PlanEdge (or None); not imported: errors sit below every layer.
+        self.node, self.cause, self.edge = node, cause, edge
+        where = f"node {node!r}"
+        if edge is not None:
+            where += f", edge {edge.source!r} -> {edge.target!r} ({edge.policy.label})"
+        super().__init__(f"{where}: {type(cause).__name__}: {cause}")
+
+
+class ObserverFailed(RclcGraphError):
+    """The run's observer callback raised after a node finished (the node itself is done)."""
+
+
+class RemoteNodeFailure(RclcGraphError):
+    """A node failed on a replica whose exceptions cannot travel; `info` is the plain data
+    `executors.replica.failure_info` made of it."""
+
+    def __init__(self, info: Mapping[str, Any]) -> None:
+        super().__init__(info.get("message"))
+        self.info = info
+
+
+class HostDied(RclcGraphError, RuntimeError):
+    """The process or actor holding a replica is gone; a resume continues on a fresh one."""
+
+
+class ExecutorUnavailable(RclcGraphError, ImportError):
+    """The chosen executor needs a package that is not installed (the message names the install)."""
+
+    def __init__(self, reason: str, install: str) -> None:
+        super().__init__(f"{reason}; install it with: {install}")
+        self.reason, self.install = reason, install

@@ -19,7 +19,7 @@ from rclc._cache import backbone, cache_layers
 from rclc._worker import stop_requested
 from rclc.selectors._capture import reachable_configs
 from rclc_graph import EventStream, LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text
-from rclc_graph.scheduler import run_plan
+from rclc_graph.run.scheduler import run_plan
 
 from _reliability import SIX_INPUTS, SIX_YAML
 

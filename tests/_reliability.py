@@ -21,7 +21,7 @@ import torch
 from rclc import models
 from rclc._cache import backbone
 from rclc_graph import LocalExecutor
-from rclc_graph.record import NODES_DIR, RECORD_FILE
+from rclc_graph.run.record import NODES_DIR, RECORD_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -49,6 +49,7 @@ def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:
 def fit_counts(options: dict[str, Any], senders: Sequence[SenderShape], available: int) -> list[int]:
     """The positions each sender keeps in one transfer call with `options` (transfer keyword
     arguments) into a receiver with `available` free positions; ValueError as the core raises."""
+    # lazy: rclc imports torch; phase 2 of issue 12 hoists it (rclc.policy holds this arithmetic)
     from rclc.budget import BudgetPolicy, fit, floor
     from rclc.selectors import cacheback, is_builtin
 

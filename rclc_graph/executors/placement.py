@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..pool import model_key
-from ..spec import ModelSpec
+from ..spec.models import ModelSpec
+from .loaded_model import model_key
 
 RESOURCE_DEFAULT: dict[str, float] = {"CPU": 1.0}
 

@@ -3,7 +3,7 @@
     executor = RayExecutor(address="auto")            # or None: a private local Ray instance
     result = await run_plan(plan, executor=executor)  # the same plan as with the local executor
 
-Each actor (`RayHost`, a `NodeHost`) holds the resources its model declares (`{CPU: 1}` by
+Each actor (`RayReplica`, a `Replica`) holds the resources its model declares (`{CPU: 1}` by
 default, `{GPU: 1}` for a GPU), loads the model once and keeps the agents of the nodes placed
 on it; replicas of a model are spread over machines (Ray's SPREAD strategy). A handoff between
 actors is selected on the sender's actor and put into Ray's object store there
@@ -27,10 +27,11 @@ from typing import Any, Mapping, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from .host import NodeHost, RunTicket, failure_info
-from .hosted import HostDied, HostedExecutor, RemoteNodeFailure
+from ..errors import HostDied, RemoteNodeFailure
 from .placement import ReplicaGroup, group_label, resources_of
-from .transport import Handoff, pack_messages, payload_size, unpack_messages
+from .remote import RemoteExecutor
+from .replica import Replica, RunTicket, failure_info
+from .transport import PayloadRef, pack_messages, payload_size, unpack_messages
 
 try:  # newer Ray releases name the unreachable-actor case separately
     from ray.exceptions import ActorUnavailableError
@@ -41,7 +42,7 @@ DEFAULT_INIT = {"log_to_driver": False, "logging_level": "WARNING", "include_das
 
 
 class ObjectStoreTransport:
-    """Payloads go into Ray's object store on the sender's machine; the handle holds the ref.
+    """Payloads go into Ray's object store on the sender's machine; the PayloadRef holds the ObjectRef.
 
     The receiving actor awaits the ref and Ray moves the bytes machine to machine. GPU seam:
     a transport that keeps rows on the GPU would instead hand out a reference to an actor
@@ -50,19 +51,19 @@ class ObjectStoreTransport:
 
     name = "object_store"
 
-    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff:
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> PayloadRef:
         nbytes, positions = payload_size(messages)
-        return Handoff(self.name, ray.put(pack_messages(messages)), nbytes, positions, seconds)
+        return PayloadRef(self.name, ray.put(pack_messages(messages)), nbytes, positions, seconds)
 
-    async def receive(self, handle: Handoff) -> tuple[Any, ...]:
-        return unpack_messages(await handle.key)
+    async def receive(self, ref: PayloadRef) -> tuple[Any, ...]:
+        return unpack_messages(await ref.key)
 
     def discard(self, run_id: str) -> None:
-        pass  # object refs are freed by Ray's reference counting once no handle holds them
+        pass  # object refs are freed by Ray's reference counting once no PayloadRef holds them
 
 
-class RayHost(NodeHost):
-    """The actor body: a NodeHost whose cross-actor handoffs use the object store and whose
+class RayReplica(Replica):
+    """The actor body: a Replica whose cross-actor handoffs use the object store and whose
     node runs stream their events back."""
 
     def __init__(self, label: str) -> None:
@@ -74,7 +75,7 @@ class RayHost(NodeHost):
                 "pid": str(os.getpid()), "running": self.running}
 
     async def run_node_stream(
-        self, ticket: RunTicket, node: str, inbound: list[Any], handoffs: dict[int, list[Handoff]]
+        self, ticket: RunTicket, node: str, inbound: list[Any], refs: dict[int, list[PayloadRef]]
     ) -> Any:
         """Yields ("event", kind, payload) while the node runs, then ("result", NodeResult,
         SenderShape) or ("error", failure info)."""
@@ -83,7 +84,7 @@ class RayHost(NodeHost):
         async def publish(kind: str, payload: dict[str, Any]) -> None:
             queue.put_nowait(("event", kind, payload))
 
-        task = asyncio.ensure_future(self.execute(ticket, node, inbound, handoffs, publish))
+        task = asyncio.ensure_future(self.execute(ticket, node, inbound, refs, publish))
         try:
             while not task.done() or not queue.empty():
                 getter = asyncio.ensure_future(queue.get())
@@ -107,7 +108,7 @@ class RayHost(NodeHost):
 
 
 class _RayHandle:
-    """The scheduler's handle on one RayHost actor."""
+    """The scheduler's handle on one RayReplica actor."""
 
     def __init__(self, actor: Any, label: str) -> None:
         self.actor = actor
@@ -125,6 +126,19 @@ class _RayHandle:
             f"died: {reason}"
         )
 
+    def _failure(self, error: BaseException, *, keep_cause: bool) -> BaseException:
+        """What a failed actor call raises here: HostDied when the actor is gone; with
+        `keep_cause`, the exception the actor method raised; else Ray's last line as a
+        RuntimeError."""
+        if isinstance(error, (RayActorError, ActorUnavailableError)):
+            return self._death(error)
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, (RayActorError, ActorUnavailableError)):
+            return self._death(cause)
+        if keep_cause and isinstance(cause, Exception):
+            return cause
+        return RuntimeError(str(error).strip().splitlines()[-1])
+
     async def _describe(self) -> None:
         if not self._described:
             info = await self.actor.describe.remote()
@@ -137,25 +151,18 @@ class _RayHandle:
             await self._describe()
             ref = getattr(self.actor, method).remote(*args)
             return await ref
-        except (RayActorError, ActorUnavailableError) as error:
-            raise self._death(error) from None
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, (RayActorError, ActorUnavailableError)):
-                raise self._death(cause) from None
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise RuntimeError(str(error).strip().splitlines()[-1]) from None
+        except (RayActorError, ActorUnavailableError, RayTaskError) as error:
+            raise self._failure(error, keep_cause=True) from None
         except asyncio.CancelledError:
             if ref is not None:
                 ray.cancel(ref)
             raise
 
-    async def run_node(self, ticket, node, inbound, handoffs, publish):  # type: ignore[no-untyped-def]
+    async def run_node(self, ticket, node, inbound, refs, publish):  # type: ignore[no-untyped-def]
         stream = None
         try:
             await self._describe()
-            stream = self.actor.run_node_stream.options(num_returns="streaming").remote(ticket, node, inbound, handoffs)
+            stream = self.actor.run_node_stream.options(num_returns="streaming").remote(ticket, node, inbound, refs)
             async for ref in stream:
                 item = await ref
                 if item[0] == "event":
@@ -165,13 +172,9 @@ class _RayHandle:
                 else:
                     raise RemoteNodeFailure(item[1])
             raise RuntimeError(f"replica {self.placement['replica']}: node {node!r} ended without a result")
-        except (RayActorError, ActorUnavailableError) as error:
-            raise self._death(error) from None
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, (RayActorError, ActorUnavailableError)):
-                raise self._death(cause) from None
-            raise RuntimeError(str(error).strip().splitlines()[-1]) from None
+        except (RayActorError, ActorUnavailableError, RayTaskError) as error:
+            # a node's own failure arrives as an ("error", info) item; this is the actor failing
+            raise self._failure(error, keep_cause=False) from None
         except asyncio.CancelledError:
             self.stop(ticket.run_id)
             if stream is not None:
@@ -192,7 +195,7 @@ class _RayHandle:
             ray.kill(self.actor)
 
 
-class RayExecutor(HostedExecutor):
+class RayExecutor(RemoteExecutor):
     """Runs nodes on Ray actors, one per model replica (see the module docstring).
 
     `address`: a cluster to join ("auto" for the one `ray start` began on this machine,
@@ -219,7 +222,7 @@ class RayExecutor(HostedExecutor):
                 options.pop("include_dashboard", None)  # joining a cluster: its own settings apply
             ray.init(address=address, **options)
             self._owns_ray = True
-        self._actor_class = ray.remote(RayHost)
+        self._actor_class = ray.remote(RayReplica)
         self.started = 0  # actors started (fresh ones after deaths included)
 
     def _start_host(self, group: ReplicaGroup, index: int) -> _RayHandle:

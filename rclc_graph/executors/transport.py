@@ -1,23 +1,26 @@
-"""How a selected handoff moves from the host that selected it to the host that receives it.
+"""How a selected payload moves from the replica that selected it to the replica that receives it.
 
 Selection runs where the sender's state lives; only the resulting `Message`s move. A
-transport turns messages into a small `Handoff` (the only thing the scheduler's process ever
-holds) and back:
+transport turns messages into a small `PayloadRef` (a reference to the payload in transit,
+the only thing the scheduler's process ever holds) and back:
 
-    handle = transport.send(run_id, messages)       # on the sender's host
-    messages = await transport.receive(handle)      # on the receiver's host
+    ref = transport.send(run_id, messages)          # on the sender's replica
+    messages = await transport.receive(ref)         # on the receiver's replica
+
+A `PayloadRef` is the reference; what the handoff moved, once received, is recorded as a
+`results.lineage.HopRecord`.
 
 Implementations here:
-- `InProcessTransport`: sender and receiver on the same host; the handle is a key into the
-  host's own memory, nothing is copied.
-- `BytesTransport`: the payload travels inside the handle as bytes (in-process test hosts that
+- `InProcessTransport`: sender and receiver on the same replica; the ref is a key into the
+  replica's own memory, nothing is copied.
+- `BytesTransport`: the payload travels inside the ref as bytes (in-process test replicas that
   stand in for separate machines; it exercises the same packing as the object store).
 - `rclc_graph.executors.ray.ObjectStoreTransport`: the payload goes into Ray's object store on
-  the sender's machine and the handle carries its ObjectRef; the receiver pulls it directly.
+  the sender's machine and the ref carries its ObjectRef; the receiver pulls it directly.
 
 The payload is plain data: tensors, ints, strings (`pack_messages`), never model objects.
 This interface is also the seam for GPU-resident payloads: a transport whose `send` keeps the
-rows on the sender's GPU and whose handle names the sender's actor can let the receiver fetch
+rows on the sender's GPU and whose ref names the sender's actor can let the receiver fetch
 them through an actor method declared with Ray's direct GPU tensor transport
 (`tensor_transport="nccl"`), with no host copy; nothing else in the executor changes.
 """
@@ -32,22 +35,24 @@ from typing import Any, Protocol, Sequence
 
 
 @dataclass(frozen=True)
-class Handoff:
-    """A reference to selected messages on their way to a receiver."""
+class PayloadRef:
+    """A reference to selected messages on their way to a receiver (not the messages)."""
 
     transport: str  # name of the transport that can receive it
     key: Any  # transport-specific: a memory key, bytes, an ObjectRef
     nbytes: int  # tensor bytes of the messages (Message.nbytes summed)
     positions: int  # positions the receiver will prefill
-    seconds: float = 0.0  # time the sender's host spent selecting
+    seconds: float = 0.0  # time the sender's replica spent selecting
 
 
-class HandoffTransport(Protocol):
+class PayloadTransport(Protocol):
+    """Moves selected messages between replicas by reference (see the module docstring)."""
+
     name: str
 
-    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff: ...
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> PayloadRef: ...
 
-    async def receive(self, handle: Handoff) -> tuple[Any, ...]: ...
+    async def receive(self, ref: PayloadRef) -> tuple[Any, ...]: ...
 
     def discard(self, run_id: str) -> None: ...
 
@@ -78,6 +83,7 @@ def pack_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
 
 def unpack_messages(packed: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
     """The inverse of `pack_messages` (Message validates the tensors again)."""
+    # lazy: rclc imports torch, which `import rclc_graph` must not load; phase 2 hoists it
     from rclc.selection import Selection, Span
     from rclc.state import Message
 
@@ -106,7 +112,7 @@ def payload_size(messages: Sequence[Any]) -> tuple[int, int]:
 
 
 class InProcessTransport:
-    """Same host: the handle is a key into this object; the messages never leave memory."""
+    """Same replica: the ref is a key into this object; the messages never leave memory."""
 
     name = "in_process"
 
@@ -115,19 +121,19 @@ class InProcessTransport:
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
-    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff:
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> PayloadRef:
         nbytes, positions = payload_size(messages)
         with self._lock:
             key = (run_id, next(self._counter))
             self._held[key] = tuple(messages)
-        return Handoff(self.name, key, nbytes, positions, seconds)
+        return PayloadRef(self.name, key, nbytes, positions, seconds)
 
-    async def receive(self, handle: Handoff) -> tuple[Any, ...]:
+    async def receive(self, ref: PayloadRef) -> tuple[Any, ...]:
         with self._lock:
-            messages = self._held.pop(handle.key, None)
+            messages = self._held.pop(ref.key, None)
         if messages is None:
             raise RuntimeError(
-                f"handoff {handle.key!r} is not held by this host (received twice, released, or sent from another host)"
+                f"handoff {ref.key!r} is not held by this replica (received twice, released, or sent from another replica)"
             )
         return messages
 
@@ -139,22 +145,22 @@ class InProcessTransport:
 
 
 class BytesTransport:
-    """The payload inside the handle, serialized with safetensors-free torch.save of plain data."""
+    """The payload inside the ref, serialized with safetensors-free torch.save of plain data."""
 
     name = "bytes"
 
-    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> Handoff:
-        import torch
+    def send(self, run_id: str, messages: Sequence[Any], seconds: float = 0.0) -> PayloadRef:
+        import torch  # lazy: `import rclc_graph` must not load torch
 
         nbytes, positions = payload_size(messages)
         buffer = io.BytesIO()
         torch.save(pack_messages(messages), buffer)
-        return Handoff(self.name, buffer.getvalue(), nbytes, positions, seconds)
+        return PayloadRef(self.name, buffer.getvalue(), nbytes, positions, seconds)
 
-    async def receive(self, handle: Handoff) -> tuple[Any, ...]:
-        import torch
+    async def receive(self, ref: PayloadRef) -> tuple[Any, ...]:
+        import torch  # lazy: `import rclc_graph` must not load torch
 
-        packed = torch.load(io.BytesIO(handle.key), weights_only=True)  # plain tensors and lists only
+        packed = torch.load(io.BytesIO(ref.key), weights_only=True)  # plain tensors and lists only
         return unpack_messages(packed)
 
     def discard(self, run_id: str) -> None:

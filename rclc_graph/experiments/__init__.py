@@ -5,8 +5,8 @@
     parse_arm / load_arms / apply_arm                 arms and the graphs they run
     compare_runs                                      did a rerun reproduce the answers?
 
-The CLI pieces (`experiment`, `data make`, `compare-runs`) are the typer app in `cli.py`.
-Nothing here imports torch; the default `run_case` imports the scheduler when it is built.
+The CLI pieces (`experiment`, `data make`, `compare-runs`) are the typer app in `commands.py`;
+plots and report.md are `figures.py`. Nothing here imports torch until a case runs a model.
 """
 
 from .arms import Arm, apply_arm, load_arms, parse_arm, parse_arms, validate_arms

@@ -47,10 +47,11 @@ from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import ValidationError
 
-from .. import _yaml, templates
 from ..errors import FieldPath, GraphError, Location, PlanError, Problem, SpecError
-from ..load import problems_from_validation, read_text
-from ..spec import GraphSpec, TransferPolicy
+from ..plan.validate import Blueprint, validate
+from ..spec import safe_yaml, templates
+from ..spec.load import problems_from_validation, read_text
+from ..spec.models import GraphSpec, TransferPolicy
 from .inputs import InputMapping, resolve_mapping
 
 Kind = Literal["policy", "question_only", "single_context"]
@@ -136,8 +137,8 @@ def parse_arms(texts: Iterable[str]) -> list[Arm]:
 def load_arms(path: str | os.PathLike[str]) -> list[Arm]:
     """Arms from a YAML file with a top-level `arms:` mapping (see the module docstring)."""
     file = str(path)
-    sources: _yaml.SourceMap = {}
-    data = _yaml.parse(read_text(file), file, sources)
+    sources: safe_yaml.SourceMap = {}
+    data = safe_yaml.parse(read_text(file), file, sources)
     where = Location(file, 1)
     if not isinstance(data, dict) or set(data) != {"arms"} or not isinstance(data["arms"], dict) or not data["arms"]:
         raise SpecError.one("E_FIELD", "expected a mapping with one key, `arms:`, holding NAME: POLICY entries",
@@ -407,14 +408,14 @@ def _reference_graph(spec: GraphSpec, arm: Arm, mapping: InputMapping) -> GraphS
     return GraphSpec.model_validate(data)
 
 
-def validate_arms(spec: GraphSpec, arms: Iterable[Arm], *, mapping: InputMapping | None = None, trust_code: bool = False):
+def validate_arms(
+    spec: GraphSpec, arms: Iterable[Arm], *, mapping: InputMapping | None = None, trust_code: bool = False
+) -> dict[str, Blueprint]:
     """{arm name: validated Blueprint of the arm's graph}; PlanError naming the arm otherwise.
 
     Runs before any model work, so a bad arm (a text arm over a sender that cannot generate,
     a user selector without trust_code, ...) costs nothing.
     """
-    from ..validate import validate
-
     mapping = mapping or resolve_mapping(spec)
     blueprints = {}
     problems: list[Problem] = []

@@ -2,8 +2,9 @@
 
 `run_case(spec, inputs, case) -> CaseResult` is the seam between the experiment loop and the
 scheduler: the default (`scheduler_run_case`) plans the arm's graph for the case's inputs, runs
-it with `rclc_graph.scheduler.run_plan_sync` and converts the scheduler's RunResult with
-`case_result_from_run`; tests inject their own function and need no model.
+it with `rclc_graph.run.run_plan_sync` and converts the scheduler's RunResult with
+`case_result_from_run`; tests inject their own function (or run the scheduler with
+`rclc_graph.testing.FakeExecutor`) and need no model.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..plan import Plan, compile_plan
-from ..spec import GraphSpec
+from ..executors import ModelPool
+from ..plan.compile import Plan, compile_plan
+from ..run.scheduler import run_plan_sync
+from ..spec.models import GraphSpec
 from .datasets import Case
 from .evidence import evidence_survival
 
@@ -119,13 +122,9 @@ def failed_result(error: BaseException, latency_s: float) -> CaseResult:
     return CaseResult(answer=None, latency_s=latency_s, status="failed", error=f"{type(error).__name__}: {error}")
 
 
-def scheduler_run_case(*, trust_code: bool = False, seed: int = 0, pool: Any = None) -> RunCase:
+def scheduler_run_case(*, trust_code: bool = False, seed: int = 0, pool: ModelPool | None = None) -> RunCase:
     """The default `run_case`: plan, run with the scheduler, convert. Models are loaded once
-    (by one shared ModelPool) and reused for every case. The scheduler is imported here, so a
-    missing one is an ImportError before any case runs, not a failed row per case."""
-    from ..pool import ModelPool
-    from ..scheduler import run_plan_sync
-
+    (by one shared ModelPool) and reused for every case."""
     state: dict[str, Any] = {"pool": pool}
 
     def run_case(spec: GraphSpec, inputs: Mapping[str, Any], case: Case) -> CaseResult:

@@ -28,11 +28,11 @@ import difflib
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from .._files import write_text_atomic
 from ..errors import FieldPath, Location, Problem, SpecError
 from .scoring import normalise
 
@@ -177,28 +177,8 @@ def write_jsonl(path: str | os.PathLike[str], cases: Iterable[Case | Mapping[str
             except TypeError as exc:
                 raise ValueError(f"cases[{index}]: {exc}") from None
         rows.append(json.dumps(case.as_json(), ensure_ascii=False))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
-            for row in rows:
-                handle.write(row + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_text_atomic(target, "".join(row + "\n" for row in rows))
     return len(rows)
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file's bytes (recorded with results so a rerun can name its data)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- internals -------------------------------------------------------------------------------

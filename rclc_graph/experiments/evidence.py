@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
-from ..lineage import Lineage
+from ..results.lineage import Lineage
 
 
 class NodeLike(Protocol):

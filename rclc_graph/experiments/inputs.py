@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .. import templates
 from ..errors import PlanError, Problem
-from ..spec import GraphSpec
+from ..spec import templates
+from ..spec.models import GraphSpec
 from .datasets import Case
 
 CASE_FIELDS = ("question", "documents")

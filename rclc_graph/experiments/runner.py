@@ -27,15 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .._files import file_sha256, write_json_atomic
 from ..errors import GraphError, PlanError, Problem
-from ..load import read_graph
-from ..plan import expand
+from ..plan.compile import expand
+from ..spec.load import read_graph
 from . import stats
 from .arms import Arm, apply_arm, parse_arm, spec_fingerprint, validate_arms
 from .case_result import CaseResult, RunCase, failed_result, hop_totals, scheduler_run_case
-from .datasets import Case, file_sha256, read_dataset
+from .datasets import Case, read_dataset
+from .figures import write_report
 from .inputs import check_case_fits, resolve_mapping
-from .report import write_report
 from .scoring import Scorer, load_scorer
 from .store import ResultStore
 from .summary import summarise
@@ -116,7 +117,7 @@ def run_experiment(
         try:
             run_case = scheduler_run_case(trust_code=trust_code, seed=seed)
         except ImportError as exc:
-            raise RuntimeError(f"the graph scheduler is not available ({exc}); experiments need rclc_graph.scheduler") from exc
+            raise RuntimeError(f"the graph scheduler is not available ({exc}); experiments need rclc_graph.run") from exc
 
     directory = Path(out_dir)
     computed = resumed = 0
@@ -160,13 +161,9 @@ def run_experiment(
 
 def write_summary(data: Mapping[str, Any], directory: str | os.PathLike[str]) -> dict[str, Path]:
     """summary.json (atomically replaced), both plots and report.md."""
-    import json
-
     directory = Path(directory)
     target = directory / SUMMARY
-    temporary = directory / f".{SUMMARY}.tmp"
-    temporary.write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(temporary, target)
+    write_json_atomic(target, data, indent=2)
     files = {"summary": target}
     files.update(write_report(data, directory))
     return files

@@ -9,19 +9,19 @@ Moreno."), which small models do; it also accepts an output that lists several c
 which is why the report shows answers and their lengths next to accuracy.
 
 A custom scorer is `package.module:callable`, called as `scorer(output, answers)` and
-returning a bool. Naming code to import is refused unless `trust_code=True` (the same rule as
-selectors named in YAML).
+returning a bool. Naming code to import is refused unless `trust_code=True` (the same rule, and
+the same importer, as selectors named in YAML: executors/trusted_code.py).
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..spec import is_callable_ref
+from ..executors.trusted_code import import_callable
+from ..spec.models import is_callable_ref
 
 DEFAULT_SCORER = "containment"
 _SPACES = re.compile(r"\s+")
@@ -64,20 +64,4 @@ def load_scorer(reference: str | None = None, *, trust_code: bool = False) -> Sc
         return Scorer(DEFAULT_SCORER, containment)
     if not is_callable_ref(reference):
         raise ValueError(f"scorer: {reference!r} is neither {DEFAULT_SCORER!r} nor package.module:callable")
-    if not trust_code:
-        raise ValueError(
-            f"scorer: {reference!r} would import and run code; pass --trust-code (trust_code=True) if you trust it"
-        )
-    module_name, _, attribute = reference.partition(":")
-    try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"scorer: cannot import module {module_name!r} ({exc})") from None
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(f"scorer: module {module_name!r} has no attribute {attribute!r}") from None
-    if not callable(target):
-        raise ValueError(f"scorer: {reference!r} is not callable")
-    return Scorer(reference, target)  # type: ignore[arg-type]
+    return Scorer(reference, import_callable(reference, trust_code=trust_code, field_name="scorer"))

@@ -7,27 +7,29 @@ many) and carries on, so a resumed experiment recomputes exactly that one (case,
 complete row that only lacks its newline is kept. Any other malformed line means the file
 was edited or damaged; that is an error naming the line, never silently skipped.
 
-A lock file (`DIR/.lock`, flock) keeps two processes from appending to one store at once.
+A lock file (`DIR/.lock`, `_files.DirectoryLock`) keeps two processes from appending to one store at once.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .._files import sync_directory
+from .._files import LOCK_FILE, DirectoryLock, sync_directory
+from ..errors import StoreError
 
 RESULTS = "results.jsonl"
-LOCK = ".lock"
 
 Key = tuple[str, str]  # (case id, arm name)
 
 
-class StoreError(ValueError):
-    """results.jsonl cannot be used as it is (damaged line, locked by another process)."""
+def _store_busy(directory: Path) -> StoreError:
+    return StoreError(
+        f"{directory}: another experiment is writing to this directory (lock {LOCK_FILE} is held); "
+        "wait for it, or use another --out"
+    )
 
 
 class ResultStore:
@@ -38,10 +40,10 @@ class ResultStore:
         self.path = self.directory / RESULTS
         self.recovered_bytes = 0
         self._rows: list[dict[str, Any]] = []
-        self._lock_fd: int | None = None
+        self._lock = DirectoryLock(self.directory, busy=_store_busy)
         self._needs_newline = False
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        self._lock.acquire()
         try:
             self._load()
         except BaseException:
@@ -87,9 +89,8 @@ class ResultStore:
         self._rows.append(json.loads(line))
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        """Release the store's lock (the context manager does it)."""
+        self._lock.release()
 
     def __enter__(self) -> ResultStore:
         return self
@@ -98,24 +99,6 @@ class ResultStore:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
-
-    def _lock(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock, single-process use is the user's job
-            return
-        descriptor = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(descriptor)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise StoreError(
-                    f"{self.directory}: another experiment is writing to this directory (lock {LOCK} is held); "
-                    "wait for it, or use another --out"
-                ) from None
-            raise
-        self._lock_fd = descriptor
 
     def _load(self) -> None:
         if not self.path.exists():

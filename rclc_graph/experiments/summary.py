@@ -21,7 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._units import format_bytes as _format_bytes
+from rich.table import Table
+
+from ..render.units import format_bytes as _format_bytes
 from . import stats
 from .arms import Arm
 
@@ -116,11 +118,9 @@ def summarise(
     }
 
 
-def table(summary: Mapping[str, Any], *, title: str | None = None):
+def table(summary: Mapping[str, Any], *, title: str | None = None) -> Table:
     """A rich Table: one line per arm. Cells never wrap; print it on a console at least
     `TABLE_WIDTH` wide (the CLI does) so nothing is cut."""
-    from rich.table import Table
-
     result = Table(title=title or f"{summary.get('cases', '?')} cases", title_justify="left")
     for header, justify in (
         ("arm", "left"), ("mode", "left"), ("n", "right"), ("accuracy", "right"), ("95% CI", "right"),

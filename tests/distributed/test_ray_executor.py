@@ -24,10 +24,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from rclc_graph import EventStream, finished_nodes, plan_file, run_plan, run_plan_sync, run_recorded  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
-from rclc_graph.load import read_graph  # noqa: E402
-from rclc_graph.plan import compile_plan  # noqa: E402
-from rclc_graph.pool import ModelPool  # noqa: E402
-from rclc_graph.runtime import LocalExecutor, RunContext  # noqa: E402
+from rclc_graph.spec.load import read_graph  # noqa: E402
+from rclc_graph.plan.compile import compile_plan  # noqa: E402
+from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool, RunContext  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -138,14 +137,12 @@ def test_a_killed_actor_fails_its_node_and_a_resume_continues_on_a_fresh_actor(c
     local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
     executor = RayExecutor(replicas={"base": 2}, pins={"reader_2": 1, "reader_3": 1})
 
-    class KillDuringReader3:
+    class KillDuringReader3(DelegatingExecutor):
         """Kills replica base#1's actor while reader_3 runs on it (after the node started)."""
-
-        name = "kill-during-reader-3"
 
         async def run_node(self, ctx, node, inbound):
             if node.name != "reader_3":
-                return await executor.run_node(ctx, node, inbound)
+                return await super().run_node(ctx, node, inbound)
             actor = executor.actor_of("base#1")
             async with anyio.create_task_group() as group:
                 async def kill():
@@ -153,17 +150,11 @@ def test_a_killed_actor_fails_its_node_and_a_resume_continues_on_a_fresh_actor(c
                     ray.kill(actor)
 
                 group.start_soon(kill)
-                return await executor.run_node(ctx, node, inbound)
-
-        def release(self, run_id):
-            executor.release(run_id)
-
-        def __getattr__(self, name):
-            return getattr(executor, name)
+                return await super().run_node(ctx, node, inbound)
 
     async def first_attempt():
         with anyio.fail_after(LIMIT):
-            return await run_recorded(plan, tmp_path, executor=KillDuringReader3())
+            return await run_recorded(plan, tmp_path, executor=KillDuringReader3(executor))
 
     try:
         failed, record, run_dir = anyio.run(first_attempt)
@@ -240,7 +231,7 @@ def test_cancelling_a_run_stops_generation_on_the_actor(cluster, tiny_dir):
 def test_the_cli_runs_a_topology_on_ray(cluster, tmp_path):
     from typer.testing import CliRunner
 
-    from rclc_graph.cli import app
+    from rclc_graph.views.cli import app
 
     result = CliRunner().invoke(app, [
         "run", str(FANOUT), "--input", str(ROOT / "examples" / "inputs" / "fanout_qa.json"), "--out", str(tmp_path),

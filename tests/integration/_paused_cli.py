@@ -37,20 +37,20 @@ def _pause(marker: Path, hold: float | None) -> None:
 
 
 def _install(point: str, marker: Path, hold: float | None) -> None:
-    from rclc_graph import record
+    from rclc_graph.run import recorded, recorder
 
     kind, _, value = point.partition(":")
     if kind == "start":
-        original_run = record.RecordingExecutor.run_node
+        original_run = recorded.RecordingExecutor.run_node
 
         async def run_node(self, ctx, node, inbound):
             _pause(marker, hold)
             return await original_run(self, ctx, node, inbound)
 
-        record.RecordingExecutor.run_node = run_node
+        recorded.RecordingExecutor.run_node = run_node
     elif kind == "after":
         wanted = int(value)
-        original_save = record.RunRecorder.save_node
+        original_save = recorder.RunRecorder.save_node
         saved = [0]
 
         async def save_node(self, result, agent):
@@ -59,24 +59,24 @@ def _install(point: str, marker: Path, hold: float | None) -> None:
             if saved[0] == wanted:
                 _pause(marker, hold)
 
-        record.RunRecorder.save_node = save_node
+        recorder.RunRecorder.save_node = save_node
     elif kind == "torn":
         wanted = int(value)
-        original_write = record.write_json_atomic
+        original_write = recorder.write_json_atomic
         written = [0]
 
         def write_json_atomic(path, data):
-            if Path(path).parent.name == record.NODES_DIR:
+            if Path(path).parent.name == recorder.NODES_DIR:
                 written[0] += 1
                 if written[0] == wanted:
                     _pause(marker, hold)  # the snapshot is on disk, the node file is not
             return original_write(path, data)
 
-        record.write_json_atomic = write_json_atomic
+        recorder.write_json_atomic = write_json_atomic
     elif kind == "forward":
         wanted = int(value)
         from rclc._cache import backbone
-        from rclc_graph import pool
+        from rclc_graph.executors import pool
 
         original_load = pool.ModelPool._load
         seen = [0]
@@ -104,7 +104,7 @@ def main() -> int:
     point, marker, separator, *cli = arguments
     assert separator == "--", "usage: _paused_cli.py [--hold S] POINT MARKER -- ARGS..."
     _install(point, Path(marker), hold)
-    from rclc_graph.cli import main as cli_main
+    from rclc_graph.views.cli import main as cli_main
 
     return cli_main(cli)
 

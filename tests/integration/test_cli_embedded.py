@@ -1,6 +1,6 @@
 """Every rclc-graph command on the embedded SmolLM2-135M, as a user runs them.
 
-`run` goes through a subprocess (`python -m rclc_graph.cli`, the same code as the console
+`run` goes through a subprocess (`python -m rclc_graph.views.cli`, the same code as the console
 script) so stdout, exit codes and Ctrl-C behave as in a terminal session."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rclc_graph import json_schema, load_graph
-from rclc_graph.cli import app
-from rclc_graph.record import finished_nodes, read_record
+from rclc_graph.views.cli import app
+from rclc_graph.run.record import finished_nodes, read_record
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ runner = CliRunner()
 def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     return subprocess.run(
-        [sys.executable, "-m", "rclc_graph.cli", *map(str, args)],
+        [sys.executable, "-m", "rclc_graph", *map(str, args)],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout,
     )
 
@@ -76,7 +76,7 @@ def test_ctrl_c_cancels_the_run_and_keeps_what_finished(tmp_path):
     out = tmp_path / "runs"
     environment = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
-        [sys.executable, "-m", "rclc_graph.cli", "run", "topologies/chain_of_agents.yaml", "--input",
+        [sys.executable, "-m", "rclc_graph", "run", "topologies/chain_of_agents.yaml", "--input",
          "examples/inputs/chain_of_agents.json", "--out", str(out)],
         cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rclc_graph import ModelPool, finished_nodes, plan_file, read_resume_point, resume_run_sync
-from rclc_graph.record import read_record
+from rclc_graph.run.record import read_record
 
 from _reliability import (
     ROOT,
@@ -54,7 +54,7 @@ def six(tmp_path_factory):
     source = save_tiny(directory / "tiny")
     topology, inputs = write_six(directory, source, max_new_tokens=12)
     reference = subprocess.run(
-        [sys.executable, "-m", "rclc_graph.cli", "run", str(topology), "--input", str(inputs),
+        [sys.executable, "-m", "rclc_graph", "run", str(topology), "--input", str(inputs),
          "--out", str(directory / "reference"), "--json"],
         cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300,
     )
@@ -122,14 +122,14 @@ def test_resume_through_the_cli_after_sigkill(six, tmp_path):
     process.kill()
     process.communicate(timeout=60)
     run_dir = _only_run_dir(tmp_path / "runs")
-    resumed = subprocess.run([sys.executable, "-m", "rclc_graph.cli", "resume", str(run_dir), "--json"],
+    resumed = subprocess.run([sys.executable, "-m", "rclc_graph", "resume", str(run_dir), "--json"],
                              cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["status"] == "finished"
     assert summary["outputs"] == json.loads((six["reference"] / "record.json").read_text())["outputs"]
     assert_same_runs(six["reference"], run_dir)
-    again = subprocess.run([sys.executable, "-m", "rclc_graph.cli", "resume", str(run_dir), "--json"],
+    again = subprocess.run([sys.executable, "-m", "rclc_graph", "resume", str(run_dir), "--json"],
                            cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and read_record(run_dir)["attempts"][-1]["ran"] == []  # nothing twice
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rclc_graph.cli import app
+from rclc_graph.views.cli import app
 from rclc_graph.experiments.reproduce import compare_runs
 
 pytestmark = pytest.mark.integration

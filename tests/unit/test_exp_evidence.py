@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from rclc_graph.experiments.evidence import evidence_span, evidence_survival, evidence_token_indices
-from rclc_graph.lineage import Lineage, compose_hop, receiver_lineage
+from rclc_graph.results.lineage import Lineage, compose_hop, receiver_lineage
 
 DOC = "Filler one here. The Cedar project is owned by Ann Lee. Filler two."
 EVIDENCE = "The Cedar project is owned by Ann Lee."

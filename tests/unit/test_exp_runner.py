@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from _exp_fakes import FakeRunCase, simulate
 from rclc_graph import compile_plan, load_graph
 from rclc_graph.errors import PlanError, SpecError
-from rclc_graph.experiments import cli, runner
+from rclc_graph.experiments import commands, runner
 from rclc_graph.experiments.arms import apply_arm, parse_arm
 from rclc_graph.experiments.case_result import CaseResult, case_result_from_run
 from rclc_graph.experiments.inputs import resolve_mapping
@@ -147,7 +147,7 @@ def test_an_import_error_stops_the_experiment_without_rows(tmp_path, data):
 
 def test_a_missing_scheduler_is_reported_before_any_run(tmp_path, data, monkeypatch):
     def missing(**kwargs):
-        raise ImportError("No module named 'rclc_graph.scheduler'")
+        raise ImportError("No module named 'rclc_graph.run.scheduler'")
 
     monkeypatch.setattr(runner, "scheduler_run_case", missing)
     with pytest.raises(RuntimeError, match="scheduler is not available"):
@@ -225,31 +225,31 @@ def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "scheduler_run_case", lambda **kwargs: FakeRunCase())
     invoke = CliRunner().invoke
     data = tmp_path / "d.jsonl"
-    result = invoke(cli.app, ["data", "make", "--size", "4", "--seed", "5", "--out", str(data), "--documents", "4"])
+    result = invoke(commands.app, ["data", "make", "--size", "4", "--seed", "5", "--out", str(data), "--documents", "4"])
     assert result.exit_code == 0, result.output
     assert "wrote 4 cases" in result.output and len(data.read_text().splitlines()) == 4
     arms_file = tmp_path / "arms.yaml"
     arms_file.write_text("arms:\n  full: full\n  floor: question_only\n")
     args = ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "r4=state:ratio=4", "--arms-file",
             str(arms_file), "--out", str(tmp_path / "out")]
-    result = invoke(cli.app, args)
+    result = invoke(commands.app, args)
     assert result.exit_code == 0, result.output
     assert "accuracy" in result.output and "r4" in result.output and "12 runs computed" in result.output
-    result = invoke(cli.app, args + ["--json", "--limit", "2"])
+    result = invoke(commands.app, args + ["--json", "--limit", "2"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     assert payload["cases"] == 2 and payload["rows"] == {"computed": 0, "resumed": 6, "recovered_bytes": 0}
     assert list(payload["arms"]) == ["full", "floor", "r4"]
-    result = invoke(cli.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "x=stat",
+    result = invoke(commands.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "x=stat",
                               "--out", str(tmp_path / "o2"), "--json"])
     assert result.exit_code == 2 and json.loads(result.output)["problems"][0]["path"] == "arms.x.mode"
-    result = invoke(cli.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--out", str(tmp_path / "o2")])
+    result = invoke(commands.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and "no arms given" in result.output
-    result = invoke(cli.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "full=full",
+    result = invoke(commands.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "full=full",
                               "--arms-file", str(arms_file), "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and "given twice" in result.output
-    invoke(cli.app, args[:-1] + [str(tmp_path / "again")])
-    result = invoke(cli.app, ["compare-runs", str(tmp_path / "out"), str(tmp_path / "again")])
+    invoke(commands.app, args[:-1] + [str(tmp_path / "again")])
+    result = invoke(commands.app, ["compare-runs", str(tmp_path / "out"), str(tmp_path / "again")])
     assert result.exit_code == 0 and "12/12 comparable answers identical" in result.output
-    result = invoke(cli.app, ["data", "make", "--size", "4", "--out", str(tmp_path / "x.jsonl"), "--documents", "20"])
+    result = invoke(commands.app, ["data", "make", "--size", "4", "--out", str(tmp_path / "x.jsonl"), "--documents", "20"])
     assert result.exit_code == 2 and "distinct entities" in result.output

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from rclc_graph.experiments.arms import parse_arms
-from rclc_graph.experiments.report import markdown_table, write_report
+from rclc_graph.experiments.figures import markdown_table, write_report
 from rclc_graph.experiments.summary import MEASURES, format_bytes, summarise, summarise_arm, table
 
 

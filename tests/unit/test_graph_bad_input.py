@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from rclc import models
 from rclc_graph import GraphError, ModelPool, Policy, plan_file, run_recorded_sync
-from rclc_graph.cli import app
+from rclc_graph.views.cli import app
 from rclc_graph.errors import PlanError, SpecError
 
 runner = CliRunner()

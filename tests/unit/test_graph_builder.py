@@ -211,6 +211,6 @@ def test_yaml_reference_covers_every_field():
     missing = [f"{model.__name__}.{name}" for model in models for name in model.model_fields
                if f"`{name}`" not in text and f"{name}:" not in text]
     assert missing == []
-    from rclc_graph.errors import CODES
+    from rclc_graph.errors import ErrorCode
 
-    assert [code for code in sorted(CODES) if f"`{code}`" not in text] == []
+    assert [code for code in sorted(code.value for code in ErrorCode) if f"`{code}`" not in text] == []

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rclc_graph import ModelPool, ModelSpec, compile_plan, json_schema, load_graph_text
-from rclc_graph.cli import app, execute, main, read_inputs
-from rclc_graph.record import read_record
+from rclc_graph.views.cli import app, execute, main, read_inputs
+from rclc_graph.run.record import read_record
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
 
@@ -41,7 +41,7 @@ def tiny_pool(monkeypatch, tiny_llama):
     """The CLI's default pool, replaced by one that serves the tiny model as `embedded`."""
     pool = ModelPool()
     pool.add(ModelSpec(name="base", source="embedded"), *tiny_llama)
-    monkeypatch.setattr("rclc_graph.pool.default_pool", lambda: pool)
+    monkeypatch.setattr("rclc_graph.executors.pool.default_pool", lambda: pool)
     return pool
 
 

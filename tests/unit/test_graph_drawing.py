@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rclc_graph import load_graph_text, validate
-from rclc_graph.drawing import layout, save_png, sketch_blueprint, sketch_plan, to_mermaid, to_svg
+from rclc_graph.render.drawing import layout, save_png, sketch_blueprint, sketch_plan, to_mermaid, to_svg
 from rclc_graph import compile_plan
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML

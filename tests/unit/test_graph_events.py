@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rclc_graph.events import EVENT_OVERHEAD_BYTES, EventStream, estimate_bytes
+from rclc_graph.results.events import EVENT_OVERHEAD_BYTES, EventStream, estimate_bytes
 
 
 def run(main):

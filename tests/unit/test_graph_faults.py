@@ -17,8 +17,9 @@ from rclc import models
 from rclc._cache import backbone
 from rclc.selectors._capture import reachable_configs
 from rclc_graph import LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text, resume_run_sync
-from rclc_graph.record import NODES_DIR, read_record, run_recorded_sync, safe_name
-from rclc_graph.scheduler import run_plan_sync
+from rclc_graph.run.record import NODES_DIR, read_record, safe_name
+from rclc_graph.run.recorded import run_recorded_sync
+from rclc_graph.run.scheduler import run_plan_sync
 
 from _cancelling import busy_threads
 from _reliability import assert_same_runs

@@ -22,8 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rclc_graph import Graph, GraphError, Policy, Reasoning, load_graph_text, plan_file
-from rclc_graph.builder import chain_of_agents, fan_out
-from rclc_graph.errors import CODES
+from rclc_graph.plan.builder import chain_of_agents, fan_out
+from rclc_graph.errors import ErrorCode
+
+CODES = {code.value for code in ErrorCode}
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ["chain_of_agents", "fanout_qa", "hierarchical", "debate"]

@@ -12,12 +12,12 @@ from rclc.selection import Selection, Span
 from rclc.state import Message
 from rclc_graph import Graph, ModelPool, Policy, finished_nodes, run_recorded
 from rclc_graph.executors import ExecutorUnavailable, make_executor
-from rclc_graph.executors.hosted import InProcessHostsExecutor
 from rclc_graph.executors.placement import ReplicaGroup, check_pins, parse_pins
 from rclc_graph.executors.transport import BytesTransport, InProcessTransport
-from rclc_graph.runtime import LocalExecutor, RunContext
-from rclc_graph.scheduler import run_plan, run_plan_sync
-from rclc_graph.spec import ModelSpec
+from rclc_graph.executors import DelegatingExecutor, LocalExecutor, RunContext
+from rclc_graph.run.scheduler import run_plan, run_plan_sync
+from rclc_graph.spec.models import ModelSpec
+from rclc_graph.testing import InProcessReplicasExecutor
 
 WORDS = "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. " * 3
 
@@ -69,7 +69,7 @@ def assert_same_run(local, split):
 def test_a_chain_across_hosts_equals_the_local_run(pool):
     plan = chain(3, Policy(ratio=4))
     local = run_plan_sync(plan, executor=LocalExecutor(pool))
-    split = run_plan_sync(plan, executor=InProcessHostsExecutor(pool, pins={"r1": 1, "final": 1}))
+    split = run_plan_sync(plan, executor=InProcessReplicasExecutor(pool, pins={"r1": 1, "final": 1}))
     assert_same_run(local, split)
     assert [node.placement["replica"] for node in split.nodes.values()] == ["base#0", "base#1", "base#0", "base#1"]
     for hop in split.hops:  # every hop changes host: only the selected payload crossed
@@ -80,7 +80,7 @@ def test_a_chain_across_hosts_equals_the_local_run(pool):
 
 
 def test_by_default_a_run_stays_on_one_replica(pool):
-    split = run_plan_sync(chain(2, Policy(budget=8)), executor=InProcessHostsExecutor(pool))
+    split = run_plan_sync(chain(2, Policy(budget=8)), executor=InProcessReplicasExecutor(pool))
     assert {node.placement["replica"] for node in split.nodes.values()} == {"base#0"}
     assert all(hop.placement["transport"] == "in_process" and hop.crossed_bytes == 0 for hop in split.hops)
 
@@ -91,7 +91,7 @@ def test_a_fan_in_fitted_across_hosts_keeps_what_one_transfer_keeps(pool, pins):
     # whether they sit on the receiver's host, on another one, or both.
     plan = fan_in(Policy(ratio=1, request="{question}"), context_limit=110)
     local = run_plan_sync(plan, executor=LocalExecutor(pool))
-    split = run_plan_sync(plan, executor=InProcessHostsExecutor(pool, pins=pins))
+    split = run_plan_sync(plan, executor=InProcessReplicasExecutor(pool, pins=pins))
     assert_same_run(local, split)
     assert sum(hop.budget for hop in local.hops) < sum(hop.total_positions for hop in local.hops)  # the fit bound
     assert {hop.placement["transport"] for hop in split.hops} >= {"bytes"}
@@ -101,22 +101,22 @@ def test_post_selection_reasoning_across_hosts_equals_the_local_run(pool):
     policy = Policy(budget=12, reasoning={"steps": 2, "context": "selected", "budget": 2})
     plan = chain(2, policy)
     local = run_plan_sync(plan, executor=LocalExecutor(pool))
-    split = run_plan_sync(plan, executor=InProcessHostsExecutor(pool, pins={"r1": 1}))
+    split = run_plan_sync(plan, executor=InProcessReplicasExecutor(pool, pins={"r1": 1}))
     assert_same_run(local, split)
     assert split.hops[0].added_latent_positions == 2
 
 
 def test_full_context_reasoning_across_hosts_is_refused_by_name(pool):
     plan = chain(2, Policy(ratio=2, reasoning={"steps": 2}))
-    refused = run_plan_sync(plan, executor=InProcessHostsExecutor(pool, pins={"r1": 1}))
+    refused = run_plan_sync(plan, executor=InProcessReplicasExecutor(pool, pins={"r1": 1}))
     assert refused.status == "failed" and refused.failed_node == "r1"
     assert "NotImplementedError" in refused.error and "full-context reasoning" in refused.error
-    together = run_plan_sync(plan, executor=InProcessHostsExecutor(pool))  # all on one host: the core does it
+    together = run_plan_sync(plan, executor=InProcessReplicasExecutor(pool))  # all on one host: the core does it
     assert together.status == "finished", together.error
 
 
 def test_concurrent_runs_spread_over_replicas_and_free_them(pool):
-    executor = InProcessHostsExecutor(pool)
+    executor = InProcessReplicasExecutor(pool)
     plan = chain(2, Policy(budget=8))
 
     async def both():
@@ -141,23 +141,15 @@ def test_concurrent_runs_spread_over_replicas_and_free_them(pool):
 def test_a_dead_host_fails_its_receiver_and_a_resume_continues_on_a_fresh_host(pool, tmp_path):
     plan = chain(3, Policy(ratio=4))
     local = run_plan_sync(plan, executor=LocalExecutor(pool))
-    executor = InProcessHostsExecutor(pool, pins={"r1": 1, "final": 1})
+    executor = InProcessReplicasExecutor(pool, pins={"r1": 1, "final": 1})
 
-    class KillAfterR1:
-        name = "kill-after-r1"
-
+    class KillAfterR1(DelegatingExecutor):
         async def run_node(self, ctx, node, inbound):
             if node.name == "r2":
                 executor.kill("base#1")  # r1's state lived there
-            return await executor.run_node(ctx, node, inbound)
+            return await super().run_node(ctx, node, inbound)
 
-        def release(self, run_id):
-            executor.release(run_id)
-
-        def __getattr__(self, name):
-            return getattr(executor, name)
-
-    failed, record, run_dir = anyio.run(lambda: run_recorded(plan, tmp_path, pool=pool, executor=KillAfterR1()))
+    failed, record, run_dir = anyio.run(lambda: run_recorded(plan, tmp_path, pool=pool, executor=KillAfterR1(executor)))
     assert failed.status == "failed" and failed.failed_node == "r2"
     assert "HostDied" in failed.error and "base#1" in failed.error and "'r1'" in failed.error
     assert record["nodes"]["r1"]["placement"]["replica"] == "base#1"
@@ -221,7 +213,7 @@ def test_placement_bookkeeping():
 
 
 def test_pins_to_a_missing_replica_fail_the_run_with_the_fix(pool):
-    result = run_plan_sync(chain(2, Policy(budget=8), replicas=1), executor=InProcessHostsExecutor(pool, pins={"r1": 1}))
+    result = run_plan_sync(chain(2, Policy(budget=8), replicas=1), executor=InProcessReplicasExecutor(pool, pins={"r1": 1}))
     assert result.status == "failed" and "raise its replicas" in result.error
 
 
@@ -243,7 +235,7 @@ def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
 
     from typer.testing import CliRunner
 
-    from rclc_graph.cli import app
+    from rclc_graph.views.cli import app
 
     root = Path(__file__).resolve().parents[2]
     run = ["run", str(root / "topologies" / "fanout_qa.yaml"), "--input", str(root / "examples" / "inputs" / "fanout_qa.json"),

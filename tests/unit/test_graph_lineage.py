@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rclc.budget import BudgetPolicy
-from rclc_graph.lineage import Lineage, Origin, Segment, compose_hop, receiver_lineage
+from rclc_graph.results.lineage import Lineage, Origin, Segment, compose_hop, receiver_lineage
 
 
 def test_fresh_extend_and_origins():

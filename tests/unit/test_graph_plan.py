@@ -10,7 +10,7 @@ import pytest
 
 from rclc_graph import Graph, GraphSpec, Policy, Reasoning, compile_plan, validate
 from rclc_graph.errors import PlanError, SpecError
-from rclc_graph.policy import DEFAULT_RATIO
+from rclc_graph.plan.policy import DEFAULT_RATIO
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -403,11 +403,16 @@ def test_options_a_mode_does_not_use(field, value):
     assert caught.value.code == "E_POLICY"
 
 
-def test_planning_imports_no_torch():
-    code = "import sys, rclc_graph.plan, rclc_graph.load, rclc_graph.events, rclc_graph.lineage; print('torch' in sys.modules)"
+@pytest.mark.parametrize("modules", [
+    "rclc_graph.plan.compile, rclc_graph.spec.load, rclc_graph.results.events, rclc_graph.results.lineage",
+    "rclc_graph.spec, rclc_graph.plan, rclc_graph.results, rclc_graph.render",
+    "rclc_graph",  # the whole public API: executors and runs import torch only when they run a model
+])
+def test_planning_imports_no_torch(modules):
+    code = f"import sys, {modules}; print('torch' in sys.modules, 'transformers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                             env={"PYTHONPATH": str(ROOT), "PATH": ""})
-    assert result.stdout.strip() == "False"
+    assert result.stdout.strip() == "False False"
 
 
 def test_template_syntax():

@@ -12,19 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rclc_graph import ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
-from rclc_graph.record import (
-    run_recorded,
-    run_recorded_sync,
-    RECORD_FILE,
-    RunRecorder,
-    finished_nodes,
-    read_node,
-    read_record,
-    safe_name,
-    write_atomic,
-    write_json_atomic,
-)
-from rclc_graph.results import RunResult
+from rclc_graph._files import write_atomic, write_json_atomic
+from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_record, safe_name
+from rclc_graph.run.recorded import RecordingExecutor, run_recorded, run_recorded_sync
+from rclc_graph.run.recorder import RunRecorder
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
 
@@ -37,7 +28,7 @@ async def _recorded_run(tmp_path, executor, *, pool=None, run_id="r1"):
     plan = chain_plan()
     recorder = RunRecorder(tmp_path, plan, run_id=run_id, seed=5, topology_file="small.yaml", pool=pool)
     recorder.start()
-    result = await run_plan(plan, executor=recorder.wrap(executor), run_id=run_id, seed=5)
+    result = await run_plan(plan, executor=RecordingExecutor(executor, recorder), run_id=run_id, seed=5)
     return recorder, result, recorder.finish(result)
 
 
@@ -141,7 +132,7 @@ def test_failed_and_cancelled_runs_are_recorded(tmp_path):
         recorder = RunRecorder(tmp_path, plan, run_id="c1")
         recorder.start()
         with anyio.move_on_after(0.3):
-            await run_plan(plan, executor=recorder.wrap(FakeExecutor(hang="final")), run_id="c1")
+            await run_plan(plan, executor=RecordingExecutor(FakeExecutor(hang="final"), recorder), run_id="c1")
         return recorder.finish(recorder.partial_result("cancelled", "stopped"))
 
     record = anyio.run(cancelled)

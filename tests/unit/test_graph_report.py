@@ -7,10 +7,11 @@ import re
 import anyio
 
 from rclc_graph import compile_plan, load_graph_text, run_plan
-from rclc_graph.record import RunRecorder
-from rclc_graph.report import kept_prompt_tokens, marked_prompt, render_report
+from rclc_graph.run.recorded import RecordingExecutor
+from rclc_graph.run.recorder import RunRecorder
+from rclc_graph.render.html_report import kept_prompt_tokens, marked_prompt, render_report
 
-from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, DANGER, FakeExecutor, tokens_of
+from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor, tokens_of
 
 
 def fake_record(tmp_path):
@@ -18,7 +19,7 @@ def fake_record(tmp_path):
         plan = compile_plan(load_graph_text(CHAIN_YAML), CHAIN_INPUTS)
         recorder = RunRecorder(tmp_path, plan, run_id="h1")
         recorder.start()
-        result = await run_plan(plan, executor=recorder.wrap(FakeExecutor()), run_id="h1")
+        result = await run_plan(plan, executor=RecordingExecutor(FakeExecutor(), recorder), run_id="h1")
         return recorder.finish(result), result
 
     return anyio.run(go)

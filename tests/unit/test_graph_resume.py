@@ -20,8 +20,9 @@ import torch
 from rclc import models
 from rclc_graph import ModelPool, plan_file, read_resume_point, resume_run_sync, run_recorded_sync
 from rclc_graph._files import DirectoryLock
-from rclc_graph.record import RECORD_FILE
-from rclc_graph.resume import ResumeError
+from rclc_graph.run.record import RECORD_FILE
+from rclc_graph.errors import ResumeError
+from rclc_graph.testing import FakeExecutor
 
 from _reliability import (
     SIX_INPUTS,
@@ -187,6 +188,17 @@ def test_refused_resumes_change_nothing(reference, tmp_path, case):
     assert digest_tree(run_dir) == before
     lock = DirectoryLock(run_dir)
     lock.acquire()  # a refusal leaves the directory unlocked
+    lock.release()
+
+
+def test_an_executor_that_keeps_no_state_is_refused_and_changes_nothing(reference, tmp_path):
+    run_dir = crash_copy(reference["run_dir"], tmp_path / "crashed", frozenset({"a", "b"}))
+    before = digest_tree(run_dir)
+    with pytest.raises(ResumeError, match="'fake' cannot adopt restored agents"):
+        resume_run_sync(run_dir, pool=reference["pool"], executor=FakeExecutor())
+    assert digest_tree(run_dir) == before
+    lock = DirectoryLock(run_dir)
+    lock.acquire()  # the refusal left the directory unlocked
     lock.release()
 
 

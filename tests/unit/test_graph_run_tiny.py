@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from rclc_graph import EventStream, Graph, ModelPool, Policy
-from rclc_graph.scheduler import run_plan, run_plan_sync
-from rclc_graph.spec import ModelSpec
+from rclc_graph.run.scheduler import run_plan, run_plan_sync
+from rclc_graph.spec.models import ModelSpec
 
 WORDS = "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. " * 3
 

@@ -7,41 +7,22 @@ import functools
 import anyio
 import pytest
 
-from rclc_graph import EventStream, Graph, Lineage, Policy
-from rclc_graph.results import NodeResult
-from rclc_graph.runtime import NodeFailed
-from rclc_graph.scheduler import run_plan, run_plan_sync
+from rclc_graph import EventStream, Graph, Lineage, Policy, testing
+from rclc_graph.results.run_result import NodeResult
+from rclc_graph.errors import NodeFailed
+from rclc_graph.run.scheduler import run_plan, run_plan_sync
 
 
-class FakeExecutor:
+def joined_texts(reading):
+    """Each node answers with its name and its senders' answers ("n3+n2+n1+n0"); a sender that
+    only read (no text) is named instead."""
+    said = [result.text if result.text is not None else result.node for _, result in reading.inbound]
+    return "+".join([reading.node.name] + said)
+
+
+def FakeExecutor(delay=None, fail=None):  # noqa: N802 - reads like the class it builds
     """Records when each node starts and ends; nodes sleep `delay[name]` seconds."""
-
-    name = "fake"
-
-    def __init__(self, delay=None, fail=None):
-        self.delay = delay or {}
-        self.fail = fail or set()
-        self.log: list[tuple[str, str, list[str]]] = []
-        self.running = 0
-        self.peak = 0
-        self.released: list[str] = []
-
-    async def run_node(self, ctx, node, inbound):
-        self.log.append(("start", node.name, [edge.source for edge, _ in inbound]))
-        self.running += 1
-        self.peak = max(self.peak, self.running)
-        try:
-            await anyio.sleep(self.delay.get(node.name, 0))
-            if node.name in self.fail:
-                raise RuntimeError(f"{node.name} broke")
-        finally:
-            self.running -= 1
-        self.log.append(("end", node.name, []))
-        text = "+".join([node.name] + [result.text or "" for _, result in inbound])
-        return NodeResult(node.name, text, 1, 0, Lineage.fresh(node.name, 1), "", 0, [])
-
-    def release(self, run_id):
-        self.released.append(run_id)
+    return testing.FakeExecutor(text=joined_texts, delays=delay, fail=fail or ())
 
 
 def fan_graph(width=3):
@@ -133,11 +114,8 @@ def test_events_are_ordered_and_cancellation_retires_the_epoch():
 
 
 def test_unexpected_executor_errors_become_node_failures():
-    class Broken(FakeExecutor):
-        async def run_node(self, ctx, node, inbound):
-            raise KeyError("lost")
-
-    result = run_plan_sync(chain_graph(2), executor=Broken())
+    broken = testing.FakeExecutor(fail=lambda node: KeyError("lost"))
+    result = run_plan_sync(chain_graph(2), executor=broken)
     assert result.status == "failed" and result.failed_node == "n0" and "KeyError" in result.error
 
 

@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from rclc import models
 from rclc_graph import GraphError, ModelPool, ModelSpec, compile_plan, load_graph_text, plan_file, run_recorded_sync
-from rclc_graph.cli import app
-from rclc_graph.resume import ResumeError, read_resume_point, resume_run_sync
+from rclc_graph.views.cli import app
+from rclc_graph.errors import ResumeError
+from rclc_graph.run.resume import read_resume_point, resume_run_sync
 
 runner = CliRunner()
 MARKUP = "<script>alert('x')</script>"
@@ -213,6 +214,8 @@ def assert_data_only(run_dir: Path) -> int:
             assert not re.search(r"<(script|iframe|object|embed|link|img)\b", page, re.I), path
             assert not re.search(r"<[^>]*\son[a-z]+\s*=", page, re.I), path  # no event handler attributes
             assert "javascript:" not in page.lower(), path
+        elif path.name == ".lock":
+            assert data == b"", path  # the directory lock (rclc_graph._files.DirectoryLock) holds nothing
         else:
             raise AssertionError(f"unexpected file in a run directory: {path}")
     return len(files)

@@ -29,7 +29,7 @@ def test_guide_blocks_are_found():
 
 def _shutdown(namespace: dict) -> None:
     """Stop whatever engines the guide left running if a block failed half-way."""
-    from rclc_graph.vllm_runtime import shutdown
+    from rclc_graph.executors.vllm_engine import shutdown
 
     llm = namespace.get("llm")
     if llm is not None:

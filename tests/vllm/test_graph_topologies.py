@@ -14,10 +14,10 @@ import pytest
 
 from rclc.capture import registry
 from rclc_graph import ModelPool
-from rclc_graph.load import read_graph
-from rclc_graph.plan import compile_plan
-from rclc_graph.scheduler import run_plan_sync
-from rclc_graph.vllm_runtime import shutdown
+from rclc_graph.spec.load import read_graph
+from rclc_graph.plan.compile import compile_plan
+from rclc_graph.run.scheduler import run_plan_sync
+from rclc_graph.executors.vllm_engine import shutdown
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -89,7 +89,7 @@ def test_chain_of_agents_agrees_with_hf(pool):
 
 
 def test_one_engine_per_process(pool):
-    from rclc_graph.spec import ModelSpec
+    from rclc_graph.spec.models import ModelSpec
 
     pool.get(ModelSpec(name="base", source="embedded", backend="vllm"))
     with pytest.raises(ValueError, match="one capture engine per process"):

@@ -1,0 +1,223 @@
+"""One replica of a model, the worker side of remote execution: it loads the model once, holds
+the agents of the nodes placed on it, selects for their outgoing handoffs and runs nodes with
+the local executor's code.
+
+A `Replica` is what a Ray actor runs (rclc_graph.executors.ray wraps it); the scheduler's
+side is remote.py. `rclc_graph.testing.InProcessReplicasExecutor` runs several in one process.
+Everything a replica receives or returns is small and plain (plans, node results, shapes,
+`PayloadRef`s), except snapshot bytes, which records need on the scheduler's machine. Model
+work is the local executor's: `_ReplicaExecutor` overrides only how a transfer group arrives
+when its senders were selected on other replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..errors import NodeFailed
+from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..results.run_result import NodeResult
+from .contract import Publish, RunContext
+from .fitting import SenderShape, shape_of, with_count
+from .local import LocalExecutor
+from .pool import ModelPool
+from .transfer_options import transfer_options
+from .transport import BytesTransport, InProcessTransport, PayloadRef, PayloadTransport
+
+
+@dataclass(frozen=True)
+class RunTicket:
+    """What a replica needs to know about a run; `plan` is the Plan or an awaitable reference to it
+    (a Ray ObjectRef put once per run), so a plan crosses to each replica once."""
+
+    run_id: str
+    seed: int
+    base_dir: str | None
+    plan: Any
+
+
+async def _no_events(kind: str, payload: dict[str, Any]) -> None:
+    return None
+
+
+class _ReplicaExecutor(LocalExecutor):
+    """The local executor, except that a transfer group selected on other replicas arrives as
+    payload refs (one delivery, messages in sender order) instead of through `rclc.transfer`."""
+
+    def __init__(self, replica: Replica) -> None:
+        super().__init__(replica.pool)
+        self.replica = replica
+
+    async def _deliver_group(
+        self, ctx: RunContext, node: PlanNode, agent: Any, group: list[PlanEdge], request: str
+    ) -> float:
+        refs = self.replica.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
+        if refs is None:
+            return await super()._deliver_group(ctx, node, agent, group, request)
+        from rclc.state import Delivery  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
+
+        messages: list[Any] = []
+        for ref in refs:
+            messages.extend(await self.replica.transport(ref).receive(ref))
+        agent(Delivery(request, tuple(messages)))  # the receiver prepares its prompt for the request
+        return max(ref.seconds for ref in refs)
+
+
+class Replica:
+    """A model replica's worker: its own model pool, the agents of its nodes, per-run stop flags."""
+
+    def __init__(
+        self, label: str, *, pool: ModelPool | None = None, remote_transport: PayloadTransport | None = None
+    ) -> None:
+        self.label = label
+        self.pool = pool if pool is not None else ModelPool()
+        self.local = InProcessTransport()
+        self.remote: PayloadTransport = remote_transport if remote_transport is not None else BytesTransport()
+        self.executor = _ReplicaExecutor(self)
+        self.incoming: dict[tuple[str, str], dict[int, list[PayloadRef]]] = {}  # (run, node) -> edge -> refs
+        self.running = 0  # nodes executing here now
+        self._runs: dict[str, RunContext] = {}
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def context(self, ticket: RunTicket) -> RunContext:
+        ctx = self._runs.get(ticket.run_id)
+        if ctx is None:
+            plan = ticket.plan if isinstance(ticket.plan, Plan) else await ticket.plan
+            base_dir = None if ticket.base_dir is None else Path(ticket.base_dir)
+            ctx = RunContext(run_id=ticket.run_id, plan=plan, publish=_no_events, seed=ticket.seed, base_dir=base_dir)
+            self._runs.setdefault(ticket.run_id, ctx)
+            ctx = self._runs[ticket.run_id]
+        return ctx
+
+    def stop(self, run_id: str) -> None:
+        """End generation of this run's nodes at their next step (cancellation)."""
+        ctx = self._runs.get(run_id)
+        if ctx is not None:
+            ctx.stop.set()
+
+    def release(self, run_id: str) -> None:
+        """Forget a run: stop it, drop its agents and any handoffs selected but not received."""
+        self.stop(run_id)
+        self._runs.pop(run_id, None)
+        self.executor.release(run_id)
+        self.local.discard(run_id)
+        self.remote.discard(run_id)
+        for key in [key for key in self.incoming if key[0] == run_id]:
+            del self.incoming[key]
+
+    def transport(self, ref: PayloadRef) -> PayloadTransport:
+        """The transport that can receive `ref` here."""
+        for transport in (self.local, self.remote):
+            if transport.name == ref.transport:
+                return transport
+        raise RuntimeError(f"handoff: transport {ref.transport!r} is not available on replica {self.label}")
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def warm(self, spec: Any, base_dir: str | None) -> None:
+        """Load the model now (each replica loads its model once)."""
+        await anyio.to_thread.run_sync(self.pool.get, spec, None if base_dir is None else Path(base_dir))
+
+    async def fingerprint(self, spec: Any, base_dir: str | None) -> str:
+        loaded = await anyio.to_thread.run_sync(self.pool.get, spec, None if base_dir is None else Path(base_dir))
+        return await anyio.to_thread.run_sync(lambda: loaded.fingerprint)
+
+    # -- handoffs ----------------------------------------------------------------------------
+
+    async def room(self, ticket: RunTicket, node_name: str, request: str) -> int:
+        """Free positions node `node_name` will have for a transfer conditioned on `request`
+        (what the core computes before it fits the senders)."""
+        ctx = await self.context(ticket)
+        node = ctx.plan.node(node_name)
+        agent = await anyio.to_thread.run_sync(self.executor.bind, ctx, node)
+        return int(agent.prepare_request(request).available_positions)
+
+    async def select(
+        self, ticket: RunTicket, edge_id: int, request: str, count: int, same_host: bool
+    ) -> PayloadRef:
+        """Select `count` positions of the edge's sender for `request` and hand back a ref."""
+        import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
+
+        ctx = await self.context(ticket)
+        edge = ctx.plan.edges[edge_id]
+        try:
+            agent = self.executor.agent(ctx.run_id, edge.source)
+        except KeyError:
+            raise LookupError(
+                f"replica {self.label} holds no state of node {edge.source!r} in run {ctx.run_id!r} (the replica was "
+                "restarted or the run released); resume the run to restore it"
+            ) from None
+        options = with_count(transfer_options(edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed), count)
+        received: list[Any] = []
+        began = time.perf_counter()
+        await rclc.transfer(agent, received.append, request, **options)
+        seconds = time.perf_counter() - began
+        transport = self.local if same_host else self.remote
+        return transport.send(ctx.run_id, received[0].messages, seconds)
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        ticket: RunTicket,
+        node_name: str,
+        inbound: list[tuple[PlanEdge, NodeResult]],
+        refs: dict[int, list[PayloadRef]],
+        publish: Publish,
+    ) -> tuple[NodeResult, SenderShape]:
+        """Run one node here; NodeFailed as the local executor raises it."""
+        ctx = await self.context(ticket)
+        node = ctx.plan.node(node_name)
+        key = (ctx.run_id, node_name)
+        self.incoming[key] = refs
+        self.running += 1
+        try:
+            result = await self.executor.run_node(replace(ctx, publish=publish), node, inbound)
+        finally:
+            self.running -= 1
+            self.incoming.pop(key, None)
+        if self._runs.get(ctx.run_id) is not ctx:  # released while it ran: keep nothing
+            self.executor.release(ctx.run_id)
+            raise RuntimeError(f"run {ctx.run_id!r} was released on replica {self.label} while node {node_name!r} ran")
+        shape = await anyio.to_thread.run_sync(shape_of, self.executor.agent(ctx.run_id, node_name))
+        return result, shape
+
+    async def snapshot(self, run_id: str, node_name: str) -> bytes:
+        """The node's agent as rclc snapshot bytes (records are written where the scheduler runs)."""
+        agent = self.executor.agent(run_id, node_name)
+        with tempfile.TemporaryDirectory(prefix="rclc-replica-") as directory:
+            path = Path(directory) / "agent.safetensors"
+            await agent.save(path)
+            return await anyio.to_thread.run_sync(path.read_bytes)
+
+    async def restore(self, ticket: RunTicket, node_name: str, data: bytes) -> SenderShape:
+        """Bind node `node_name`'s agent here and load a snapshot into it (resume)."""
+        ctx = await self.context(ticket)
+        node = ctx.plan.node(node_name)
+        agent = await anyio.to_thread.run_sync(self.executor.bind, ctx, node)
+        with tempfile.TemporaryDirectory(prefix="rclc-replica-") as directory:
+            path = Path(directory) / "agent.safetensors"
+            await anyio.to_thread.run_sync(path.write_bytes, data)
+            await agent.load(path)
+        self.executor.adopt(ctx.run_id, node_name, agent)
+        return await anyio.to_thread.run_sync(shape_of, agent)
+
+    def describe(self) -> dict[str, Any]:
+        return {"replica": self.label, "pid": str(os.getpid()), "running": self.running}
+
+
+def failure_info(error: BaseException) -> dict[str, Any]:
+    """A NodeFailed (or any error) as plain data, for replicas whose exceptions cannot travel."""
+    if isinstance(error, NodeFailed):
+        cause = error.cause
+        return {"node": error.node, "edge": None if error.edge is None else error.edge.id,
+                "type": type(cause).__name__, "message": str(cause)}
+    return {"node": None, "edge": None, "type": type(error).__name__, "message": str(error)}

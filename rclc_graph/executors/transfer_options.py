@@ -1,0 +1,79 @@
+"""From a resolved edge policy to the keyword arguments of `rclc.transfer`, and how a node's
+state edges group into transfer calls.
+
+Consecutive state/full edges with the same policy and request travel in one transfer call, so
+the core fits their budgets jointly; the local executor runs each group through one call, the
+remote executor fits the same group across replicas (fitting.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..plan.compile import PlanEdge
+from ..plan.policy import ResolvedPolicy
+from .trusted_code import import_callable
+
+
+def resolve_selector(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> Any:
+    """The callable for a policy's selector name, with its options bound."""
+    from rclc import selectors  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
+
+    name = policy.selector or "cacheback"
+    options = policy.options
+    if name in selectors.BUILTIN:
+        base = selectors.BUILTIN[name]
+    elif name == "recent":
+        base = selectors.recent
+    elif name == "random":
+        return selectors.random_selector(int(options.get("seed", seed)))
+    else:
+        base = import_callable(name, trust_code=trust_code, field_name="selector")
+    return functools.partial(base, **options) if options else base
+
+
+def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, Any]:
+    """The reasoning keyword arguments of `rclc.transfer` for a policy ({} without reasoning)."""
+    import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
+
+    reasoning = policy.reasoning
+    if reasoning is None:
+        return {}
+    if reasoning.method == "latent_mass":
+        method: Any = functools.partial(rclc.latent_mass, steps=reasoning.steps)
+    else:
+        method = import_callable(reasoning.method, trust_code=trust_code, field_name="reasoning.method")
+    options: dict[str, Any] = {"reasoning": method, "reasoning_context": reasoning.context}
+    if reasoning.budget is not None:
+        options["reasoning_budget"] = reasoning.budget
+    return options
+
+
+def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> dict[str, Any]:
+    """Keyword arguments of `rclc.transfer` for a state/full edge policy."""
+    options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or "embeddings"}
+    if policy.mode == "full":
+        options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
+    else:
+        options["selector"] = resolve_selector(policy, trust_code=trust_code, seed=seed)
+        if policy.budget is not None:
+            options["budget"] = policy.budget
+        else:
+            options["ratio"] = policy.ratio
+    options.update(resolve_reasoning(policy, trust_code=trust_code))
+    return options
+
+
+def state_groups(edges: list[PlanEdge]) -> list[list[PlanEdge]]:
+    """The transfer calls a node's inbound state/full edges make, in arrival order: consecutive
+    edges sharing policy and request travel in one call."""
+    groups: list[list[PlanEdge]] = []
+    for edge in edges:
+        if edge.policy.mode == "text":
+            continue
+        if groups and groups[-1][0].policy == edge.policy and groups[-1][0].request == edge.request:
+            groups[-1].append(edge)
+        else:
+            groups.append([edge])
+    return groups

@@ -1,0 +1,166 @@
+"""Command-line pieces for experiments, as a typer sub-app the main `rclc-graph` app mounts:
+
+    main_app.add_typer(rclc_graph.experiments.commands.app)    # adds `experiment`, `data`, `compare-runs`
+
+    rclc-graph experiment --topology T --data D.jsonl --arm NAME=POLICY ... [--arms-file F.yaml]
+                          --out DIR [--limit N] [--json] [--trust-code] [--scorer module:fn]
+    rclc-graph data make --size N --seed S --out FILE [--documents K]
+    rclc-graph compare-runs DIR_A DIR_B [--json]
+
+Problems found before any model runs (a bad arm, a case the topology cannot read) exit with
+status 2 and the error's code and fix; an interrupted experiment exits with 130 and resumes
+when the same command is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..errors import GraphError
+from . import runner
+from .arms import load_arms, parse_arms
+from .inputs import parse_mapping
+from .reproduce import compare_runs
+from .summary import TABLE_WIDTH, table
+from .synthetic import write_dataset
+
+app = typer.Typer(help="Experiments: compare handoff policies on a dataset.", no_args_is_help=True)
+data_app = typer.Typer(help="Datasets for experiments.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+def _fail(error: Exception, as_json: bool) -> None:
+    if as_json:
+        payload: dict = {"error": str(error)}
+        if isinstance(error, GraphError):
+            payload["problems"] = [problem.to_dict() for problem in error.problems]
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        Console(stderr=True).print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command("experiment")
+def experiment(
+    topology: Path = typer.Option(..., "--topology", "-t", help="topology YAML file"),
+    data: Path = typer.Option(..., "--data", "-d", help="JSONL dataset"),
+    arm: List[str] = typer.Option([], "--arm", "-a", help="NAME=MODE[:key=value,...], e.g. r4=state:ratio=4; repeatable"),
+    arms_file: Optional[Path] = typer.Option(None, "--arms-file", help="YAML file with an `arms:` mapping"),
+    out: Path = typer.Option(..., "--out", "-o", help="results directory (rerun the same command to resume)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="use the first N cases"),
+    as_json: bool = typer.Option(False, "--json", help="print summary.json instead of a table"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:callable selectors, methods and scorers"),
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="'containment' (default) or module:callable (needs --trust-code)"),
+    seed: int = typer.Option(0, "--seed", min=0, help="run seed handed to the scheduler"),
+    input_map: List[str] = typer.Option([], "--map", help="FIELD=INPUT: which topology input gets the case's question/documents"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="recompute rows whose run failed"),
+) -> None:
+    """Run TOPOLOGY over DATA under every arm; write results.jsonl, summary.json, plots, report.md."""
+    try:
+        arms = []
+        if arms_file is not None:
+            arms += load_arms(arms_file)
+        if arm:
+            arms += parse_arms(arm)
+        if not arms:
+            raise ValueError("no arms given: pass --arm NAME=POLICY (e.g. --arm r4=state:ratio=4) or --arms-file")
+        names = [a.name for a in arms]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"arm names given twice (command line and --arms-file?): {', '.join(duplicates)}")
+        mapping = parse_mapping(input_map)
+    except (GraphError, ValueError) as exc:
+        _fail(exc, as_json)
+        return
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=as_json, disable=as_json and not console.is_terminal) as bar:
+        task = bar.add_task("cases x arms", total=None)
+
+        def report(step: runner.Progress) -> None:
+            verb = "resumed" if step.resumed else step.row.get("status", "")
+            bar.update(task, total=step.total, completed=step.done, description=f"{step.case} / {step.arm} ({verb})")
+
+        try:
+            summary = runner.run_experiment(
+                topology, data, arms, out, limit=limit, progress=report, trust_code=trust_code, scorer=scorer,
+                seed=seed, input_map=mapping, retry_failed=retry_failed,
+            )
+        except KeyboardInterrupt:
+            console.print(f"interrupted; finished rows are in {out}/results.jsonl; run the same command to resume")
+            raise typer.Exit(130) from None
+        except (GraphError, ValueError) as exc:
+            bar.stop()
+            _fail(exc, as_json)
+            return
+    if as_json:
+        typer.echo(json.dumps(summary.data, indent=2, ensure_ascii=False))
+        return
+    out_console = Console(width=max(Console().width, TABLE_WIDTH))
+    out_console.print(table(summary.data, title=f"{summary.data['topology']['name']}: {summary.data['cases']} cases"))
+    rows = summary.data["rows"]
+    out_console.print(
+        f"{rows['computed']} runs computed, {rows['resumed']} resumed"
+        + (f", {rows['recovered_bytes']} bytes of a torn row dropped" if rows["recovered_bytes"] else "")
+        + f". Report: {summary.files['report']}"
+    )
+
+
+@data_app.command("make")
+def data_make(
+    size: int = typer.Option(..., "--size", "-n", min=1, help="number of cases"),
+    seed: int = typer.Option(0, "--seed", "-s", min=0, help="same seed, same cases"),
+    out: Path = typer.Option(..., "--out", "-o", help="JSONL file to write"),
+    documents: int = typer.Option(3, "--documents", "-k", min=1, help="documents per case (chain_of_agents reads 4)"),
+    facts_per_document: int = typer.Option(4, "--facts-per-document", min=1, help="fact sentences per document"),
+    filler_per_document: int = typer.Option(4, "--filler-per-document", min=0, help="neutral filler sentences per document"),
+) -> None:
+    """Write a seeded synthetic multi-document fact dataset (owners, places, dates among distractors)."""
+    try:
+        written = write_dataset(out, size, seed=seed, documents=documents, facts_per_document=facts_per_document,
+                                filler_per_document=filler_per_document)
+    except ValueError as exc:
+        _fail(exc, False)
+        return
+    typer.echo(f"wrote {written} cases to {out}")
+
+
+@app.command("compare-runs")
+def compare(
+    first: Path = typer.Argument(..., help="an experiment directory"),
+    second: Path = typer.Argument(..., help="another one, from a rerun of the same command"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Check that a rerun reproduced the answers (greedy decoding, same graphs and models)."""
+    try:
+        result = compare_runs(first, second)
+    except ValueError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        typer.echo(f"{result.identical}/{result.compared} comparable answers identical; "
+                   f"{len(result.not_comparable)} rows not comparable")
+        for item in result.differing[:20]:
+            typer.echo(f"  differs: case {item['case']} arm {item['arm']}: {item['first']!r} != {item['second']!r}")
+        for item in result.not_comparable[:5]:
+            typer.echo(f"  not comparable: case {item['case']} arm {item['arm']}: {item['reason']}")
+    if not result.reproduced:
+        raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover - for `python -m rclc_graph.experiments.commands`
+    app(sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

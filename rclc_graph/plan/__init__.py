@@ -1,0 +1,37 @@
+"""Pure derivation from a spec: whole-graph validation (`Blueprint`), bounded-loop unrolling,
+resolved edge policies, compilation into a frozen `Plan`, and the Python builder.
+
+No model, no torch, no rclc, no I/O beyond reading topology files (`validate_file`,
+`plan_file`); an import-linter contract in pyproject.toml checks it.
+"""
+
+from .builder import Graph, Policy, Reasoning, chain_of_agents, debate, fan_out, hierarchical, to_yaml
+from .compile import Plan, PlanEdge, PlanNode, compile_plan, expand
+from .files import plan_file, validate_file
+from .policy import ResolvedPolicy, ResolvedReasoning
+from .validate import Blueprint, validate
+
+__all__ = [
+    # validation and compilation
+    "Blueprint",
+    "Plan",
+    "PlanEdge",
+    "PlanNode",
+    "compile_plan",
+    "expand",
+    "plan_file",
+    "validate",
+    "validate_file",
+    # policies
+    "ResolvedPolicy",
+    "ResolvedReasoning",
+    # the builder
+    "Graph",
+    "Policy",
+    "Reasoning",
+    "chain_of_agents",
+    "debate",
+    "fan_out",
+    "hierarchical",
+    "to_yaml",
+]

@@ -1,0 +1,380 @@
+"""The Python builder: the same `GraphSpec` as a YAML file, written as code.
+
+    g = Graph("qa")
+    g.input("question").input("documents", "list[str]")
+    g.model("base", "embedded")
+    g.agent("reader", model="base", max_new_tokens=64)
+    g.node("worker", agent="reader", prompt="{item}", foreach="documents", generate=False)
+    g.node("final", agent="reader", prompt="{question}", output=True)
+    g.edge("worker", "final", Policy(ratio=8, request="{question}"))
+    plan = g.plan({"question": "...", "documents": [...]})
+
+Each call validates its own object at once (a bad field raises SpecError naming it);
+whole-graph checks run in `validate()`/`plan()`. `to_yaml()` writes a file that loads back
+into an equal spec. `chain_of_agents`, `fan_out`, `hierarchical` and `debate` return
+ready-made builders that can still be edited.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..errors import FieldPath, Problem, SpecError
+from ..spec.load import problems_from_validation
+from ..spec.models import (
+    AgentSpec,
+    EdgeSpec,
+    GraphSpec,
+    InputSpec,
+    ModelSpec,
+    NodeSpec,
+    ReasoningSpec,
+    RoundsSpec,
+    TransferPolicy,
+)
+from .compile import Plan, compile_plan
+from .validate import Blueprint, validate
+
+
+def Policy(**fields: Any) -> TransferPolicy:  # noqa: N802 - reads like the class it builds
+    """A TransferPolicy; bad fields raise SpecError (with the code, path and fix) at once."""
+    return _build(TransferPolicy, (), fields, whole=("policy",))
+
+
+def Reasoning(**fields: Any) -> ReasoningSpec:  # noqa: N802
+    """A ReasoningSpec for `Policy(reasoning=...)`; bad fields raise SpecError at once."""
+    return _build(ReasoningSpec, (), fields, whole=("reasoning",))
+
+
+
+def _build(model: type[BaseModel], path: FieldPath, data: dict[str, Any], *, whole: FieldPath = ()):
+    """`model` from `data`, or SpecError with every problem's field path under `path`; a
+    problem of the object as a whole (a check across its fields) is placed at `path`, or
+    at `whole` when that is empty, so every refusal names a field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = problems_from_validation(exc, data, {}, model)
+        raise SpecError(Problem(p.code, p.message, p.fix, path + (p.path or (() if path else whole)))
+                        for p in problems) from None
+
+
+def _check_key(kind: str, name: Any) -> None:
+    """Names that become mapping keys must be text before they reach a dict (a list there
+    is a TypeError, not a validation error)."""
+    if not isinstance(name, str):
+        raise SpecError.one("E_FIELD", f"{kind} name must be text, got {type(name).__name__} {name!r}",
+                            "pass the name as a string", (kind,))
+
+
+class Graph:
+    """A topology written as code: each method adds one declaration (checked at once) and
+    returns the graph, so calls chain; `spec()`, `validate()`, `plan()` and `to_yaml()` turn
+    it into what a YAML file would give."""
+
+    def __init__(self, name: str, *, description: str = "") -> None:
+        _build(GraphSpec, (), {"name": name, "description": description})
+        self.name = name
+        self.description = description
+        self._inputs: dict[str, InputSpec] = {}
+        self._models: list[ModelSpec] = []
+        self._agents: list[AgentSpec] = []
+        self._nodes: list[NodeSpec] = []
+        self._edges: list[EdgeSpec] = []
+        self._policies: dict[str, TransferPolicy] = {}
+        self._rounds = RoundsSpec()
+
+    @classmethod
+    def from_spec(cls, spec: GraphSpec) -> Graph:
+        """A builder holding everything `spec` declares, to edit a loaded topology in code."""
+        graph = cls(spec.name, description=spec.description)
+        graph._inputs = spec.input_specs()
+        graph._models = list(spec.models)
+        graph._agents = list(spec.agents)
+        graph._nodes = list(spec.nodes)
+        graph._edges = list(spec.edges)
+        graph._policies = dict(spec.policies)
+        graph._rounds = spec.rounds
+        return graph
+
+    def input(self, name: str, type: str = "str", *, default: str | Sequence[str] | None = None, description: str = "") -> Graph:
+        """Declare a run input (`type` "str" or "list[str]"), optionally with a default."""
+        _check_key("inputs", name)
+        data: dict[str, Any] = {"type": type, "description": description}
+        if default is not None:
+            data["default"] = list(default) if isinstance(default, (list, tuple)) else default  # else: validation refuses it
+        spec = _build(InputSpec, ("inputs", name), data)
+        _build(GraphSpec, (), {"name": self.name, "inputs": {name: spec}})  # checks the input name
+        self._inputs[name] = spec
+        return self
+
+    def model(self, name: str, source: str = "embedded", **options: Any) -> Graph:
+        """Declare a model (`source`: "embedded", a local path or a hub id; `options`: the
+        other ModelSpec fields such as dtype, device, backend, replicas)."""
+        self._add(self._models, "models", ModelSpec, {"name": name, "source": source, **options})
+        return self
+
+    def agent(self, name: str, *, model: str, system: str = "", **options: Any) -> Graph:
+        """Declare an agent profile on a declared model (`options`: the other AgentSpec fields
+        such as max_new_tokens, greedy, temperature, seed, context_limit)."""
+        self._add(self._agents, "agents", AgentSpec, {"name": name, "model": model, "system": system, **options})
+        return self
+
+    def node(self, name: str, *, agent: str, prompt: str = "", **options: Any) -> Graph:
+        """Declare a node run by `agent` with a prompt template (`options`: the other NodeSpec
+        fields such as output, generate, foreach, item)."""
+        self._add(self._nodes, "nodes", NodeSpec, {"name": name, "agent": agent, "prompt": prompt, **options})
+        return self
+
+    def edge(
+        self, source: str, target: str, policy: TransferPolicy | str | None = None, *, rounds: int | None = None, description: str = ""
+    ) -> Graph:
+        """Declare an edge: `policy` is a TransferPolicy (`Policy(...)`), a mapping of its
+        fields, or the name of a declared policy (None: the default state policy); `rounds`
+        makes it the closing edge of a bounded loop."""
+        data: dict[str, Any] = {"source": source, "target": target, "description": description, "rounds": rounds}
+        if policy is not None:
+            data["policy"] = policy
+        self._edges.append(_build(EdgeSpec, ("edges", len(self._edges)), data))
+        return self
+
+    def policy(self, name: str, policy: TransferPolicy) -> Graph:
+        """A named policy edges can refer to by name (change it once, every edge follows)."""
+        _check_key("policies", name)
+        _build(GraphSpec, (), {"name": self.name, "policies": {name: policy}})
+        self._policies[name] = policy
+        return self
+
+    def limits(self, *, rounds: int | None = None, max_nodes: int | None = None) -> Graph:
+        """Set the graph's bounds: the most loop rounds and the most plan nodes."""
+        data = self._rounds.model_dump()
+        data.update({key: value for key, value in (("limit", rounds), ("max_nodes", max_nodes)) if value is not None})
+        self._rounds = _build(RoundsSpec, ("rounds",), data)
+        return self
+
+    def spec(self) -> GraphSpec:
+        """The GraphSpec of everything declared so far (what loading a YAML file gives)."""
+        return GraphSpec(
+            name=self.name,
+            description=self.description,
+            inputs=dict(self._inputs),
+            models=list(self._models),
+            agents=list(self._agents),
+            nodes=list(self._nodes),
+            edges=list(self._edges),
+            policies=dict(self._policies),
+            rounds=self._rounds,
+        )
+
+    def validate(self, *, trust_code: bool = False) -> Blueprint:
+        """Whole-graph checks without inputs; PlanError listing every problem."""
+        return validate(self.spec(), trust_code=trust_code)
+
+    def plan(self, inputs: Mapping[str, Any], *, trust_code: bool = False) -> Plan:
+        """Validate and compile the graph for one run's inputs."""
+        return compile_plan(self.spec(), inputs, trust_code=trust_code)
+
+    def to_yaml(self) -> str:
+        """The topology as YAML text that loads back into an equal spec."""
+        return to_yaml(self.spec())
+
+    def _add(self, items: list, kind: str, model: type[BaseModel], data: dict[str, Any]) -> None:
+        built = _build(model, (kind, len(items)), data)
+        for index, existing in enumerate(items):
+            if existing.name == built.name:
+                raise SpecError.one(
+                    "E_DUPLICATE_NAME",
+                    f"{kind[:-1]} {built.name!r} is already declared (as {kind}[{index}])",
+                    "choose another name",
+                    (kind, len(items), "name"),
+                )
+        items.append(built)
+
+
+# -- YAML output -----------------------------------------------------------------------------
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def to_yaml(spec: GraphSpec) -> str:
+    """The spec as a minimal YAML topology (defaults left out) that loads back equal."""
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    inputs = data.get("inputs", {})
+    for name, value in inputs.items():
+        if set(value) <= {"type"}:
+            inputs[name] = value.get("type", "str")  # the `question: str` shorthand
+    ordered = {"version": spec.version, **data}
+    return yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+# -- ready-made topologies ---------------------------------------------------------------------
+
+WORKER_SYSTEM = "You read one part of a long text for a colleague. Keep what helps answer the question."
+FINAL_SYSTEM = "You answer the question from what your colleagues read. Answer briefly."
+
+
+def _base(name: str, source: str, description: str) -> Graph:
+    graph = Graph(name, description=description)
+    graph.input("question", description="what the final agent must answer")
+    graph.model("base", source)
+    return graph
+
+
+def _generate(policy: TransferPolicy, generate: bool | None) -> bool:
+    return policy.mode == "text" if generate is None else generate
+
+
+def chain_of_agents(
+    n: int,
+    *,
+    policy: TransferPolicy | None = None,
+    source: str = "embedded",
+    worker_generate: bool | None = None,
+    max_new_tokens: int = 64,
+    name: str = "chain_of_agents",
+) -> Graph:
+    """n workers read chunks[0..n-1] in turn, each inheriting what the previous one passed on,
+    and a final agent answers. Workers only read (no decoding) unless the policy is text."""
+    policy = policy or Policy()
+    if n < 1:
+        raise ValueError("n: expected at least 1 worker")
+    graph = _base(name, source, f"chain of {n} workers reading one chunk each, then a final answer")
+    graph.input("chunks", "list[str]", description=f"the long text cut into {n} parts")
+    graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.agent("final", model="base", system=FINAL_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.policy("handoff", policy)
+    generate = _generate(policy, worker_generate)
+    for index in range(n):
+        graph.node(
+            f"worker_{index + 1}",
+            agent="worker",
+            prompt=f"Question: {{question}}\nPart {index + 1} of {n}:\n{{chunks[{index}]}}",
+            generate=generate,
+        )
+    graph.node("final", agent="final", prompt="Question: {question}\nAnswer:", output=True)
+    for index in range(1, n):
+        graph.edge(f"worker_{index}", f"worker_{index + 1}", "handoff")
+    graph.edge(f"worker_{n}", "final", "handoff")
+    return graph
+
+
+def fan_out(
+    n: int | None = None,
+    *,
+    policy: TransferPolicy | None = None,
+    source: str = "embedded",
+    worker_generate: bool | None = None,
+    max_new_tokens: int = 64,
+    name: str = "fanout_qa",
+) -> Graph:
+    """Workers read one document each in parallel; a final agent answers from all of them.
+    `n` fixes the number of workers (documents[0..n-1]); None makes one worker per document."""
+    policy = policy or Policy()
+    graph = _base(name, source, "parallel workers over documents, one aggregating answer")
+    graph.input("documents", "list[str]", description="one document per worker")
+    graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.agent("final", model="base", system=FINAL_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.policy("handoff", policy)
+    generate = _generate(policy, worker_generate)
+    workers: list[str] = []
+    if n is None:
+        graph.node("worker", agent="worker", prompt="Question: {question}\nDocument:\n{document}",
+                   foreach="documents", item="document", generate=generate)
+        workers.append("worker")
+    else:
+        if n < 1:
+            raise ValueError("n: expected at least 1 worker, or None for one per document")
+        for index in range(n):
+            workers.append(f"worker_{index + 1}")
+            graph.node(workers[-1], agent="worker", prompt=f"Question: {{question}}\nDocument:\n{{documents[{index}]}}",
+                       generate=generate)
+    graph.node("final", agent="final", prompt="Question: {question}\nAnswer:", output=True)
+    for worker in workers:
+        graph.edge(worker, "final", "handoff")
+    return graph
+
+
+def hierarchical(
+    groups: int,
+    per_group: int,
+    *,
+    policy: TransferPolicy | None = None,
+    manager_policy: TransferPolicy | None = None,
+    source: str = "embedded",
+    max_new_tokens: int = 64,
+    name: str = "hierarchical",
+) -> Graph:
+    """groups x per_group workers (one document each) report to their group's manager;
+    managers report to one final agent. Managers only read unless manager_policy is text."""
+    policy = policy or Policy()
+    manager_policy = manager_policy or policy
+    if groups < 1 or per_group < 1:
+        raise ValueError("groups, per_group: expected at least 1 each")
+    graph = _base(name, source, f"{groups} groups of {per_group} workers, group managers, one final answer")
+    graph.input("documents", "list[str]", description=f"{groups * per_group} documents, group by group")
+    graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.agent("manager", model="base", system="You combine what your workers found.", max_new_tokens=max_new_tokens)
+    graph.agent("final", model="base", system=FINAL_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.node("final", agent="final", prompt="Question: {question}\nAnswer:", output=True)
+    graph.policy("handoff", policy).policy("report", manager_policy)
+    for group in range(1, groups + 1):
+        manager = f"manager_{group}"
+        graph.node(manager, agent="manager", prompt="Question: {question}\nWhat did your group find?",
+                   generate=_generate(manager_policy, None))
+        for member in range(1, per_group + 1):
+            index = (group - 1) * per_group + member - 1
+            worker = f"worker_{group}_{member}"
+            graph.node(worker, agent="worker", prompt=f"Question: {{question}}\nDocument:\n{{documents[{index}]}}",
+                       generate=_generate(policy, None))
+            graph.edge(worker, manager, "handoff")
+        graph.edge(manager, "final", "report")
+    return graph
+
+
+def debate(
+    agents: Sequence[str] | int,
+    rounds: int,
+    *,
+    policy: TransferPolicy | None = None,
+    source: str = "embedded",
+    memory: bool = True,
+    max_new_tokens: int = 64,
+    name: str = "debate",
+) -> Graph:
+    """Debaters answer in turn for `rounds` rounds (a1 -> b1 -> a2 -> b2 ...), each reading the
+    others' latest turns (and, with memory, its own previous turn); a judge decides.
+    Defaults to text edges, since debaters must write their arguments."""
+    policy = policy or Policy(mode="text")
+    names = [f"debater_{index + 1}" for index in range(agents)] if isinstance(agents, int) else list(agents)
+    if len(names) < 2:
+        raise ValueError("agents: a debate needs at least 2 debaters")
+    graph = _base(name, source, f"{len(names)} debaters for {rounds} rounds, then a judge")
+    for debater in names:
+        graph.agent(debater, model="base", system=f"You are {debater} in a debate. Argue briefly and honestly.",
+                    max_new_tokens=max_new_tokens)
+        graph.node(debater, agent=debater, prompt="Round {round}. Question: {question}\nYour answer and one reason:")
+    graph.agent("judge", model="base", system="You judge a debate and give the final answer.", max_new_tokens=max_new_tokens)
+    graph.node("judge", agent="judge", prompt="Question: {question}\nFinal answer:", output=True)
+    graph.policy("turn", policy)
+    for i, speaker in enumerate(names):
+        for j, listener in enumerate(names):
+            if i < j:
+                graph.edge(speaker, listener, "turn")
+            elif i > j or memory:
+                graph.edge(speaker, listener, "turn", rounds=rounds)
+    for debater in names:
+        graph.edge(debater, "judge", "turn")
+    return graph

@@ -1,0 +1,487 @@
+"""Compilation: a validated graph plus one run's inputs -> a frozen `Plan` a scheduler executes.
+
+The plan is a DAG of concrete nodes (foreach copies `worker[0]`, loop rounds `a@2`, both
+`worker[1]@3`) with rendered prompts and requests, resolved edge policies, a deterministic
+topological order, each node's incoming edges in declaration order (the order handoffs
+arrive at a fan-in), and the output nodes. Planning is pure: the scheduler asks the plan
+what may run next (`ready`) and never re-derives graph structure itself.
+
+Naming: `name[i]` is copy i of a foreach node, `name@r` is round r of a loop node.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Collection, Mapping
+
+import networkx as nx
+
+from ..errors import PlanError, Problem
+from ..spec import templates
+from ..spec.models import AgentSpec, GraphSpec, ModelSpec
+from .policy import ResolvedPolicy
+from .validate import Blueprint, Step, validate
+
+
+@dataclass(frozen=True)
+class PlanNode:
+    """One node the scheduler runs once."""
+
+    name: str  # unique in the plan: "final", "worker[2]", "a@3"
+    declared: str  # the spec node it came from
+    agent: AgentSpec
+    model: ModelSpec
+    prompt: str  # rendered from the template with the run's inputs and node variables
+    template: str
+    generate: bool
+    output: bool
+    index: int | None  # foreach position
+    round: int | None  # loop round, 1-based
+    item: str | None  # the foreach item this copy reads
+    incoming: tuple[int, ...]  # PlanEdge ids, in declaration order (handoff arrival order)
+    outgoing: tuple[int, ...]
+
+    def sampling_seed(self, run_seed: int) -> int:
+        """The seed this node samples with: its agent's `seed`, else one derived from the run's
+        seed and the node's name (so every node of a run, and every rerun, differs yet repeats)."""
+        if self.agent.seed is not None:
+            return self.agent.seed
+        digest = hashlib.sha256(f"{run_seed}:{self.name}".encode()).digest()
+        return int.from_bytes(digest[:4], "big")
+
+
+@dataclass(frozen=True)
+class PlanEdge:
+    """One handoff between two concrete nodes, with its resolved policy and rendered request."""
+
+    id: int  # position in Plan.edges
+    source: str
+    target: str
+    declared: int  # index into spec.edges
+    policy: ResolvedPolicy
+    request: str | None  # rendered request, None: use the receiver's prompt
+    loop: bool  # a loop edge (round r -> r + 1)
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    senders: Mapping[str, tuple[str, ...]]
+    receivers: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A topology expanded over one run's inputs: a frozen DAG of concrete nodes and edges
+    that the scheduler walks (`ready`, `ready_after`) and records describe (`describe`,
+    `fingerprint`). Build one with `compile_plan` or `Graph.plan`."""
+
+    name: str
+    spec: GraphSpec
+    trust_code: bool
+    inputs: Mapping[str, Any]  # every declared input, defaults filled; lists as tuples
+    nodes: tuple[PlanNode, ...]  # deterministic topological order
+    edges: tuple[PlanEdge, ...]  # declaration order
+    outputs: tuple[str, ...]  # in topological order
+    _index: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
+    _levels: tuple[tuple[str, ...], ...] = field(repr=False, compare=False, default=())
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Node names in the plan's deterministic topological order."""
+        return tuple(node.name for node in self.nodes)
+
+    def node(self, name: str) -> PlanNode:
+        """The node called `name` (KeyError naming the plan otherwise)."""
+        try:
+            return self.nodes[self._index[name]]
+        except KeyError:
+            raise KeyError(f"node {name!r} is not in plan {self.name!r}") from None
+
+    def incoming(self, name: str) -> tuple[PlanEdge, ...]:
+        """Edges into `name` in declaration order: the order its handoffs arrive."""
+        return tuple(self.edges[edge] for edge in self.node(name).incoming)
+
+    def outgoing(self, name: str) -> tuple[PlanEdge, ...]:
+        """Edges out of `name`, in declaration order."""
+        return tuple(self.edges[edge] for edge in self.node(name).outgoing)
+
+    def senders(self, name: str) -> tuple[str, ...]:
+        """The nodes `name` receives from, in arrival order (one per edge)."""
+        return tuple(edge.source for edge in self.incoming(name))
+
+    def receivers(self, name: str) -> tuple[str, ...]:
+        """The nodes `name` hands over to, one per outgoing edge."""
+        return tuple(edge.target for edge in self.outgoing(name))
+
+    def roots(self) -> tuple[str, ...]:
+        """Nodes without senders: the ones a run starts with."""
+        return tuple(node.name for node in self.nodes if not node.incoming)
+
+    def levels(self) -> tuple[tuple[str, ...], ...]:
+        """Nodes grouped by depth: a node's senders all sit in earlier levels, so the nodes of
+        one level are independent branches that may run concurrently."""
+        return self._levels
+
+    def ready(self, finished: Collection[str], started: Collection[str] = ()) -> tuple[str, ...]:
+        """Nodes not yet started whose senders have all finished, in plan order.
+
+        The scheduler's whole planning step: call it after every completion.
+        """
+        done = set(finished)
+        begun = set(started) | done
+        return tuple(
+            node.name
+            for node in self.nodes
+            if node.name not in begun and all(self.edges[edge].source in done for edge in node.incoming)
+        )
+
+    def ready_after(
+        self, name: str, finished: Collection[str], started: Collection[str] = ()
+    ) -> tuple[str, ...]:
+        """The nodes that `name` finishing made ready: its receivers, not yet started, whose
+        senders have all finished (`finished` already includes `name`), in plan order.
+
+        The incremental form of `ready()`: a scheduler that starts everything `ready()`
+        returns, then calls this after each completion, starts exactly the same nodes, but
+        a chain of n nodes costs O(n) planning instead of O(n^2).
+        """
+        if name not in self._index:
+            raise KeyError(f"node {name!r} is not in plan {self.name!r}")
+        wiring = self._wiring
+        return tuple(
+            receiver
+            for receiver in wiring.receivers[name]
+            if receiver not in started
+            and receiver not in finished
+            and all(sender in finished for sender in wiring.senders[receiver])
+        )
+
+    @functools.cached_property
+    def _wiring(self) -> _Wiring:
+        """Distinct senders and receivers per node (receivers in plan order), computed once."""
+        senders: dict[str, tuple[str, ...]] = {}
+        receivers: dict[str, list[str]] = {node.name: [] for node in self.nodes}
+        for node in self.nodes:
+            senders[node.name] = tuple(dict.fromkeys(self.edges[edge].source for edge in node.incoming))
+            for sender in senders[node.name]:
+                receivers[sender].append(node.name)  # plan order: nodes are visited in order
+        return _Wiring(MappingProxyType(senders), MappingProxyType({k: tuple(v) for k, v in receivers.items()}))
+
+    def models(self) -> tuple[ModelSpec, ...]:
+        """Models the plan uses, in first-use order (what a model pool must load)."""
+        seen: dict[str, ModelSpec] = {}
+        for node in self.nodes:
+            seen.setdefault(node.model.name, node.model)
+        return tuple(seen.values())
+
+    def fingerprint(self) -> str:
+        """sha256 of the spec and the inputs: equal plans, equal fingerprints. A run record
+        stores it so a resumed run can refuse a changed graph or changed inputs."""
+        data = {
+            "spec": self.spec.model_dump(mode="json"),
+            "inputs": {key: list(value) if isinstance(value, tuple) else value for key, value in self.inputs.items()},
+            "trust_code": self.trust_code,
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def graph(self) -> nx.DiGraph:
+        """A fresh networkx copy (nodes carry `declared`, edges carry `id` and `mode`)."""
+        graph = nx.DiGraph(name=self.name)
+        for node in self.nodes:
+            graph.add_node(node.name, declared=node.declared, output=node.output, generate=node.generate)
+        for edge in self.edges:
+            graph.add_edge(edge.source, edge.target, id=edge.id, mode=edge.policy.mode, label=edge.policy.label)
+        return graph
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-serialisable summary (for `rclc-graph validate --json` and run records)."""
+        return {
+            "name": self.name,
+            "inputs": {key: list(value) if isinstance(value, tuple) else value for key, value in self.inputs.items()},
+            "nodes": [
+                {
+                    "name": node.name,
+                    "declared": node.declared,
+                    "agent": node.agent.name,
+                    "model": node.model.name,
+                    "generate": node.generate,
+                    "output": node.output,
+                    "index": node.index,
+                    "round": node.round,
+                    "senders": list(self.senders(node.name)),
+                }
+                for node in self.nodes
+            ],
+            "edges": [
+                {
+                    "id": edge.id,
+                    "source": edge.source,
+                    "target": edge.target,
+                    "declared": edge.declared,
+                    "loop": edge.loop,
+                    "request": edge.request,
+                    "policy": edge.policy.to_dict(),
+                }
+                for edge in self.edges
+            ],
+            "levels": [list(level) for level in self.levels()],
+            "outputs": list(self.outputs),
+        }
+
+
+def compile_plan(spec: GraphSpec | Blueprint, inputs: Mapping[str, Any], *, trust_code: bool = False) -> Plan:
+    """Validate (unless given a Blueprint) and expand over `inputs`; PlanError on any problem."""
+    if isinstance(spec, Blueprint):
+        blueprint = spec if spec.trust_code or not trust_code else validate(spec.spec, trust_code=True)
+    else:
+        blueprint = validate(spec, trust_code=trust_code)
+    return expand(blueprint, inputs)
+
+
+def expand(blueprint: Blueprint, inputs: Mapping[str, Any]) -> Plan:
+    """A validated blueprint over one run's inputs: foreach copies, loop rounds, rendered
+    prompts and requests; PlanError (E_INPUT, E_TOO_LARGE, ...) naming every problem."""
+    values = _check_inputs(blueprint, inputs)
+    _check_indexed_fields(blueprint, values)
+    copies = _copies(blueprint, values)
+    total = sum(copies[step.node] for step in blueprint.steps)
+    if total > blueprint.spec.rounds.max_nodes:
+        raise PlanError(
+            [
+                Problem(
+                    "E_TOO_LARGE",
+                    f"the plan would hold {total} nodes, more than rounds.max_nodes = {blueprint.spec.rounds.max_nodes}",
+                    "use fewer list items or rounds, or raise rounds.max_nodes",
+                    ("rounds", "max_nodes"),
+                )
+            ]
+        )
+
+    def name_of(step: Step, index: int | None) -> str:
+        base = step.node if index is None else f"{step.node}[{index}]"
+        return base if step.round is None else f"{base}@{step.round}"
+
+    def indices(step: Step) -> list[int | None]:
+        node = blueprint.nodes[step.node]
+        return [None] if node.foreach is None else list(range(copies[step.node]))
+
+    edges: list[PlanEdge] = []
+    for step_edge in blueprint.step_edges:
+        source_node, target_node = blueprint.nodes[step_edge.source.node], blueprint.nodes[step_edge.target.node]
+        if source_node.foreach is not None and target_node.foreach is not None:
+            pairs = [(i, i) for i in range(copies[source_node.name])]  # same list: validate checked
+        else:
+            pairs = [(i, j) for i in indices(step_edge.source) for j in indices(step_edge.target)]
+        policy = blueprint.policies[step_edge.edge]
+        for source_index, target_index in pairs:
+            variables = _variables(blueprint, values, step_edge.target, target_index)
+            request = None if policy.request is None else templates.render(policy.request, variables)
+            edges.append(
+                PlanEdge(
+                    id=len(edges),
+                    source=name_of(step_edge.source, source_index),
+                    target=name_of(step_edge.target, target_index),
+                    declared=step_edge.edge,
+                    policy=policy,
+                    request=request,
+                    loop=step_edge.loop,
+                )
+            )
+    incoming: dict[str, list[int]] = {}
+    outgoing: dict[str, list[int]] = {}
+    for edge in edges:
+        incoming.setdefault(edge.target, []).append(edge.id)
+        outgoing.setdefault(edge.source, []).append(edge.id)
+
+    nodes: list[PlanNode] = []
+    for step in blueprint.steps:  # already topological; copies of one step are independent
+        spec_node = blueprint.nodes[step.node]
+        agent = blueprint.agents[spec_node.agent]
+        for index in indices(step):
+            name = name_of(step, index)
+            variables = _variables(blueprint, values, step, index)
+            nodes.append(
+                PlanNode(
+                    name=name,
+                    declared=step.node,
+                    agent=agent,
+                    model=blueprint.models[agent.model],
+                    prompt=templates.render(spec_node.prompt, variables),
+                    template=spec_node.prompt,
+                    generate=spec_node.generate,
+                    output=spec_node.output and _last_round(blueprint, step),
+                    index=index,
+                    round=step.round,
+                    item=None if index is None else values[spec_node.foreach][index],
+                    incoming=tuple(incoming.get(name, ())),
+                    outgoing=tuple(outgoing.get(name, ())),
+                )
+            )
+    _check_blank_texts(blueprint, nodes, edges)
+    position = {node.name: index for index, node in enumerate(nodes)}
+    return Plan(
+        name=blueprint.spec.name,
+        spec=blueprint.spec,
+        trust_code=blueprint.trust_code,
+        inputs=MappingProxyType(values),
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        outputs=tuple(node.name for node in nodes if node.output),
+        _index=MappingProxyType(position),
+        _levels=_levels(nodes, edges),
+    )
+
+
+def _last_round(blueprint: Blueprint, step: Step) -> bool:
+    loop = blueprint.loop_of(step.node)
+    return loop is None or step.round == loop.rounds
+
+
+def _variables(blueprint: Blueprint, values: Mapping[str, Any], step: Step, index: int | None) -> dict[str, Any]:
+    node = blueprint.nodes[step.node]
+    variables = dict(values)
+    if index is not None:
+        variables[node.item] = values[node.foreach][index]
+        variables["index"] = index
+    if step.round is not None:
+        variables["round"] = step.round
+    return variables
+
+
+def _levels(nodes: list[PlanNode], edges: list[PlanEdge]) -> tuple[tuple[str, ...], ...]:
+    depth: dict[str, int] = {}
+    for node in nodes:  # topological order: senders come first
+        depth[node.name] = 1 + max((depth[edges[edge].source] for edge in node.incoming), default=-1)
+    levels: list[list[str]] = []
+    for node in nodes:
+        while len(levels) <= depth[node.name]:
+            levels.append([])
+        levels[depth[node.name]].append(node.name)
+    return tuple(tuple(level) for level in levels)
+
+
+def _check_inputs(blueprint: Blueprint, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(inputs, Mapping):
+        raise PlanError([Problem("E_INPUT", f"inputs must be a mapping, got {type(inputs).__name__}", "pass a dict of input values")])
+    problems: list[Problem] = []
+    declared = blueprint.inputs
+    for key in inputs:
+        if key not in declared:
+            known = ", ".join(declared) or "(none declared)"
+            problems.append(Problem("E_INPUT", f"unknown input {key!r}", f"declared inputs: {known}", ("inputs",)))
+    values: dict[str, Any] = {}
+    for key, spec in declared.items():
+        value = inputs.get(key, spec.default)
+        if value is None:
+            problems.append(
+                Problem("E_INPUT", f"input {key!r} is required", f"pass {key}, or give it a default", ("inputs", key))
+            )
+            continue
+        if spec.type == "str":
+            if not isinstance(value, str):
+                problems.append(
+                    Problem("E_INPUT", f"input {key!r} must be a string, got {type(value).__name__}", f"pass {key} as text", ("inputs", key))
+                )
+                continue
+            values[key] = value
+        else:
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+                problems.append(
+                    Problem("E_INPUT", f"input {key!r} must be a list of strings", f"pass {key} as a list of texts", ("inputs", key))
+                )
+                continue
+            values[key] = tuple(value)
+    if problems:
+        raise PlanError(problems)
+    return values
+
+
+def _check_indexed_fields(blueprint: Blueprint, values: Mapping[str, Any]) -> None:
+    problems: list[Problem] = []
+    places = [(("nodes", index, "prompt"), node.prompt) for index, node in enumerate(blueprint.spec.nodes)]
+    places += [
+        (("edges", index, "policy", "request"), policy.request)
+        for index, policy in enumerate(blueprint.policies)
+        if policy.request is not None
+    ]
+    for path, template in places:
+        for found in templates.fields(template):
+            if found.index is not None and found.name in values and found.index >= len(values[found.name]):
+                problems.append(
+                    Problem(
+                        "E_INPUT",
+                        f"{{{found}}} reads item {found.index} of input {found.name!r}, which has {len(values[found.name])} items",
+                        f"pass at least {found.index + 1} items in {found.name}",
+                        path,
+                    )
+                )
+    if problems:
+        raise PlanError(problems)
+
+
+def _check_blank_texts(blueprint: Blueprint, nodes: list[PlanNode], edges: list[PlanEdge]) -> None:
+    """Refuse prompts and selection requests that the inputs render empty.
+
+    Empty inputs pass the type checks (a string is a string), but a node without senders
+    whose prompt renders to blanks has nothing to read, and a selection request that is
+    blank has nothing to condition on: both would fail inside the model work, after earlier
+    nodes already ran. Caught here, the error names the field and the inputs to fill in."""
+    declared = {node.name: index for index, node in enumerate(blueprint.spec.nodes)}
+    by_name = {node.name: node for node in nodes}
+    problems: list[Problem] = []
+    reported: set[tuple[str | int, ...]] = set()
+
+    def refuse(path: tuple[str | int, ...], what: str, template: str) -> None:
+        if path in reported:
+            return
+        reported.add(path)
+        used = sorted({found.name for found in templates.fields(template)} & set(blueprint.inputs))
+        problems.append(Problem(
+            "E_INPUT",
+            f"{what} is empty for these inputs" + (f" (it reads {', '.join(used)})" if used else ""),
+            f"pass non-empty text in {', '.join(used)}" if used else "write some text into the template",
+            path,
+        ))
+
+    for node in nodes:
+        if not node.incoming and not node.prompt.strip():
+            refuse(("nodes", declared[node.declared], "prompt"), f"the prompt of node {node.name!r}", node.template)
+    for edge in edges:
+        if edge.policy.mode == "text":
+            continue
+        target = by_name[edge.target]
+        if edge.request is not None:
+            if not edge.request.strip():
+                refuse(("edges", edge.declared, "policy", "request"), f"the selection request of edge {edge.source!r} -> "
+                       f"{edge.target!r}", edge.policy.request or "")
+        elif not target.prompt.strip() and not any(edges[other].policy.mode == "text" for other in target.incoming):
+            refuse(("nodes", declared[target.declared], "prompt"),
+                   f"the prompt of node {target.name!r} (the selection request of its state edges)", target.template)
+    if problems:
+        raise PlanError(problems)
+
+
+def _copies(blueprint: Blueprint, values: Mapping[str, Any]) -> dict[str, int]:
+    copies: dict[str, int] = {}
+    problems: list[Problem] = []
+    for index, node in enumerate(blueprint.spec.nodes):
+        if node.foreach is None:
+            copies[node.name] = 1
+            continue
+        copies[node.name] = len(values[node.foreach])
+        if copies[node.name] == 0:
+            problems.append(
+                Problem(
+                    "E_INPUT",
+                    f"input {node.foreach!r} is empty, so node {node.name} would have no copies",
+                    f"pass at least one item in {node.foreach}",
+                    ("nodes", index, "foreach"),
+                )
+            )
+    if problems:
+        raise PlanError(problems)
+    return copies

@@ -1,0 +1,40 @@
+"""Topology files straight to a `Blueprint` or a `Plan`, with file and line in every error.
+
+Reading is the spec layer's job (`spec.load`), checking and compiling this layer's; these two
+functions join them for callers that start from a path (the CLI, resume, experiments), and
+put the YAML location back on whole-graph problems, which validation finds without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from ..errors import PlanError
+from ..spec.load import DEFAULT_MAX_BYTES, read_graph
+from .compile import Plan, compile_plan
+from .validate import Blueprint, validate
+
+
+def validate_file(path: str | os.PathLike[str], *, trust_code: bool = False, max_bytes: int = DEFAULT_MAX_BYTES) -> Blueprint:
+    """Load and validate a topology; graph-level errors also name file and line."""
+    loaded = read_graph(path, max_bytes=max_bytes)
+    try:
+        return validate(loaded.spec, trust_code=trust_code)
+    except PlanError as exc:
+        raise exc.with_locations(loaded.locate) from None
+
+
+def plan_file(
+    path: str | os.PathLike[str],
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    trust_code: bool = False,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Plan:
+    """Load, validate and compile a topology for one run's inputs."""
+    loaded = read_graph(path, max_bytes=max_bytes)
+    try:
+        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code)
+    except PlanError as exc:
+        raise exc.with_locations(loaded.locate) from None

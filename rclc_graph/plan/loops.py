@@ -1,0 +1,166 @@
+"""Bounded loops: find them (strongly connected components closed by `rounds` edges) and
+unroll them into steps, a declared node in one round.
+
+An edge with `rounds: k` is a loop edge: it feeds round r into round r + 1. Nodes joined by
+cycles form a loop group; each runs once per round. Plain edges inside a group connect nodes
+of the same round; edges entering a group reach its first round and edges leaving it start
+from its last. Removing loop edges must leave a DAG, otherwise the cycle is undeclared.
+Nested loops (one group with loop edges of different counts) are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import networkx as nx
+
+from ..errors import PlanError, Problem
+from ..spec.models import GraphSpec, NodeSpec
+
+
+@dataclass(frozen=True)
+class Step:
+    """A declared node in one round; `round` is None for nodes outside loops."""
+
+    node: str
+    round: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.node if self.round is None else f"{self.node}@{self.round}"
+
+
+@dataclass(frozen=True)
+class StepEdge:
+    edge: int  # index into spec.edges
+    source: Step
+    target: Step
+    loop: bool  # a loop edge (round r -> r + 1)
+
+
+@dataclass(frozen=True)
+class Loop:
+    nodes: tuple[str, ...]  # declaration order
+    rounds: int
+    edges: tuple[int, ...]  # indices of its loop edges in spec.edges
+
+
+def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Loop, ...], dict[str, int]]:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    plain = nx.DiGraph()
+    plain.add_nodes_from(nodes)
+    edge_index: dict[tuple[str, str], int] = {}
+    for index, edge in enumerate(spec.edges):
+        graph.add_edge(edge.source, edge.target)
+        edge_index[(edge.source, edge.target)] = index
+        if edge.rounds is None:
+            plain.add_edge(edge.source, edge.target)
+    try:
+        cycle = nx.find_cycle(plain)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
+        raise PlanError(
+            [
+                Problem(
+                    "E_CYCLE",
+                    f"cycle {names} is not a declared loop",
+                    "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
+                    ("edges", edge_index[cycle[-1][:2]]),
+                )
+            ]
+        )
+    rank = {name: position for position, name in enumerate(nodes)}
+    component_of: dict[str, int] = {}
+    components = sorted(
+        (sorted(component, key=rank.__getitem__) for component in nx.strongly_connected_components(graph)),
+        key=lambda members: rank[members[0]],
+    )
+    for position, members in enumerate(components):
+        for name in members:
+            component_of[name] = position
+    problems: list[Problem] = []
+    loop_edges: dict[int, list[int]] = {}
+    for index, edge in enumerate(spec.edges):
+        if edge.rounds is None:
+            continue
+        if component_of[edge.source] != component_of[edge.target]:
+            problems.append(
+                Problem(
+                    "E_LOOP",
+                    f"edge {edge.source} -> {edge.target} has rounds but closes no loop",
+                    "drop rounds (a plain edge), or add the edge that leads back",
+                    ("edges", index, "rounds"),
+                )
+            )
+            continue
+        if edge.rounds > spec.rounds.limit:
+            problems.append(
+                Problem(
+                    "E_LOOP",
+                    f"rounds {edge.rounds} is above the limit of {spec.rounds.limit}",
+                    "lower rounds, or raise rounds.limit in the graph",
+                    ("edges", index, "rounds"),
+                )
+            )
+        loop_edges.setdefault(component_of[edge.source], []).append(index)
+    loops: list[Loop] = []
+    loop_of: dict[str, int] = {}
+    for component, indices in loop_edges.items():
+        counts = {spec.edges[index].rounds for index in indices}
+        if len(counts) > 1:
+            listed = ", ".join(f"edges[{index}]: {spec.edges[index].rounds}" for index in indices)
+            problems.append(
+                Problem(
+                    "E_LOOP",
+                    f"loop edges of one loop disagree on rounds ({listed}); nested loops are not supported",
+                    "give every loop edge of this loop the same rounds",
+                    ("edges", indices[-1], "rounds"),
+                )
+            )
+            continue
+        for name in components[component]:
+            loop_of[name] = len(loops)
+        loops.append(Loop(tuple(components[component]), counts.pop(), tuple(indices)))
+    if problems:
+        raise PlanError(problems)
+    return tuple(loops), loop_of
+
+
+def unroll(
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int]
+) -> tuple[tuple[Step, ...], tuple[StepEdge, ...]]:
+    def rounds_of(name: str) -> int | None:
+        index = loop_of.get(name)
+        return None if index is None else loops[index].rounds
+
+    steps = [
+        Step(name, round_number)
+        for name in nodes
+        for round_number in ([None] if rounds_of(name) is None else range(1, rounds_of(name) + 1))
+    ]
+    step_edges: list[StepEdge] = []
+    for index, edge in enumerate(spec.edges):
+        source_loop, target_loop = loop_of.get(edge.source), loop_of.get(edge.target)
+        if edge.rounds is not None:
+            step_edges += [
+                StepEdge(index, Step(edge.source, r), Step(edge.target, r + 1), True) for r in range(1, edge.rounds)
+            ]
+        elif source_loop is not None and source_loop == target_loop:
+            step_edges += [
+                StepEdge(index, Step(edge.source, r), Step(edge.target, r), False)
+                for r in range(1, loops[source_loop].rounds + 1)
+            ]
+        else:
+            source = Step(edge.source, rounds_of(edge.source))  # the last round leaves the loop
+            target = Step(edge.target, None if target_loop is None else 1)  # the first round enters it
+            step_edges.append(StepEdge(index, source, target, False))
+    graph = nx.DiGraph()
+    graph.add_nodes_from(steps)
+    graph.add_edges_from((edge.source, edge.target) for edge in step_edges)
+    rank = {name: position for position, name in enumerate(nodes)}
+    order = tuple(nx.lexicographical_topological_sort(graph, key=lambda step: (step.round or 0, rank[step.node])))
+    return order, tuple(step_edges)

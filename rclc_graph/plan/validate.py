@@ -1,0 +1,346 @@
+"""Whole-graph validation: references, policies, loops, reachability and templates.
+
+`validate(spec)` needs no run inputs and returns a `Blueprint`: the checked graph with its
+loops unrolled into "steps" (a declared node in one round). A `Plan` is a blueprint expanded
+over one run's inputs (foreach copies), see `compile.py`; loop semantics are in `loops.py`.
+Everything here is pure: no model, no torch, no I/O.
+
+Checks run in phases (names and references, then policies and models, then loops, then
+templates, then flow); each phase reports all its problems at once, and a later phase only
+runs when the earlier ones passed, since it relies on their results.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+import networkx as nx
+
+from ..errors import FieldPath, PlanError, Problem
+from ..spec import templates
+from ..spec.models import AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
+from .loops import Loop, Step, StepEdge, find_loops, unroll
+from .policy import ResolvedPolicy, resolve_policy
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    """A validated graph, independent of run inputs."""
+
+    spec: GraphSpec
+    trust_code: bool
+    models: Mapping[str, ModelSpec]
+    agents: Mapping[str, AgentSpec]
+    nodes: Mapping[str, NodeSpec]
+    inputs: Mapping[str, InputSpec]
+    policies: tuple[ResolvedPolicy, ...]  # one per spec edge
+    loops: tuple[Loop, ...]
+    steps: tuple[Step, ...]  # deterministic topological order
+    step_edges: tuple[StepEdge, ...]  # (declared edge, round) order
+    _loop_of: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
+
+    def loop_of(self, node: str) -> Loop | None:
+        """The bounded loop `node` belongs to, or None."""
+        index = self._loop_of.get(node)
+        return None if index is None else self.loops[index]
+
+    def variables(self, node: str) -> frozenset[str]:
+        """Template variables a node may use: inputs, its foreach item and index, and round."""
+        spec = self.nodes[node]
+        names = set(self.inputs)
+        if spec.foreach is not None:
+            names |= {spec.item, "index"}
+        if node in self._loop_of:
+            names.add("round")
+        return frozenset(names)
+
+
+def validate(spec: GraphSpec, *, trust_code: bool = False) -> Blueprint:
+    """Check `spec` as a whole; raise PlanError listing every problem of the first failing phase."""
+    _raise(_check_names(spec))
+    models = {model.name: model for model in spec.models}
+    agents = {agent.name: agent for agent in spec.agents}
+    nodes = {node.name: node for node in spec.nodes}
+    inputs = spec.input_specs()
+    policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
+    _raise(_check_policies(spec, agents, nodes, policies, trust_code))
+    loops, loop_of = find_loops(spec, nodes)
+    steps, step_edges = unroll(spec, nodes, loops, loop_of)
+    blueprint = Blueprint(
+        spec=spec,
+        trust_code=trust_code,
+        models=MappingProxyType(models),
+        agents=MappingProxyType(agents),
+        nodes=MappingProxyType(nodes),
+        inputs=MappingProxyType(inputs),
+        policies=policies,
+        loops=loops,
+        steps=steps,
+        step_edges=step_edges,
+        _loop_of=MappingProxyType(loop_of),
+    )
+    _raise(_check_templates(blueprint))
+    _raise(_check_flow(blueprint))
+    return blueprint
+
+
+def _raise(problems: list[Problem]) -> None:
+    if problems:
+        raise PlanError(problems)
+
+
+def _suggest(name: str, known: Iterable[str]) -> str:
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"known: {', '.join(known)}" if known else "declare it first"
+
+
+def _check_names(spec: GraphSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    for kind, items in (("models", spec.models), ("agents", spec.agents), ("nodes", spec.nodes)):
+        seen: dict[str, int] = {}
+        for index, item in enumerate(items):
+            if item.name in seen:
+                problems.append(
+                    Problem(
+                        "E_DUPLICATE_NAME",
+                        f"{kind[:-1]} {item.name!r} is declared twice (first as {kind}[{seen[item.name]}])",
+                        "rename or remove one of them",
+                        (kind, index, "name"),
+                    )
+                )
+            seen.setdefault(item.name, index)
+    models = {model.name for model in spec.models}
+    agents = {agent.name for agent in spec.agents}
+    nodes = {node.name for node in spec.nodes}
+    inputs = spec.input_specs()
+    for index, agent in enumerate(spec.agents):
+        if agent.model not in models:
+            problems.append(_unknown("model", agent.model, models, ("agents", index, "model")))
+    for index, node in enumerate(spec.nodes):
+        if node.agent not in agents:
+            problems.append(_unknown("agent", node.agent, agents, ("nodes", index, "agent")))
+        if node.foreach is not None:
+            if node.foreach not in inputs:
+                problems.append(_unknown("input", node.foreach, inputs, ("nodes", index, "foreach")))
+            elif inputs[node.foreach].type != "list[str]":
+                problems.append(
+                    Problem(
+                        "E_FOREACH",
+                        f"foreach input {node.foreach!r} is a str, not a list",
+                        f"declare {node.foreach} with type: list[str]",
+                        ("nodes", index, "foreach"),
+                    )
+                )
+            if node.item in inputs:
+                problems.append(
+                    Problem(
+                        "E_FOREACH",
+                        f"item variable {node.item!r} hides the input of the same name",
+                        "choose another item name",
+                        ("nodes", index, "item"),
+                    )
+                )
+    pairs: dict[tuple[str, str], int] = {}
+    for index, edge in enumerate(spec.edges):
+        for end in ("source", "target"):
+            name = getattr(edge, end)
+            if name not in nodes:
+                problems.append(_unknown("node", name, nodes, ("edges", index, end)))
+        if isinstance(edge.policy, str) and edge.policy not in spec.policies:
+            problems.append(_unknown("policy", edge.policy, spec.policies, ("edges", index, "policy")))
+        key = (edge.source, edge.target)
+        if key in pairs:
+            problems.append(
+                Problem(
+                    "E_DUPLICATE_NAME",
+                    f"edge {edge.source} -> {edge.target} is declared twice (first as edges[{pairs[key]}])",
+                    "keep one edge per sender and receiver",
+                    ("edges", index),
+                )
+            )
+        pairs.setdefault(key, index)
+    return problems
+
+
+def _unknown(kind: str, name: str, known: Iterable[str], path: FieldPath) -> Problem:
+    return Problem("E_UNKNOWN_REF", f"unknown {kind} {name!r}", _suggest(name, known), path)
+
+
+def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
+    policy = spec.edges[index].policy
+    if isinstance(policy, TransferPolicy):
+        return resolve_policy(policy)
+    return resolve_policy(spec.policies[policy], name=policy)
+
+
+def _check_policies(
+    spec: GraphSpec,
+    agents: Mapping[str, AgentSpec],
+    nodes: Mapping[str, NodeSpec],
+    policies: tuple[ResolvedPolicy, ...],
+    trust_code: bool,
+) -> list[Problem]:
+    problems: list[Problem] = []
+    if not trust_code:
+        checked: list[tuple[FieldPath, ResolvedPolicy]] = [
+            (("policies", name), resolve_policy(policy)) for name, policy in spec.policies.items()
+        ]
+        checked += [
+            (("edges", index, "policy"), policy)
+            for index, policy in enumerate(policies)
+            if isinstance(spec.edges[index].policy, TransferPolicy)
+        ]
+        for path, policy in checked:
+            for field_name, reference in policy.user_code():
+                problems.append(
+                    Problem(
+                        "E_TRUST_CODE",
+                        f"{field_name} {reference!r} would import and run code named by the YAML",
+                        "pass --trust-code (trust_code=True) if you trust this file, or use a built-in",
+                        path + tuple(field_name.split(".")),
+                    )
+                )
+    for index, edge in enumerate(spec.edges):
+        policy = policies[index]
+        source, target = nodes[edge.source], nodes[edge.target]
+        source_model, target_model = agents[source.agent].model, agents[target.agent].model
+        if policy.mode != "text" and source_model != target_model:
+            problems.append(
+                Problem(
+                    "E_CROSS_MODEL",
+                    f"a {policy.mode} edge from {edge.source} (model {source_model!r}) to {edge.target} "
+                    f"(model {target_model!r}): state only moves between agents of one model",
+                    "use mode: text for this edge, or give both agents the same model",
+                    ("edges", index),
+                )
+            )
+        if source.foreach is not None and target.foreach is not None and source.foreach != target.foreach:
+            problems.append(
+                Problem(
+                    "E_FOREACH",
+                    f"edge {edge.source} -> {edge.target} joins copies over {source.foreach!r} and {target.foreach!r}; "
+                    "copies pair up only over the same list",
+                    "route it through a node without foreach, or iterate both nodes over the same input",
+                    ("edges", index),
+                )
+            )
+        if policy.mode == "text" and not source.generate:
+            problems.append(
+                Problem(
+                    "E_GENERATE",
+                    f"a text edge from {edge.source}, which has generate: false and so writes no text",
+                    f"set generate: true on {edge.source}, or use mode: state",
+                    ("edges", index),
+                )
+            )
+    for index, node in enumerate(spec.nodes):
+        if node.output and not node.generate:
+            problems.append(
+                Problem(
+                    "E_GENERATE",
+                    f"output node {node.name} has generate: false, so it produces no answer",
+                    "set generate: true, or output: false",
+                    ("nodes", index, "generate"),
+                )
+            )
+    return problems
+
+
+def _check_templates(blueprint: Blueprint) -> list[Problem]:
+    problems: list[Problem] = []
+    spec = blueprint.spec
+    for index, node in enumerate(spec.nodes):
+        problems += _template_problems(blueprint, node.name, node.prompt, ("nodes", index, "prompt"))
+    for index, edge in enumerate(spec.edges):
+        request = blueprint.policies[index].request
+        if request is None:
+            continue
+        if isinstance(edge.policy, str):
+            path: FieldPath = ("policies", edge.policy, "request")
+        else:
+            path = ("edges", index, "policy", "request")
+        problems += _template_problems(blueprint, edge.target, request, path, f"edges[{index}] -> {edge.target}")
+    return problems
+
+
+def _template_problems(blueprint: Blueprint, node: str, template: str, path: FieldPath, where: str = "") -> list[Problem]:
+    allowed = blueprint.variables(node)
+    problems = []
+    for found in templates.fields(template):
+        suffix = f" ({where})" if where else ""
+        if found.name not in allowed:
+            problems.append(
+                Problem(
+                    "E_TEMPLATE",
+                    f"template field {{{found}}} is not an input or a variable of node {node}{suffix}",
+                    f"declare it under inputs, or use one of: {', '.join(sorted(allowed)) or '(none)'}",
+                    path,
+                )
+            )
+        elif found.index is not None and (found.name not in blueprint.inputs or blueprint.inputs[found.name].type != "list[str]"):
+            problems.append(
+                Problem(
+                    "E_TEMPLATE",
+                    f"template field {{{found}}} indexes {found.name}, which is not a list input{suffix}",
+                    f"write {{{found.name}}}",
+                    path,
+                )
+            )
+    return problems
+
+
+def _check_flow(blueprint: Blueprint) -> list[Problem]:
+    spec = blueprint.spec
+    outputs = [node.name for node in spec.nodes if node.output]
+    if not outputs:
+        return [Problem("E_NO_OUTPUT", "no node is marked output: true", "set output: true on the answer node(s)", ("nodes",))]
+    graph = nx.DiGraph()
+    graph.add_nodes_from(blueprint.steps)
+    graph.add_edges_from((edge.source, edge.target) for edge in blueprint.step_edges)
+    final = {step for step in blueprint.steps if step.node in outputs and _is_last_round(blueprint, step)}
+    useful: set[Step] = set(final)
+    for step in final:
+        useful |= nx.ancestors(graph, step)
+    position = {node.name: index for index, node in enumerate(spec.nodes)}
+    problems: list[Problem] = []
+    for step in blueprint.steps:
+        if step not in useful:
+            loop = blueprint.loop_of(step.node)
+            which = f" (round {step.round} of {loop.rounds})" if loop is not None else ""
+            problems.append(
+                Problem(
+                    "E_UNREACHABLE",
+                    f"node {step.node}{which} does not lead to any output node, so its work is lost",
+                    "add an edge from it toward an output node, mark it output: true, or remove it",
+                    ("nodes", position[step.node]),
+                )
+            )
+    reported = set()
+    for step in blueprint.steps:
+        if graph.in_degree(step) or step.node in reported:
+            continue
+        node = blueprint.nodes[step.node]
+        reads = {found.name for found in templates.fields(node.prompt)}
+        if not reads & (set(blueprint.inputs) | ({node.item} if node.foreach else set())):
+            reported.add(step.node)
+            which = f" in round {step.round}" if step.round is not None else ""
+            problems.append(
+                Problem(
+                    "E_NO_PROMPT",
+                    f"node {step.node} has no senders{which} and its prompt reads no input",
+                    "use an input in its prompt (e.g. {question}), or add an edge into it",
+                    ("nodes", position[step.node], "prompt"),
+                )
+            )
+    return problems
+
+
+def _is_last_round(blueprint: Blueprint, step: Step) -> bool:
+    loop = blueprint.loop_of(step.node)
+    return loop is None or step.round == loop.rounds

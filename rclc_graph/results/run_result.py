@@ -1,0 +1,95 @@
+"""What a run produces: per-node results and the run's result, as plain data for records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .lineage import HopRecord, Lineage
+
+
+@dataclass
+class NodeResult:
+    """One finished node: its text, the shape and lineage of its state, and where its prompt sits."""
+
+    node: str
+    text: str | None  # generated text; None when the node only reads (generate: false)
+    positions: int  # positions its state holds after it ran
+    inherited_positions: int  # of which received from senders
+    lineage: Lineage
+    prompt_text: str  # the rendered prompt this node prefilled (chat template applied)
+    prompt_start: int  # state index of the prompt's first token
+    prompt_offsets: list[tuple[int, int]]  # char span in prompt_text of each prompt token
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    hops: list[HopRecord] = field(default_factory=list)  # the handoffs this node received
+    placement: dict[str, str] | None = None  # where it ran ({"replica", "actor", "node"}); None in-process
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (node files and records)."""
+        return {
+            "node": self.node,
+            "text": self.text,
+            "positions": self.positions,
+            "inherited_positions": self.inherited_positions,
+            "lineage": self.lineage.to_dict(),
+            "lineage_summary": self.lineage.summary(),
+            "prompt_text": self.prompt_text,
+            "prompt_start": self.prompt_start,
+            "prompt_offsets": [list(pair) for pair in self.prompt_offsets],
+            "generated_tokens": self.generated_tokens,
+            "generation_seconds": self.generation_seconds,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "hops": [hop.to_dict() for hop in self.hops],
+            "placement": None if self.placement is None else dict(self.placement),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeResult:
+        """The inverse of `to_dict` (reading a node file)."""
+        return cls(
+            node=data["node"],
+            text=data["text"],
+            positions=data["positions"],
+            inherited_positions=data["inherited_positions"],
+            lineage=Lineage.from_dict(data["lineage"]),
+            prompt_text=data["prompt_text"],
+            prompt_start=data["prompt_start"],
+            prompt_offsets=[tuple(pair) for pair in data["prompt_offsets"]],
+            generated_tokens=data.get("generated_tokens", 0),
+            generation_seconds=data.get("generation_seconds", 0.0),
+            started_at=data.get("started_at", 0.0),
+            finished_at=data.get("finished_at", 0.0),
+            hops=[HopRecord(**hop) for hop in data.get("hops", [])],
+            placement=data.get("placement"),
+        )
+
+
+@dataclass
+class RunResult:
+    """A whole run: status, the output nodes' texts, every node's result, every hop in plan order."""
+
+    run_id: str
+    status: str  # finished | failed | cancelled
+    outputs: dict[str, str]
+    nodes: dict[str, NodeResult]
+    hops: list[HopRecord]
+    error: str | None = None
+    seconds: float = 0.0
+    failed_node: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "outputs": dict(self.outputs),
+            "error": self.error,
+            "failed_node": self.failed_node,
+            "seconds": self.seconds,
+            "hops": [hop.to_dict() for hop in self.hops],
+            "nodes": {name: result.to_dict() for name, result in self.nodes.items()},
+        }

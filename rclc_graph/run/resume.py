@@ -1,0 +1,287 @@
+"""Continue an interrupted run from its directory: finished nodes are kept, the rest runs.
+
+A run directory holds what a resume needs (record.py): the topology as JSON, the inputs,
+trust_code and the seed in record.json, and per finished node its result and a snapshot of
+its agent's state. Resuming rebuilds the plan from the record, restores the agents whose
+state an unfinished node will read, and hands the scheduler the finished results as
+`completed`, so no finished node runs again and fan-in nodes whose senders finished
+before the crash receive exactly what they would have received. Outputs equal those of
+an uninterrupted run under greedy decoding: a restored agent re-prefills its rows, and
+the runtime re-prefills every generating sender too (`Agent.refresh`), so selectors read
+the same cache either way.
+
+Everything that could make the continuation differ is refused, before anything in the
+directory is written (`ResumeError`, a ValueError naming the file or field and the fix):
+a record whose plan no longer compiles to the recorded fingerprint, different rclc /
+rclc-graph source, torch or transformers versions, a different model (weights,
+configuration or vocabulary), node files that are damaged, edited or from another run,
+snapshots that fail their own checks (truncated, edited, another model or layout), and a
+trust_code run resumed without trust_code. The directory is locked for the whole resume,
+so a run still going (or a second resume) cannot write the same nodes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import anyio
+
+from .._files import DirectoryLock, file_sha256
+from ..errors import GraphError, ResumeError
+from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
+from ..plan.compile import Plan, compile_plan
+from ..results.events import EventStream
+from ..results.run_result import NodeResult, RunResult
+from ..spec.models import GraphSpec
+from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, versions
+from .recorded import prepare_models, record_run
+from .recorder import RunRecorder
+
+# Versions that decide what a node computes; the code fingerprint covers rclc's own source.
+_COMPUTING_PACKAGES = ("rclc", "rclc_graph", "torch", "transformers")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a run directory says about where to continue (read without any model work)."""
+
+    run_dir: Path
+    record: Mapping[str, Any]
+    plan: Plan
+    seed: int
+    base_dir: Path | None
+    finished: Mapping[str, NodeResult]  # nodes finished on disk, verified
+    snapshots: Mapping[str, Mapping[str, Any]]  # their snapshot identity (file, sha256, model_identity)
+    restore: tuple[str, ...]  # finished nodes whose state an unfinished receiver reads, plan order
+
+    @property
+    def run_id(self) -> str:
+        """The run being resumed."""
+        return str(self.record["run_id"])
+
+    @property
+    def remaining(self) -> tuple[str, ...]:
+        """Nodes still to run, in plan order."""
+        return tuple(name for name in self.plan.order if name not in self.finished)
+
+
+def _field(record: Mapping[str, Any], *path: str) -> Any:
+    value: Any = record
+    for part in path:
+        if not isinstance(value, Mapping) or part not in value:
+            raise ResumeError(
+                f"run_dir: record.json has no {'.'.join(path)}; it was not written by a resumable rclc-graph run"
+            )
+        value = value[part]
+    return value
+
+
+def _rebuild_plan(record: Mapping[str, Any], trust_code: bool) -> Plan:
+    recorded_trust = _field(record, "plan", "trust_code")
+    if recorded_trust is True and not trust_code:
+        raise ResumeError(
+            "trust_code: this run imports code named by its topology (trust_code was on when it started); "
+            "pass --trust-code (trust_code=True) to resume it, if you still trust that code"
+        )
+    try:
+        spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
+        plan = compile_plan(spec, _field(record, "inputs"), trust_code=bool(recorded_trust))
+    except GraphError as error:
+        raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
+    recorded = _field(record, "plan", "fingerprint")
+    if plan.fingerprint() != recorded:
+        raise ResumeError(
+            f"run_dir: the plan rebuilt from record.json has fingerprint {plan.fingerprint()[:12]}, the run recorded "
+            f"{str(recorded)[:12]}; the record was edited or this rclc-graph plans differently; start a new run"
+        )
+    return plan
+
+
+def _check_code(record: Mapping[str, Any]) -> None:
+    recorded = _field(record, "versions")
+    current = versions()
+    changed = [
+        f"{name} {recorded.get(name)} -> {current.get(name)}"
+        for name in _COMPUTING_PACKAGES
+        if recorded.get(name) != current.get(name)
+    ]
+    if changed:
+        raise ResumeError(
+            f"versions: the run started with other software ({', '.join(changed)}); resuming could give other "
+            "outputs than an uninterrupted run; start a new run, or resume with the versions it started with"
+        )
+    code = record.get("code")
+    if isinstance(code, Mapping) and code.get("fingerprint") != code_fingerprint():
+        raise ResumeError(
+            "code: the rclc / rclc-graph source changed since the run started (code fingerprint "
+            f"{str(code.get('fingerprint'))[:12]} -> {code_fingerprint()[:12]}); resuming could give other outputs "
+            "than an uninterrupted run; start a new run"
+        )
+
+
+def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str, NodeResult], dict[str, dict[str, Any]]]:
+    """Verified finished nodes. A node file is written after its snapshot, so a crash leaves
+    at most a snapshot without a node file (ignored: the node runs again). A node file whose
+    snapshot is missing or does not hash to what it names was damaged or edited: refused."""
+    directory = run_dir / NODES_DIR
+    finished: dict[str, NodeResult] = {}
+    snapshots: dict[str, dict[str, Any]] = {}
+    if not directory.is_dir():
+        return finished, snapshots
+    known = set(plan.order)
+    for path in sorted(directory.glob("*.json")):
+        where = f"{NODES_DIR}/{path.name}"
+        try:
+            result, snapshot = read_node(path)
+            stored_run = _node_run_id(path)
+        except (ValueError, KeyError, TypeError, OSError) as error:
+            raise ResumeError(f"run_dir: {where} is damaged ({error}); delete it to run that node again") from None
+        if stored_run != run_id:
+            raise ResumeError(f"run_dir: {where} belongs to run {stored_run!r}, not {run_id!r}; remove it")
+        if result.node not in known or path.stem != safe_name(result.node):
+            raise ResumeError(f"run_dir: {where} holds node {result.node!r}, which is not this file's node of the plan; "
+                              "remove it")
+        if not isinstance(snapshot, dict):
+            continue  # recorded without a snapshot (an executor without agents): not resumable state
+        snapshot_path = directory / str(snapshot.get("file", ""))
+        fix = f"delete {where} to run node {result.node!r} again"
+        if snapshot_path.name != f"{path.stem}.safetensors" or not snapshot_path.is_file():
+            raise ResumeError(f"run_dir: the snapshot {where} names is missing; {fix}")
+        if file_sha256(snapshot_path) != snapshot.get("sha256"):
+            raise ResumeError(
+                f"run_dir: {NODES_DIR}/{snapshot_path.name} does not match the SHA-256 {where} names (edited, "
+                f"truncated or replaced); {fix}"
+            )
+        finished[result.node] = result
+        snapshots[result.node] = snapshot
+    return finished, snapshots
+
+
+def _node_run_id(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")).get("run_id")
+
+
+def read_resume_point(run_dir: str | os.PathLike[str], *, trust_code: bool = False) -> ResumePoint:
+    """Read and check a run directory for resuming; loads no model and writes nothing."""
+    directory = Path(run_dir)
+    try:
+        record = read_record(directory)
+    except ValueError as error:
+        raise ResumeError(str(error)) from None
+    run_id = str(_field(record, "run_id"))
+    plan = _rebuild_plan(record, trust_code)
+    _check_code(record)
+    seed = _field(record, "seeds", "run")
+    if type(seed) is not int:
+        raise ResumeError(f"run_dir: record.json seeds.run is {seed!r}; expected the run's integer seed")
+    recorded_base = (record.get("topology") or {}).get("base_dir")
+    base_dir = Path(recorded_base) if isinstance(recorded_base, str) else None
+    finished, snapshots = _finished_on_disk(directory, plan, run_id)
+    restore = tuple(
+        name
+        for name in plan.order
+        if name in finished
+        and any(edge.policy.mode != "text" and edge.target not in finished for edge in plan.outgoing(name))
+    )
+    return ResumePoint(directory, record, plan, seed, base_dir, finished, snapshots, restore)
+
+
+async def resume_run(
+    run_dir: str | os.PathLike[str],
+    *,
+    pool: ModelPool | None = None,
+    executor: Executor | None = None,
+    events: EventStream | None = None,
+    trust_code: bool = False,
+) -> tuple[RunResult, dict[str, Any], Path]:
+    """Continue the run recorded in `run_dir`; returns (result, record, run_dir) like run_recorded.
+
+    Refusals (ResumeError) leave the directory exactly as it was. The resumed attempt is
+    recorded in the same directory: its nodes next to the old ones, and the record's
+    `attempts` say which nodes each attempt ran, reused and restored.
+    """
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        raise ResumeError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
+    lock = DirectoryLock(directory)
+    lock.acquire()  # before reading: nothing may change between the checks and the run
+    try:
+        point = read_resume_point(directory, trust_code=trust_code)
+        pool = pool if pool is not None else default_pool()
+        inner = executor if executor is not None else LocalExecutor(pool)
+        if executor is None:
+            await prepare_models(point.plan, pool, point.base_dir)
+        await anyio.to_thread.run_sync(_check_models, point, pool)  # hashing weights takes a moment
+        ctx = RunContext(run_id=point.run_id, plan=point.plan, publish=_silent, seed=point.seed, base_dir=point.base_dir)
+        agents = {}
+        for name in point.restore:
+            agents[name] = await _restore(inner, ctx, point, name)
+        recorder = RunRecorder(directory.parent, point.plan, run_id=point.run_id, seed=point.seed,
+                               topology_file=(point.record.get("topology") or {}).get("file"), pool=pool,
+                               base_dir=point.base_dir)
+        recorder.run_dir = directory  # the directory may have been moved or renamed since
+        recorder.resume(point.record, point.finished, point.snapshots, restored=list(agents), lock=lock)
+    except BaseException:
+        lock.release()
+        raise
+    for name, agent in agents.items():
+        inner.adopt(point.run_id, name, agent)
+    return await record_run(recorder, inner, pool=pool, events=events, base_dir=point.base_dir,
+                            completed=dict(point.finished))
+
+
+def resume_run_sync(run_dir: str | os.PathLike[str], **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
+    """`resume_run` for code without an event loop."""
+    return anyio.run(functools.partial(resume_run, run_dir, **options))
+
+
+async def _silent(kind: str, payload: dict[str, Any]) -> None:
+    return None
+
+
+def _check_models(point: ResumePoint, pool: ModelPool) -> None:
+    """The loaded models must be the ones the run used: the record's fingerprints, and the
+    identity each finished node's snapshot was written with."""
+    recorded = {item.get("name"): item for item in point.record.get("models") or [] if isinstance(item, Mapping)}
+    current: dict[str, str] = {}
+    for spec in point.plan.models():
+        loaded = pool.get(spec, point.base_dir)
+        fingerprint = loaded.fingerprint
+        current[spec.name] = fingerprint
+        expected = (recorded.get(spec.name) or {}).get("fingerprint")
+        if expected is not None and expected != fingerprint:
+            raise ResumeError(
+                f"models: model {spec.name!r} ({spec.source}) is not the one the run used (fingerprint "
+                f"{str(expected)[:12]} -> {fingerprint[:12]}: other weights, configuration or vocabulary); "
+                "restore the original checkpoint, or start a new run"
+            )
+    for name, snapshot in point.snapshots.items():
+        identity = snapshot.get("model_identity")
+        model = point.plan.node(name).model.name
+        if identity is not None and identity != current[model]:
+            raise ResumeError(
+                f"run_dir: {NODES_DIR}/{snapshot.get('file')} was written with another model than {model!r}; "
+                "restore the original checkpoint, or start a new run"
+            )
+
+
+async def _restore(executor: Executor, ctx: RunContext, point: ResumePoint, name: str) -> Any:
+    """Bind the node's agent as the run did and load its snapshot (every check before use)."""
+    try:
+        agent = executor.bind(ctx, point.plan.node(name))
+    except NotImplementedError as error:
+        raise ResumeError(f"executor: {executor.name!r} cannot adopt restored agents ({error})") from None
+    path = point.run_dir / NODES_DIR / str(point.snapshots[name]["file"])
+    try:
+        await agent.load(path)
+    except (ValueError, OSError) as error:
+        raise ResumeError(f"run_dir: node {name!r}: its snapshot {NODES_DIR}/{path.name} cannot be restored: {error}") from None
+    return agent
+
+
+__all__ = ["ResumePoint", "read_resume_point", "resume_run", "resume_run_sync"]

@@ -1,0 +1,411 @@
+"""What a user writes: pydantic models of a graph (models, agents, nodes, edges, policies, inputs).
+
+Every model forbids unknown fields (a typo is an error, not a silently ignored key) and is
+strict (`ratio: "4"` is refused rather than coerced) and frozen. Checks that need one object
+only live here, so YAML and the builder both hit them at once; checks that need the whole
+graph (references, cycles, models across edges, template fields) live in `plan/validate.py`.
+
+Mode-specific policy options default to None, meaning "the default for this mode"; the plan
+resolves them (`selector` -> cacheback, neither `ratio` nor `budget` -> ratio 4,
+`representation` -> embeddings). Keeping None here lets the spec refuse options that make no
+sense for a mode (a `selector` on a `text` edge) and keeps dumped YAML minimal.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    Tag,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from . import templates
+
+SCHEMA_VERSION = 1
+BUILTIN_SELECTORS = ("cacheback", "qsnap", "chunkkv", "recent", "random")
+BUILTIN_REASONING = ("latent_mass",)
+REASONING_CONTEXTS = ("full", "full_with_request", "selected", "selected_with_request")
+RESERVED_VARIABLES = ("index", "round")  # node variables the plan provides
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_CALLABLE_REF = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]+)?)$")
+_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def _error(code: str, message: str, fix: str) -> PydanticCustomError:
+    # Our stable code travels as the pydantic error type; load.py maps it back to a Problem.
+    return PydanticCustomError(code, message, {"fix": fix})
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise _error(
+            "E_FIELD",
+            f"name {value!r} is not allowed",
+            "use letters, digits, '_' and '-', starting with a letter or '_' (brackets and '@' are "
+            "reserved for expanded nodes such as worker[0] and a@2)",
+        )
+    return value
+
+
+def _check_ident(value: str) -> str:
+    if not _IDENT.match(value):
+        raise _error(
+            "E_FIELD",
+            f"{value!r} is not usable as a template variable",
+            "use letters, digits and '_', starting with a letter or '_'",
+        )
+    return value
+
+
+def _check_template(value: str) -> str:
+    try:
+        templates.fields(value)
+    except ValueError as exc:
+        raise _error("E_TEMPLATE", str(exc), "fix the braces; literal braces are written {{ and }}") from None
+    return value
+
+
+def is_callable_ref(value: str) -> bool:
+    """True for "package.module:function" references (user code; needs trust_code)."""
+    return bool(_CALLABLE_REF.match(value))
+
+
+Name = Annotated[str, AfterValidator(_check_name), WithJsonSchema({"type": "string", "pattern": _NAME.pattern})]
+Ident = Annotated[str, AfterValidator(_check_ident), WithJsonSchema({"type": "string", "pattern": _IDENT.pattern})]
+Template = Annotated[str, AfterValidator(_check_template)]
+InputType = Literal["str", "list[str]"]
+OptionValue = Union[bool, int, float, str]
+
+
+def _builtin_or_callable(value: str, what: str, builtins: tuple[str, ...]) -> str:
+    """`value` when it names a built-in or a package.module:callable, else E_FIELD."""
+    if value not in builtins and not is_callable_ref(value):
+        raise _error(
+            "E_FIELD",
+            f"{what} {value!r} is unknown",
+            f"use one of {', '.join(builtins)} or package.module:callable",
+        )
+    return value
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelSpec(_Spec):
+    """A model, loaded once per process and shared by every node whose agent names it."""
+
+    name: Name
+    source: str = Field(
+        "embedded",
+        description="'embedded' (the bundled SmolLM2-135M-Instruct), a local path (starting with /, ./, ../ "
+        "or ~; relative to the YAML file) or a hub id owner/name",
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: str = Field("auto", description="auto, cpu, mps, cuda or cuda:N")
+    backend: Literal["hf", "vllm"] = "hf"
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="what each replica holds on Ray ({CPU: 1} by default, {GPU: 1}, custom resources); unused in-process",
+    )
+    replicas: PositiveInt = Field(
+        1, description="Ray actors holding this model (executor ray); in-process runs use one copy"
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if source_kind(value) is None:
+            raise _error(
+                "E_FIELD",
+                f"source {value!r} is neither 'embedded', a path nor a hub id",
+                "write 'embedded', a path starting with ./, ../, / or ~, or a hub id such as owner/name",
+            )
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise _error("E_FIELD", f"device {value!r} is not recognised", "use auto, cpu, mps, cuda or cuda:N")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, amount in value.items():
+            if amount < 0:
+                raise _error("E_FIELD", f"resources.{key} is negative ({amount})", "use an amount >= 0")
+        return value
+
+    @property
+    def source_kind(self) -> str:
+        """"embedded", "path" or "hub": how the pool finds the weights."""
+        return source_kind(self.source) or "hub"
+
+
+def source_kind(source: str) -> str | None:
+    """"embedded", "path", "hub", or None when `source` is none of them."""
+    if source == "embedded":
+        return "embedded"
+    if source.startswith(_PATH_PREFIXES) or re.match(r"^[A-Za-z]:[\\/]", source):
+        return "path"
+    if _HUB_ID.match(source):
+        return "hub"
+    return None
+
+
+class AgentSpec(_Spec):
+    """An agent profile: which model, what system prompt, how it generates.
+
+    Generation is greedy unless `temperature` is set; `top_p` needs a temperature.
+    """
+
+    name: Name
+    model: Name
+    description: str = ""
+    system: str = Field("", description="system prompt; empty means none")
+    max_new_tokens: PositiveInt = 128
+    temperature: float | None = Field(None, gt=0, description="set to sample; absent means greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: NonNegativeInt | None = None
+    context_limit: PositiveInt | None = Field(None, description="positions; default: the model's own limit")
+
+    @model_validator(mode="after")
+    def _sampling(self) -> AgentSpec:
+        if self.top_p is not None and self.temperature is None:
+            raise _error("E_FIELD", "top_p is set but generation is greedy", "set temperature as well, or drop top_p")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the agent decodes greedily (no temperature): reruns give the same text."""
+        return self.temperature is None
+
+
+class ReasoningSpec(_Spec):
+    """Latent reasoning rows a sender appends before it transmits (see the core's `reasoning`)."""
+
+    method: str = Field("latent_mass", description="'latent_mass' or module:callable (needs trust_code)")
+    steps: NonNegativeInt = 40
+    context: Literal["full", "full_with_request", "selected", "selected_with_request"] = "full"
+    budget: PositiveInt | None = Field(None, description="rows reserved; required for selected contexts")
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        return _builtin_or_callable(value, "reasoning method", BUILTIN_REASONING)
+
+    @model_validator(mode="after")
+    def _budget(self) -> ReasoningSpec:
+        if self.context.startswith("selected") and self.budget is None:
+            raise _error(
+                "E_POLICY",
+                f"reasoning context {self.context!r} runs after selection and needs a budget",
+                "set reasoning.budget to the rows to reserve (e.g. the number of steps)",
+            )
+        return self
+
+
+_STATE_ONLY = ("ratio", "budget", "selector", "selector_options")
+_NOT_TEXT = _STATE_ONLY + ("reasoning", "representation", "request")
+
+
+class TransferPolicy(_Spec):
+    """How state moves along an edge.
+
+    mode `state`: the core's receiver-conditioned compressed handoff (ratio xor budget,
+    selector, reasoning, representation, request). `full`: the sender's whole state
+    (reasoning and representation apply). `text`: the sender generates text that the
+    receiver reads in its prompt (no state options).
+    """
+
+    mode: Literal["state", "full", "text"] = "state"
+    ratio: PositiveInt | None = Field(None, description="relative budget rX: keep I + ceil((T - I) / X)")
+    budget: PositiveInt | None = Field(None, description="bounded budget B: keep min(B, T)")
+    selector: str | None = Field(None, description=f"{', '.join(BUILTIN_SELECTORS)} or module:callable")
+    selector_options: dict[str, OptionValue] = Field(default_factory=dict, description="e.g. span_size: 4")
+    reasoning: ReasoningSpec | None = None
+    representation: Literal["embeddings", "token_ids+continuous"] | None = None
+    request: Template | None = Field(
+        None, description="what the receiver needs (conditions selection); default: the receiver's prompt"
+    )
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str | None) -> str | None:
+        return None if value is None else _builtin_or_callable(value, "selector", BUILTIN_SELECTORS)
+
+    @model_validator(mode="after")
+    def _options_fit_mode(self) -> TransferPolicy:
+        if self.ratio is not None and self.budget is not None:
+            raise _error(
+                "E_POLICY",
+                "ratio and budget are both set",
+                "keep one: ratio is relative (rX), budget is bounded (B positions)",
+            )
+        refused = _NOT_TEXT if self.mode == "text" else _STATE_ONLY if self.mode == "full" else ()
+        present = [name for name in refused if getattr(self, name) not in (None, {})]
+        if present:
+            raise _error(
+                "E_POLICY",
+                f"mode {self.mode!r} does not use {', '.join(present)}",
+                f"remove {', '.join(present)}, or use mode: state",
+            )
+        return self
+
+
+def _policy_kind(value: Any) -> str:
+    return "named" if isinstance(value, str) else "inline"
+
+
+PolicyRef = Annotated[
+    Union[Annotated[TransferPolicy, Tag("inline")], Annotated[Name, Tag("named")]],
+    Discriminator(_policy_kind),
+]
+
+
+class NodeSpec(_Spec):
+    """One step of the graph: an agent reading a prompt (rendered from the run's inputs) plus
+    whatever its senders hand over.
+
+    `foreach: documents` repeats the node once per item of the list input `documents`
+    (nodes `name[0]`, `name[1]`, ...); inside, `{item}` (or the name set by `item`) is that
+    item and `{index}` its position. Nodes in a bounded loop also see `{round}` (1-based).
+    """
+
+    name: Name
+    agent: Name
+    description: str = ""
+    prompt: Template = ""
+    generate: bool = Field(True, description="false: only read and pass state on (no decoding)")
+    output: bool = Field(False, description="true: an answer node of the run")
+    foreach: Ident | None = Field(None, description="a list[str] input: one copy of the node per item")
+    item: Ident = Field("item", description="the template variable holding the current foreach item")
+
+    @model_validator(mode="after")
+    def _item_needs_foreach(self) -> NodeSpec:
+        if self.foreach is None and self.item != "item":
+            raise _error("E_FIELD", f"item {self.item!r} is set without foreach", "add foreach: <list input>, or drop item")
+        if self.item in RESERVED_VARIABLES:
+            raise _error("E_FIELD", f"item {self.item!r} is a reserved variable", "choose another item name")
+        return self
+
+
+class EdgeSpec(_Spec):
+    """A handoff from `source` to `target`. `policy` is inline or the name of a graph policy.
+
+    `rounds: k` marks a loop edge: it feeds round r of its loop into round r + 1, and the
+    loop is unrolled k times at compile time. Every cycle must pass through a loop edge.
+    """
+
+    source: Name
+    target: Name
+    description: str = ""
+    policy: PolicyRef = Field(default_factory=TransferPolicy)
+    rounds: PositiveInt | None = None
+
+
+class InputSpec(_Spec):
+    """A declared run input: `str` or `list[str]`, optionally with a default."""
+
+    type: InputType = "str"
+    default: str | list[str] | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _default_matches(self) -> InputSpec:
+        if self.default is None:
+            return self
+        is_list = isinstance(self.default, list)
+        if is_list != (self.type == "list[str]"):
+            raise _error(
+                "E_FIELD",
+                f"default is a {'list' if is_list else 'string'} but type is {self.type}",
+                "make the default match the type",
+            )
+        return self
+
+
+InputRef = Annotated[
+    Union[Annotated[InputSpec, Tag("full")], Annotated[InputType, Tag("short")]],
+    Discriminator(lambda value: "short" if isinstance(value, str) else "full"),
+]
+
+
+class RoundsSpec(_Spec):
+    """Guards on plan size: loops and foreach expansion are unrolled before a run starts."""
+
+    limit: PositiveInt = Field(32, description="the most rounds any loop edge may declare")
+    max_nodes: PositiveInt = Field(4096, description="the most nodes a compiled plan may hold")
+
+
+class GraphSpec(_Spec):
+    """A whole topology: declared inputs, models, agents, nodes, edges and named policies."""
+
+    version: Literal[1] = SCHEMA_VERSION
+    name: Name
+    description: str = ""
+    inputs: dict[Ident, InputRef] = Field(
+        default_factory=dict, description="run inputs; `question: str` is short for `question: {type: str}`"
+    )
+    models: list[ModelSpec] = Field(default_factory=list)
+    agents: list[AgentSpec] = Field(default_factory=list)
+    nodes: list[NodeSpec] = Field(default_factory=list)
+    edges: list[EdgeSpec] = Field(default_factory=list)
+    policies: dict[Name, TransferPolicy] = Field(default_factory=dict, description="named edge policies")
+    rounds: RoundsSpec = Field(default_factory=RoundsSpec)
+
+    @field_validator("inputs")
+    @classmethod
+    def _normalise_inputs(cls, value: dict[str, Any]) -> dict[str, InputSpec]:
+        for key in value:
+            if key in RESERVED_VARIABLES:
+                raise _error("E_FIELD", f"input {key!r} is a reserved variable", "rename the input")
+        return {key: InputSpec(type=spec) if isinstance(spec, str) else spec for key, spec in value.items()}
+
+    def input_specs(self) -> dict[str, InputSpec]:
+        """Each declared input as an InputSpec (short forms like `question: str` expanded)."""
+        return dict(self.inputs)  # type: ignore[arg-type]  # normalised by _normalise_inputs
+
+
+def json_schema(kind: Literal["topology", "agent", "model"] = "topology") -> dict[str, Any]:
+    """JSON Schema of a topology file (or an agent/model profile file), for editors.
+
+    Files differ from the in-memory spec in two ways the schema allows: `agents` and `models`
+    entries may be a string naming a profile file, and a profile file may omit `name` (it
+    defaults to the file's stem).
+    """
+    if kind == "topology":
+        schema = GraphSpec.model_json_schema()
+        for field, ref in (("agents", "AgentSpec"), ("models", "ModelSpec")):
+            schema["properties"][field]["items"] = {
+                "anyOf": [{"$ref": f"#/$defs/{ref}"}, {"type": "string", "description": "profile name or path"}]
+            }
+        title = "rclc-graph topology"
+    elif kind in ("agent", "model"):
+        model = AgentSpec if kind == "agent" else ModelSpec
+        schema = copy.deepcopy(model.model_json_schema())
+        schema["required"] = [name for name in schema.get("required", []) if name != "name"]
+        title = f"rclc-graph {kind} profile"
+    else:
+        raise ValueError(f"kind: expected 'topology', 'agent' or 'model', got {kind!r}")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": title}

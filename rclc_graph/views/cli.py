@@ -1,0 +1,498 @@
+"""`rclc-graph`: run, validate, draw and inspect topologies from a terminal.
+
+Exit codes: 0 success; 1 a run failed or `validate` found problems; 2 a usage error (bad
+option, missing or malformed file, invalid topology or inputs for `run`/`draw`); 130 the
+run was interrupted with Ctrl-C (the nodes that finished are recorded).
+
+User mistakes never print a traceback: GraphError and ValueError become one message plus
+the fix. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn, Optional
+
+import anyio
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .._files import write_text_atomic
+from ..errors import ExecutorUnavailable, GraphError, format_path
+from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
+from ..experiments import commands as experiment_commands
+from ..plan import plan_file, validate_file
+from ..render import save_png, sketch_blueprint, sketch_plan, to_mermaid
+from ..run import read_record, read_resume_point
+from ..run.preflight import check_code, check_context
+from ..spec import json_schema, read_graph
+from .interactive import execute, execute_resume
+from .terminal import render_record
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+app = typer.Typer(
+    name="rclc-graph",
+    help="Multi-agent graphs whose agents hand each other compressed state. "
+    "Start with: rclc-graph run topologies/chain_of_agents.yaml --input examples/inputs/chain_of_agents.json",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
+
+
+def _stdout() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=120)  # logs and pipes: wide enough for the tables
+    return console
+
+
+def _stderr() -> Console:
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=True, highlight=False, width=120)
+    return console
+
+
+def _write_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _print_graph_error(console: Console, error: GraphError) -> None:
+    count = len(error.problems)
+    if count > 1:
+        console.print(Text(f"{count} problems:", style="bold red"))
+    for problem in error.problems:
+        line = Text()
+        if problem.location is not None:
+            line.append(f"{problem.location}: ", style="bold")
+        if problem.path:
+            line.append(f"{format_path(problem.path)}: ", style="cyan")
+        line.append(problem.message)
+        line.append(f"  [{problem.code}]", style="dim")
+        console.print(Text("error: ", style="bold red") + line, soft_wrap=True)
+        console.print(Text("  fix: ", style="green") + Text(problem.fix), soft_wrap=True)
+
+
+def _fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoReturn:
+    console = _stderr()
+    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    if fix:
+        console.print(Text("  fix: ", style="green") + Text(fix), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _usage_error(error: Exception, code: int = EXIT_USAGE) -> NoReturn:
+    if isinstance(error, GraphError):
+        _print_graph_error(_stderr(), error)
+        raise typer.Exit(code)
+    message = str(error)
+    _fail(message)
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def read_inputs(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(label, inputs) per run: a .json file is one run, each non-blank line of a .jsonl one run."""
+    if not path.is_file():
+        raise ValueError(f"--input: {str(path)!r} is not a file; pass a .json or .jsonl file of run inputs")
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".jsonl"):
+        raise ValueError(f"--input: {str(path)!r} must end in .json (one run) or .jsonl (one run per line)")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"--input: {str(path)!r} is not UTF-8 text") from None
+    runs: list[tuple[str, dict[str, Any]]] = []
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--input: {path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--input: {path} holds a {type(data).__name__}; it must be one JSON object of input values")
+        return [(str(path), data)]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--input: {path}:{number}:{error.colno}: not valid JSON ({error.msg})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--input: {path}:{number} is not a JSON object; each line holds one run's inputs")
+        runs.append((f"{path}:{number}", data))
+    if not runs:
+        raise ValueError(f"--input: {path} holds no runs; write one JSON object per line")
+    return runs
+
+
+def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool) -> list[Any]:
+    plans = []
+    for label, inputs in runs:
+        try:
+            plans.append(plan_file(topology, inputs, trust_code=trust_code))
+        except GraphError as error:
+            if len(runs) > 1:
+                _stderr().print(Text(f"in the inputs of {label}:", style="bold"))
+            raise error
+    return plans
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    return {
+        "run_id": record["run_id"],
+        "status": record["status"],
+        "error": record["error"],
+        "failed_node": record["failed_node"],
+        "run_dir": str(run_dir),
+        "record": str(run_dir / "record.json"),
+        "report": str(run_dir / "report.html"),
+        "seconds": record["timings"]["seconds"],
+        "outputs": record["outputs"],
+        "hops": record["hops"],
+        "lineage": record["lineage"],
+        "unfinished": record["unfinished"],
+    }
+
+
+def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> None:
+    """Prompts that cannot fit their context and trusted code that does not import, refused
+    with the YAML line before any weights load."""
+    for plan in plans:
+        try:
+            check_code(plan)
+            check_context(plan, pool, base_dir)
+        except GraphError as error:
+            raise error.with_locations(read_graph(topology).locate) from None
+
+
+def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interrupted: bool, json_output: bool) -> int:
+    """Print a recorded run (JSON summary or tables); the exit code it calls for (130 raises)."""
+    if json_output:
+        sys.stdout.write(json.dumps(_summary(record, run_dir), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        console.print()
+        render_record(console, record, str(run_dir))
+        console.print(Text("inspect ", style="bold") + Text(f"rclc-graph inspect {run_dir}"))
+    if interrupted:
+        if not json_output:
+            finished = ", ".join(record["nodes"]) or "none"
+            console.print(Text(f"interrupted; finished nodes: {finished}", style="yellow"))
+            console.print(Text(f"continue it with: rclc-graph resume {run_dir}", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED)
+    return 0 if record["status"] == "finished" else EXIT_FAILED
+
+
+def _load_models(plan: Any, pool: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+    """Load the plan's models before the run starts, so progress shows the run, not the load."""
+    for spec in plan.models():
+        label = f"loading model {spec.name} ({spec.source})"
+        if quiet:
+            pool.get(spec, base_dir)
+        elif console.is_terminal:
+            with console.status(label + " …"):
+                pool.get(spec, base_dir)
+        else:
+            console.print(Text(label + " …", style="dim"))
+            pool.get(spec, base_dir)
+
+
+def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> None:
+    plan = plans[0]
+    head = Text(plan.name, style="bold")
+    if plan.spec.description:
+        head.append(f": {plan.spec.description}")
+    console.print(head)
+    runs = f"; {len(plans)} runs from {input}" if len(plans) > 1 else ""
+    states = sum(1 for edge in plan.edges if edge.policy.mode != "text")
+    handoffs = _count(len(plan.edges), "handoff") + (f" ({states} hand over state)" if states else "")
+    console.print(Text(f"{_count(len(plan.nodes), 'node')}, {handoffs}{runs}; recording to {out}/", style="dim"))
+
+
+def _count(number: int, word: str) -> str:
+    return f"{number} {word}" + ("" if number == 1 else "s")
+
+
+@app.command()
+def run(
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    input: Path = typer.Option(..., "--input", "-i", help=".json (one run) or .jsonl (one run per line) of inputs"),
+    out: Path = typer.Option(Path("runs"), "--out", "-o", help="directory that receives runs/<run_id>/"),
+    json_output: bool = typer.Option(False, "--json", help="print a JSON summary per run instead of tables"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    seed: int = typer.Option(0, "--seed", help="run seed (sampling nodes derive theirs from it)"),
+    executor_name: str = typer.Option(
+        "local", "--executor", "-e", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
+    ),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster to join: auto, or HOST:PORT of the head (default: a private local Ray)"
+    ),
+    pin: list[str] = typer.Option(
+        [], "--pin", help="NODE=REPLICA: run a node on that replica of its model (ray; repeatable)"
+    ),
+    replicas: list[str] = typer.Option(
+        [], "--replicas", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
+    ),
+) -> None:
+    """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
+    console = _stdout()
+    try:
+        runs = read_inputs(input)
+        plans = _plans(topology, runs, trust_code)
+        pins = parse_pins(pin)
+        counts = parse_replicas(replicas)
+        if executor_name != "ray" and (address is not None or pins or counts):
+            raise ValueError(
+                "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
+            )
+    except (GraphError, ValueError) as error:
+        _usage_error(error)
+    pool = default_pool()
+    base_dir = topology.resolve().parent
+    status = 0
+    try:
+        _preflight(topology, plans, pool, base_dir)
+    except (GraphError, ValueError, OSError) as error:
+        _usage_error(error)
+    executor = None
+    if not json_output:
+        _introduce(console, plans, input, out)
+    try:
+        if executor_name == "local":
+            _load_models(plans[0], pool, base_dir, console, json_output)
+        else:
+            try:
+                executor = make_executor(executor_name, pool=pool, address=address, pins=pins, replicas=counts)
+            except ExecutorUnavailable as error:
+                _fail(error.reason, f"install it: {error.install}")
+            _start_hosts(executor, plans[0], base_dir, console, json_output)
+        for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
+            if len(plans) > 1 and not json_output:
+                console.rule(Text(f"run {index + 1} of {len(plans)}: {label}"))
+            record, run_dir, interrupted = anyio.run(
+                lambda plan=plan: execute(
+                    plan, out=out, seed=seed, topology=topology, pool=pool, console=console, quiet=json_output,
+                    executor=executor,
+                )
+            )
+            status = max(status, _show_result(console, record, run_dir, interrupted, json_output))
+    except KeyboardInterrupt:  # Ctrl-C outside a run (model loading): nothing to record
+        _stderr().print(Text("interrupted", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (GraphError, ValueError, NotImplementedError, OSError) as error:
+        _usage_error(error)
+    finally:
+        if executor is not None:
+            executor.close()
+    if status:
+        raise typer.Exit(status)
+
+
+def _start_hosts(executor: Executor, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+    """Start the executor's replicas and load their models before the run (Ray actors)."""
+    label = f"starting {executor.name} replicas of {', '.join(spec.name for spec in plan.models())}"
+    if quiet:
+        anyio.run(executor.prepare, plan, base_dir)
+        return
+    if console.is_terminal:
+        with console.status(label + " …"):
+            hosts = anyio.run(executor.prepare, plan, base_dir)
+    else:
+        console.print(Text(label + " …", style="dim"))
+        hosts = anyio.run(executor.prepare, plan, base_dir)
+    for host in hosts:
+        console.print(Text(f"  {host['replica']} on node {host['node'][:12]}", style="dim"))
+
+
+# -- resume ------------------------------------------------------------------------------------
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="the directory of an interrupted run, e.g. runs/20250101-120000-abc123",
+                                   show_default=False),
+    json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
+) -> None:
+    """Continue a crashed, cancelled or failed run: finished nodes are kept, the rest runs."""
+    console = _stdout()
+    try:
+        point = read_resume_point(run_dir, trust_code=trust_code)
+    except ValueError as error:
+        _usage_error(error)
+    pool = default_pool()
+    if not json_output:
+        remaining = ", ".join(point.remaining) or "none"
+        console.print(Text(f"resuming {point.run_id} ({point.plan.name}): {len(point.finished)} of "
+                           f"{len(point.plan.nodes)} nodes finished before; to run: {remaining}", style="dim"))
+    try:
+        record, directory, interrupted = anyio.run(
+            lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code)
+        )
+    except KeyboardInterrupt:  # Ctrl-C while models load: nothing was written
+        _stderr().print(Text("interrupted", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (GraphError, ValueError, NotImplementedError, OSError) as error:
+        _usage_error(error)
+    status = _show_result(console, record, directory, interrupted, json_output)
+    if status:
+        raise typer.Exit(status)
+
+
+# -- validate ----------------------------------------------------------------------------------
+
+
+@app.command()
+def validate(
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="also plan it for these inputs (.json/.jsonl)"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
+) -> None:
+    """Check a topology (and optionally inputs) without running anything. Exit 1 on problems."""
+    console = _stdout()
+    try:
+        blueprint = validate_file(topology, trust_code=trust_code)
+        runs = read_inputs(input) if input is not None else []
+        plans = _plans(topology, runs, trust_code) if runs else []
+    except GraphError as error:
+        if json_output:
+            _write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
+        else:
+            _print_graph_error(_stderr(), error)
+        raise typer.Exit(EXIT_FAILED) from None
+    except ValueError as error:
+        _usage_error(error)
+    spec = blueprint.spec
+    if json_output:
+        _write_json({"valid": True, "graph": spec.name, "plans": [plan.describe() for plan in plans]})
+        return
+    outputs = [node.name for node in spec.nodes if node.output]
+    line = Text("✓ ", style="green")
+    line.append(str(topology), style="bold")
+    line.append(f" is valid: graph {spec.name}, {_count(len(spec.nodes), 'node')}, {_count(len(spec.edges), 'edge')}, "
+                f"outputs: {', '.join(outputs)}")
+    console.print(line)
+    for (label, _), plan in zip(runs, plans):
+        console.print(Text(f"  {label}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
+                           f"{_count(len(plan.levels()), 'level')}; fingerprint {plan.fingerprint()[:12]}"))
+
+
+# -- draw --------------------------------------------------------------------------------------
+
+
+class DrawFormat(str, Enum):
+    mermaid = "mermaid"
+    png = "png"
+
+
+@app.command()
+def draw(
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    format: DrawFormat = typer.Option(DrawFormat.mermaid, "--format", "-f", help="mermaid text or a PNG image"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to write (default: stdout for mermaid, "
+                                       "<topology>.png for png)"),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="draw the plan for these inputs (.json): "
+                                         "every foreach copy and loop round"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+) -> None:
+    """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib)."""
+    try:
+        if input is not None:
+            runs = read_inputs(input)
+            sketch = sketch_plan(_plans(topology, runs[:1], trust_code)[0])
+        else:
+            sketch = sketch_blueprint(validate_file(topology, trust_code=trust_code))
+    except (GraphError, ValueError) as error:
+        _usage_error(error)
+    if format is DrawFormat.mermaid:
+        text = to_mermaid(sketch)
+        if out is None:
+            sys.stdout.write(text)
+            return
+        try:
+            write_text_atomic(out, text)
+        except OSError as error:
+            _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
+    else:
+        out = out if out is not None else Path(topology.stem + ".png")
+        try:
+            save_png(sketch, out)
+        except OSError as error:
+            _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
+    _stderr().print(Text(f"wrote {out}"))
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+
+@app.command()
+def inspect(
+    run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/20250101-120000-abc123",
+                                   show_default=False),
+    json_output: bool = typer.Option(False, "--json", help="print the whole record.json"),
+    node: Optional[str] = typer.Option(None, "--node", "-n", help="show the detailed lineage of this node"),
+) -> None:
+    """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
+    try:
+        record = read_record(run_dir)
+        if json_output:
+            _write_json(record)
+            return
+        render_record(_stdout(), record, str(run_dir), every_node=True, node=node)
+    except ValueError as error:
+        _usage_error(error)
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+
+class SchemaKind(str, Enum):
+    topology = "topology"
+    agent = "agent"
+    model = "model"
+
+
+@app.command()
+def schema(
+    kind: SchemaKind = typer.Option(SchemaKind.topology, "--kind", "-k", help="which file's schema"),
+) -> None:
+    """Print the JSON Schema of topology, agent or model files (for editor completion)."""
+    _write_json(json_schema(kind.value))
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (also used by tests)."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="rclc-graph", standalone_mode=True)
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":  # `python -m rclc_graph.views.cli`; `python -m rclc_graph` is the short form
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Terminal views for the CLI: live progress fed by a run's events, and a record's summary.
+
+Every string that came from a model, a document or a file is put in a rich `Text` (never
+parsed as markup), so generated text such as "[bold]" or "[/]" prints as written.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..plan.compile import Plan
+from ..render.html_report import hops_text
+from ..render.units import format_bytes, format_seconds
+from ..results.events import EventStream
+
+STATUS_STYLE = {
+    "waiting": ("·", "dim"),
+    "running": ("▶", "bold cyan"),
+    "finished": ("✓", "green"),
+    "failed": ("✗", "bold red"),
+    "cancelled": ("■", "yellow"),
+}
+MAX_LIVE_ROWS = 24
+
+
+def _seconds(value: float | None) -> str:
+    return format_seconds(value, decimals=1, missing="")
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else "…" + flat[-(width - 1):]
+
+
+# -- live progress -----------------------------------------------------------------------------
+
+
+class ProgressView:
+    """Reads a run's EventStream and shows each node's state.
+
+    On a terminal: a live table (running nodes, their token counts and latest text). Else
+    (pipes, CI logs): one line per node that finishes or fails, nothing that redraws.
+    """
+
+    def __init__(self, plan: Plan, console: Console, *, quiet: bool = False) -> None:
+        self.plan = plan
+        self.console = console
+        self.quiet = quiet
+        self.live = console.is_terminal and not quiet
+        self.status: dict[str, str] = {name: "waiting" for name in plan.order}
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+        self.tokens: dict[str, int] = {}
+        self.tail: dict[str, str] = {}
+        self.received: dict[str, list[str]] = {}
+        self.positions: dict[str, int] = {}
+        self.notes: list[str] = []
+        self.begun = time.perf_counter()
+
+    # event handling (runs in the event loop)
+    def handle(self, event: Any) -> None:
+        payload = event.payload
+        if event.kind == "node":
+            name = payload["node"]
+            if payload["status"] == "started":
+                self.status[name] = "running"
+                self.started[name] = time.perf_counter()
+            elif payload["status"] == "finished":
+                self.status[name] = "finished"
+                self.ended[name] = time.perf_counter()
+                self.positions[name] = payload.get("positions", 0)
+                self._print_finished(name)
+        elif event.kind == "token":
+            name = payload["node"]
+            self.tokens[name] = self.tokens.get(name, 0) + 1
+            self.tail[name] = (self.tail.get(name, "") + payload.get("text", ""))[-400:]
+        elif event.kind == "hop":
+            if payload["mode"] == "text":
+                line = f"text from {payload['source']}"
+            else:
+                line = (
+                    f"kept {payload['kept_positions']}/{payload['total_positions']} from {payload['source']}"
+                    f" ({payload['policy']})"
+                )
+            self.received.setdefault(payload["target"], []).append(line)
+        elif event.kind == "error":
+            name = payload.get("node")
+            if name in self.status:
+                self.status[name] = "failed"
+                self.ended[name] = time.perf_counter()
+            if not self.live and not self.quiet:
+                self.console.print(Text(f"  ✗ {name}: {payload.get('message', '')}", style="red"))
+        elif event.kind == "cancelled":
+            for name, status in self.status.items():
+                if status == "running":
+                    self.status[name] = "cancelled"
+
+    def _print_finished(self, name: str) -> None:
+        if self.live or self.quiet:
+            return
+        took = self.ended[name] - self.started.get(name, self.ended[name])
+        line = Text("  ✓ ", style="green")
+        line.append(name, style="bold")
+        line.append(f"  {self.positions[name]} positions, {_seconds(took)}")
+        if self.tokens.get(name):
+            line.append(f", {self.tokens[name]} tokens generated")
+        for received in self.received.get(name, []):
+            line.append(f"\n      ← {received}", style="dim")
+        self.console.print(line)
+
+    async def consume(self, events: EventStream) -> None:
+        if not self.live:
+            async for event in events:
+                self.handle(event)
+            return
+        with Live(self, console=self.console, refresh_per_second=8, transient=False):
+            async for event in events:
+                self.handle(event)
+
+    # rendering (rich calls this from its refresh thread; it only reads)
+    def __rich__(self) -> Any:
+        total = len(self.status)
+        done = sum(1 for status in self.status.values() if status == "finished")
+        now = time.perf_counter()
+        table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+        table.add_column("")
+        table.add_column("node")
+        table.add_column("positions", justify="right")
+        table.add_column("time", justify="right")
+        table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=70)
+        names = list(self.status)
+        if len(names) > MAX_LIVE_ROWS:
+            running = [name for name in names if self.status[name] in ("running", "failed", "cancelled")]
+            finished = [name for name in names if self.status[name] == "finished"][-(MAX_LIVE_ROWS // 2):]
+            names = [name for name in names if name in set(running) | set(finished)][:MAX_LIVE_ROWS]
+        for name in names:
+            status = self.status[name]
+            mark, style = STATUS_STYLE[status]
+            start = self.started.get(name)
+            took = None if start is None else self.ended.get(name, now) - start
+            detail = ""
+            if status == "running" and self.tail.get(name):
+                count = self.tokens.get(name, 0)
+                detail = f"{count} token{'' if count == 1 else 's'}: " + _one_line(self.tail[name], 50)
+            elif self.received.get(name):
+                detail = "; ".join(self.received[name])
+            table.add_row(
+                Text(mark, style=style),
+                Text(name, style="bold" if status == "running" else ""),
+                str(self.positions.get(name, "")),
+                _seconds(took),
+                Text(detail, style="dim"),
+            )
+        title = Text(f"{self.plan.name}: {done}/{total} nodes finished, {_seconds(now - self.begun)}", style="bold")
+        return Group(title, table)
+
+
+# -- a record, summarised ----------------------------------------------------------------------
+
+
+def lineage_rows(node: dict[str, Any]) -> list[tuple[str, str, int, int]]:
+    """(origin node, kind, hops crossed, positions), merged over segments, in state order."""
+    merged: dict[tuple[str, str, int], int] = {}
+    for origin, kind, hops, _start, length in node["lineage"]["segments"]:
+        merged[(origin, kind, hops)] = merged.get((origin, kind, hops), 0) + length
+    return [(origin, kind, hops, count) for (origin, kind, hops), count in merged.items()]
+
+
+def _status_text(status: str) -> Text:
+    mark, style = STATUS_STYLE.get(status, ("?", ""))
+    return Text(f"{mark} {status}", style=style)
+
+
+def render_record(
+    console: Console, record: dict[str, Any], run_dir: str | None = None, *, every_node: bool = False,
+    node: str | None = None,
+) -> None:
+    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record."""
+    title = Text()
+    title.append(str(record.get("graph", "run")), style="bold")
+    title.append("  ")
+    title.append_text(_status_text(record.get("status", "?")))
+    seconds = record.get("timings", {}).get("seconds")
+    if seconds:
+        title.append(f" in {_seconds(seconds)}")
+    title.append(f"   run {record.get('run_id')}", style="dim")
+    console.print(title)
+    if record.get("error"):
+        console.print(Text("error: ", style="bold red") + Text(str(record["error"])))
+    unfinished = record.get("unfinished") or []
+    if unfinished and record.get("status") != "finished":
+        console.print(Text(f"not finished: {', '.join(unfinished)}", style="yellow"))
+
+    outputs = record.get("outputs", {})
+    if outputs:
+        console.print()
+        console.print(Text("Outputs", style="bold underline"))
+        for name, text in outputs.items():
+            line = Text(f"  {name}: ", style="bold green")
+            line.append(str(text))
+            console.print(line)
+
+    hops = record.get("hops", [])
+    if hops:
+        console.print()
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+        table.add_column("handoff")
+        table.add_column("policy")
+        table.add_column("T", justify="right")
+        table.add_column("I", justify="right")
+        table.add_column("budget", justify="right")
+        table.add_column("kept", justify="right")
+        table.add_column("kept by origin")
+        table.add_column("payload", justify="right")
+        table.add_column("select", justify="right")
+        for hop in hops:
+            text_edge = hop["mode"] == "text"
+            table.add_row(
+                Text(f"{hop['source']} → {hop['target']}"),
+                Text(str(hop["policy"])),
+                "–" if text_edge else str(hop["total_positions"]),
+                "–" if text_edge else str(hop["inherited_positions"]),
+                "–" if text_edge else str(hop["budget"]),
+                "–" if text_edge else str(hop["kept_positions"]),
+                Text("text" if text_edge else ", ".join(f"{k} {v}" for k, v in hop["kept_by_origin"].items())),
+                format_bytes(hop["payload_bytes"]),
+                _seconds(hop["selection_seconds"]),
+            )
+        console.print(Text("Handoffs", style="bold underline"),
+                      Text("  T: positions the sender held, I: of which it had inherited", style="dim"))
+        console.print(table)
+
+    nodes = record.get("nodes", {})
+    if node is not None:
+        chosen = [node]
+    elif every_node:
+        chosen = list(nodes)
+    else:
+        chosen = [name for name in outputs if name in nodes]
+    if every_node and node is None and nodes:
+        console.print()
+        console.print(Text("Lineage per node", style="bold underline"),
+                      Text("  where each node's positions came from", style="dim"))
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+        table.add_column("node")
+        table.add_column("positions", justify="right")
+        table.add_column("by origin node")
+        table.add_column("by kind")
+        table.add_column("by hops crossed")
+        for name in chosen:
+            summary = nodes[name]["lineage_summary"]
+            table.add_row(
+                Text(name),
+                str(summary["positions"]),
+                Text(", ".join(f"{k} {v}" for k, v in summary["by_node"].items())),
+                Text(", ".join(f"{k} {v}" for k, v in summary["by_kind"].items())),
+                Text(", ".join(hops_text(int(k), v) for k, v in summary["by_hops"].items())),
+            )
+        console.print(table)
+        chosen = [name for name in outputs if name in nodes]
+    for name in chosen:
+        if name not in nodes:
+            known = ", ".join(nodes) or "none"
+            raise ValueError(f"node: {name!r} did not finish in this run; finished nodes: {known}")
+        data = nodes[name]
+        console.print()
+        console.print(Text(f"Lineage of {name}", style="bold underline"),
+                      Text(f"  {data['positions']} positions, {data['inherited_positions']} inherited: who created "
+                           "them, as what, how many handoffs ago", style="dim"))
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+        table.add_column("origin")
+        table.add_column("kind")
+        table.add_column("hops crossed", justify="right")
+        table.add_column("positions", justify="right")
+        for origin, kind, hops_crossed, count in lineage_rows(data):
+            table.add_row(Text(origin), Text(kind), str(hops_crossed), str(count))
+        console.print(table)
+
+    if run_dir is not None:
+        console.print()
+        console.print(Text("record  ", style="bold") + Text(f"{run_dir}/record.json"))
+        console.print(Text("report  ", style="bold") + Text(f"{run_dir}/report.html") +
+                      Text("  (open it in a browser: graph, kept spans, lineage)", style="dim"))

@@ -1,0 +1,47 @@
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold, and the checker really
+reads the imports: a contract the code breaks is reported as broken."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("importlinter")  # the dev extra installs it (make install)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LINT_IMPORTS = pathlib.Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(*arguments: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, not an installed copy
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", *arguments], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_every_contract_is_kept():
+    result = lint_imports()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+    for contract in ("rclc never imports rclc_graph", "spec and plan import no torch", "views use the executors'",
+                     "the graph layer's layers", "render imports no other part", "never imports rclc_graph.testing"):
+        assert contract in result.stdout, contract
+
+
+def test_a_contract_the_code_breaks_fails(tmp_path):
+    config = tmp_path / "broken.toml"
+    config.write_text(
+        "[tool.importlinter]\n"
+        'root_packages = ["rclc_graph"]\n\n'
+        "[[tool.importlinter.contracts]]\n"
+        'name = "views never import run (untrue: the CLI runs plans)"\n'
+        'type = "forbidden"\n'
+        'source_modules = ["rclc_graph.views"]\n'
+        'forbidden_modules = ["rclc_graph.run"]\n'
+    )
+    result = lint_imports(str(config))
+    assert result.returncode == 1
+    assert "1 broken" in result.stdout and "rclc_graph.views.interactive -> rclc_graph.run" in result.stdout
