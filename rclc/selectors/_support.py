@@ -2,7 +2,8 @@
 
 For every global layer the fold receives the request rows' post-RoPE queries and the keys
 of memory + request. It never materializes more than `ROW_CHUNK` request rows of softmax
-at a time and keeps three running length-M vectors (section 4.2 of the spec):
+at a time and keeps three running length-M vectors (the design spec,
+shared/design/rclc_spec.md#42-scoring-support-moments):
 
     votes[j]      = sum_l (1/(H R)) sum_{head, r} A_l[head, r, j]
     energy[j]     = sum_l sum_h (S * pool7_j((1/R) sum_r Abar_l[h, r, :]))^2
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import CaptureError
 
 ROW_CHUNK = 256
 MOMENT_SCALE = 256.0
@@ -96,7 +99,7 @@ class SupportFold:
 
     def votes_mean(self) -> torch.Tensor:
         if self.votes is None or self.layers == 0:
-            raise RuntimeError("attention capture: no global layer was folded, so no scores were collected")
+            raise CaptureError("attention capture: no global layer was folded, so no scores were collected")
         return self.votes / (self.heads * self.rows)
 
 
@@ -111,5 +114,5 @@ def composite_score(fold: SupportFold) -> torch.Tensor:
     """CacheBack's score: `pool7(votes_mean) * ratio ** 2` (squared support correction)."""
     votes = fold.votes_mean()
     if fold.energy is None or fold.row_energy is None:
-        raise RuntimeError("attention capture: support moments were not collected")
+        raise CaptureError("attention capture: support moments were not collected")
     return pool7(votes) * correction(fold.row_energy, fold.energy) ** 2

@@ -3,7 +3,8 @@
 The request is forwarded over a private view of the sender's cache; positions the request
 attends to score high (QSnap's votes), boosted where a few request rows concentrate their
 attention rather than spreading it (the squared support correction). The keep step then
-keeps whole spans (section 4 of the spec): the fixed grid, or the sender's sentences.
+keeps whole spans (shared/design/rclc_spec.md#44-keep-step-keep_spans--fixed_span_keep):
+the fixed grid, or the sender's sentences.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..state import SenderState
-from ._capture import capture
-from ._common import check_context, check_finite, check_request_ids, check_sender, selects
-from ._sentences import check_span_option, partition
-from ._spans import keep_spans
+from ._attention_capture import capture
+from ._common import check_sender, keep_best_spans, request_scores
 from ._support import SupportFold, composite_score
 
 NAME = "CacheBack"
@@ -23,9 +22,7 @@ NAME = "CacheBack"
 def cacheback_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
     """Raw composite scores, float32 `[T]`: `pool7(votes) * ratio ** 2`."""
     check_sender(sender)
-    check_request_ids(request_ids)
-    check_context(sender, request_ids, NAME)
-    return _scores(sender, request_ids)
+    return request_scores(sender, request_ids, NAME, _scores)
 
 
 def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
@@ -45,12 +42,11 @@ def cacheback(
     sentences of the sender's text (it needs the sender's tokenizer and token IDs).
     Returns every position, without any model work, when `budget >= T`.
     """
-    check_sender(sender)
-    check_span_option(sender, span)
-    if not selects(sender, budget, span_size):
-        return list(range(sender.positions))
-    check_request_ids(request_ids)
-    check_context(sender, request_ids, NAME)
-    scores = _scores(sender, request_ids)
-    check_finite(scores, NAME)
-    return keep_spans(scores, budget, partition(sender, span, span_size), sender.latent_steps)
+    return keep_best_spans(
+        sender,
+        budget,
+        span=span,
+        span_size=span_size,
+        name=NAME,
+        scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
+    )

@@ -5,10 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..state import SenderState
-from ._capture import capture
-from ._common import check_context, check_finite, check_request_ids, check_sender, selects
-from ._sentences import check_span_option, partition
-from ._spans import keep_spans
+from ._attention_capture import capture
+from ._common import check_sender, keep_best_spans, request_scores
 from ._support import SupportFold, pool7
 
 NAME = "QSnap"
@@ -17,9 +15,7 @@ NAME = "QSnap"
 def qsnap_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
     """Raw scores, float32 `[T]`: `pool7(votes_mean)`."""
     check_sender(sender)
-    check_request_ids(request_ids)
-    check_context(sender, request_ids, NAME)
-    return _scores(sender, request_ids)
+    return request_scores(sender, request_ids, NAME, _scores)
 
 
 def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
@@ -34,12 +30,11 @@ def qsnap(
 ) -> list[int]:
     """Keep `budget` positions ranked by pooled mean request attention, in whole spans
     (`span` as in `cacheback`)."""
-    check_sender(sender)
-    check_span_option(sender, span)
-    if not selects(sender, budget, span_size):
-        return list(range(sender.positions))
-    check_request_ids(request_ids)
-    check_context(sender, request_ids, NAME)
-    scores = _scores(sender, request_ids)
-    check_finite(scores, NAME)
-    return keep_spans(scores, budget, partition(sender, span, span_size), sender.latent_steps)
+    return keep_best_spans(
+        sender,
+        budget,
+        span=span,
+        span_size=span_size,
+        name=NAME,
+        scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
+    )

@@ -49,7 +49,7 @@ def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:
 def fit_counts(options: dict[str, Any], senders: Sequence[SenderShape], available: int) -> list[int]:
     """The positions each sender keeps in one transfer call with `options` (transfer keyword
     arguments) into a receiver with `available` free positions; ValueError as the core raises."""
-    from rclc.budget import BudgetPolicy, fit, floor
+    from rclc.policy import BudgetPolicy, fit, floor
     from rclc.selectors import cacheback, is_builtin
 
     policy = BudgetPolicy.from_options(options.get("ratio"), options.get("budget"))

@@ -14,8 +14,8 @@ import torch
 from vllm_engines import running_engine, save_tiny, vllm
 
 import rclc
-from rclc import _cache, models
-from rclc.capture import registry
+from rclc import _cache, models, testing
+from rclc.vllm.capture import registry
 from rclc.selectors import cacheback, cacheback_scores
 from rclc.snapshot import model_identity
 from rclc.vllm import request_capture, shared_view
@@ -119,7 +119,7 @@ def test_binding_takes_the_engine_view_tokenizer_and_limits(llm, hf):
         _vllm(llm, context_limit=600)
     _vllm(llm, tokenizer=hf[1])  # the checkpoint's own tokenizer has the same vocabulary
     with pytest.raises(ValueError, match="vocabulary differs from the engine's"):
-        rclc.bind(llm, models.tiny_tokenizer(vocab_size=300), backend="vllm")
+        rclc.bind(llm, testing.tiny_tokenizer(vocab_size=300), backend="vllm")
     with pytest.raises(ValueError, match="expected a vllm.LLM"):
         rclc.bind(hf[0], backend="vllm")
     assert registry.entries() == {}  # binding with messages captures nothing yet

@@ -49,7 +49,7 @@ def _full(**changes):
 def _construct(config, kv_cache_config=None):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from rclc.capture.connector import RCLCCaptureConnector
+    from rclc.vllm.capture.connector import RCLCCaptureConnector
 
     return RCLCCaptureConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config or _cache_config(_full()))
 
@@ -148,7 +148,7 @@ def test_connector_names_are_checked(tiny_dir):
     config = _config(tiny_dir)
     wrong = KVTransferConfig(**{**CONNECTOR, "kv_role": "kv_producer"})
     object.__setattr__(config, "kv_transfer_config", wrong)
-    from rclc.capture.engine_checks import connector_problems
+    from rclc.vllm.capture.engine_checks import connector_problems
 
     assert any("kv_role" in p for p in connector_problems(config))
 

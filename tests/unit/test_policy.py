@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from rclc.budget import BudgetPolicy, fit, floor
+from rclc.policy import BudgetPolicy, fit, floor
 
 
 def test_relative_and_bounded_formulas():
