@@ -122,7 +122,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazily
-    from . import backends, files, models, policy, selectors, testing, vllm
+    from . import backends, files, models, policy, selectors, testing, vllm  # noqa: F401
     from ._worker import run_in_worker
     from .agent import Agent, bind
     from .doctor import check

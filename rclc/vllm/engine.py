@@ -88,6 +88,7 @@ def engine_context_limit(llm: Any) -> int:
 
 
 def engine_tokenizer(llm: Any) -> Any:
+    """The engine's own tokenizer (agents bound to the engine render and decode with it)."""
     tokenizer = _engine(llm).get_tokenizer()
     if tokenizer is None:
         raise UnsupportedModelError("llm: the engine was created with skip_tokenizer_init=True; rclc needs its tokenizer")
