@@ -25,19 +25,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    AgentStateError,
-    CaptureError,
-    ContextLimitError,
-    EmptyInboxError,
-    EngineBusyError,
-    IncompatibleStateError,
-    RclcError,
-    ReasoningError,
-    SelectorError,
-    SnapshotError,
-    UnsupportedModelError,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F403  (the exception tree: every name in rclc.errors.__all__)
 
 __version__ = "0.1.0"
 
@@ -88,21 +77,10 @@ __all__ = [
     "check",
     "model_identity",
     "run_in_worker",
-    # errors (rclc.errors)
-    "AgentStateError",
-    "CaptureError",
-    "ContextLimitError",
-    "EmptyInboxError",
-    "EngineBusyError",
-    "IncompatibleStateError",
-    "RclcError",
-    "ReasoningError",
-    "SelectorError",
-    "SnapshotError",
-    "UnsupportedModelError",
     # the package
     "__version__",
 ]
+__all__ += _errors.__all__  # the exception tree (rclc.errors), torch-free and imported eagerly
 
 
 def __getattr__(name: str) -> Any:

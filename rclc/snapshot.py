@@ -25,7 +25,7 @@ from ._arguments import is_exact_int
 from .errors import IncompatibleStateError, SnapshotError
 from .files import write_atomic
 from .models import check_model
-from .state import SenderState, build_state, checkpoint_vocabulary, embedding_weight, rows_match_ids, unprefilled_state
+from .state import SenderState, build_state, checkpoint_vocabulary, embedding_weight, rows_match_ids
 from .vllm.view import EngineProjection, view_state_dict
 
 METADATA_KEY = "rclc"
@@ -283,7 +283,9 @@ def read_snapshot(
     ids = ids.to(weight.device)
     latent_steps, inherited = header["latent_steps"], header["inherited_positions"]
     try:
-        unprefilled_state(model, tokenizer, rows, ids, latent_steps=latent_steps, inherited_positions=inherited)
+        build_state(
+            model, tokenizer, rows, ids, latent_steps=latent_steps, inherited_positions=inherited, prefill_rows=False
+        )
     except ValueError as error:
         raise SnapshotError(f"path: snapshot does not describe a valid state: {error}") from None
     if header["identity"] != model_identity(model, tokenizer):

@@ -140,32 +140,6 @@ def rows_match_ids(rows: torch.Tensor, token_ids: torch.Tensor | None, weight: t
     return torch.equal(rows[discrete], expected.to(device=rows.device, dtype=rows.dtype))
 
 
-def unprefilled_state(
-    model: Any,
-    tokenizer: Any,
-    rows: torch.Tensor,
-    token_ids: torch.Tensor | None = None,
-    *,
-    latent_steps: int = 0,
-    inherited_positions: int = 0,
-) -> SenderState:
-    """A state without its cache yet, validated in everything but the cache.
-
-    Checking rows, IDs and counts before any forward means invalid input costs no model work.
-    """
-    state = SenderState(
-        model=model,
-        past_key_values=None,
-        input_embeds=rows,
-        tokenizer=tokenizer,
-        token_ids=token_ids,
-        latent_steps=latent_steps,
-        inherited_positions=inherited_positions,
-    )
-    state.validate(check_cache=False)
-    return state
-
-
 def build_state(
     model: Any,
     tokenizer: Any,
@@ -175,17 +149,30 @@ def build_state(
     latent_steps: int = 0,
     inherited_positions: int = 0,
     cache: Any = None,
+    prefill_rows: bool = True,
 ) -> SenderState:
     """The one way the core assembles a state from parts: validated, with `cache` or a fresh prefill.
 
-    With `cache=None` the rows are prefilled from position 0 (after validation), which is
-    what a restored snapshot, a selected-rows state and a refresh need; otherwise `cache`
-    must hold exactly these rows.
+    Rows, IDs and counts are checked before any forward, so invalid input costs no model
+    work. With `cache=None` the rows are then prefilled from position 0 (what a restored
+    snapshot, a selected-rows state and a refresh need), or, with `prefill_rows=False`,
+    the state is returned without a cache (to check a snapshot before restoring it);
+    otherwise `cache` must hold exactly these rows.
     """
-    state = unprefilled_state(
-        model, tokenizer, rows, token_ids, latent_steps=latent_steps, inherited_positions=inherited_positions
+    state = SenderState(
+        model=model,
+        past_key_values=cache,
+        input_embeds=rows,
+        tokenizer=tokenizer,
+        token_ids=token_ids,
+        latent_steps=latent_steps,
+        inherited_positions=inherited_positions,
     )
-    state.past_key_values = prefill(model, rows) if cache is None else cache
+    state.validate(check_cache=False)
+    if cache is None and not prefill_rows:
+        return state
+    if cache is None:
+        state.past_key_values = prefill(model, rows)
     state.validate()
     return state
 

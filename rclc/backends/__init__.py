@@ -10,11 +10,11 @@ from typing import Any
 
 from ..errors import RclcError
 from ..policy import BACKENDS
-from .contract import Backend, TokenCallback
+from .contract import Backend, NativeGeneration, TokenCallback
 from .hf import HFBackend
 from .vllm import VLLMBackend
 
-__all__ = ["BACKENDS", "Backend", "HFBackend", "TokenCallback", "VLLMBackend", "open_backend"]
+__all__ = ["BACKENDS", "Backend", "HFBackend", "NativeGeneration", "TokenCallback", "VLLMBackend", "open_backend"]
 
 
 def open_backend(name: str, model: Any, tokenizer: Any, *, allow_unstable: bool) -> Backend:

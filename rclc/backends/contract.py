@@ -27,15 +27,26 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from ..generation import Sampling
-from ..state import SenderState
+from ..state import SenderState, embedding_weight
 
 TokenCallback = Callable[[int, str], None]
 """`on_token(index, text)`: called from the generating worker thread, in token order."""
+
+
+@dataclass(frozen=True)
+class NativeGeneration:
+    """What `Backend.generate` returns: the new token IDs `[n]` (int64), the backend's own
+    output (what `continuation` records), and whether the `stop` event ended it early."""
+
+    token_ids: torch.Tensor
+    output: Any
+    stopped: bool = False
 
 
 class Backend(ABC):
@@ -55,9 +66,9 @@ class Backend(ABC):
     """The vLLM engine, or None when there is none."""
 
     @property
-    @abstractmethod
     def weight(self) -> torch.Tensor:
         """The input embedding table `[vocab, hidden]` rows are looked up in."""
+        return embedding_weight(self.model)
 
     @abstractmethod
     def context_limit(self, requested: int | None) -> int:
@@ -93,14 +104,9 @@ class Backend(ABC):
 
     @abstractmethod
     def generate(
-        self,
-        inputs: dict[str, Any],
-        sampling: Sampling,
-        *,
-        on_token: TokenCallback | None,
-        stop: threading.Event | None,
-    ) -> tuple[torch.Tensor, Any, bool]:
-        """Generate natively from `inputs`; return (new token IDs `[n]` int64, the raw output, stopped).
+        self, inputs: dict[str, Any], sampling: Sampling, *, on_token: TokenCallback | None, stop: threading.Event | None
+    ) -> NativeGeneration:
+        """Generate natively from `inputs` (from `generation_inputs` or `prompt_inputs`).
 
         Blocking: runs in a worker thread under the core's locks. Ends after the current
         step once `stop` is set or the awaiting caller is cancelled (where the engine

@@ -22,8 +22,8 @@ from ..generation import Sampling
 from ..hf import generation_parts, complete_state, hf_generation_inputs, sender_from_hf
 from ..models import check_model, context_window
 from ..snapshot import restore_state
-from ..state import SenderState, appended_rows, build_state, embedding_weight
-from .contract import Backend, TokenCallback
+from ..state import SenderState, appended_rows, build_state
+from .contract import Backend, NativeGeneration, TokenCallback
 
 
 class _TokenReporter:
@@ -73,10 +73,6 @@ class HFBackend(Backend):
         check_model(model)
         self.model = model
         self.tokenizer = tokenizer
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return embedding_weight(self.model)
 
     def context_limit(self, requested: int | None) -> int:
         """`requested`, at most the model's `max_position_embeddings`; that limit when None."""
@@ -149,13 +145,8 @@ class HFBackend(Backend):
         return GenerationConfig(**settings)
 
     def generate(
-        self,
-        inputs: dict[str, Any],
-        sampling: Sampling,
-        *,
-        on_token: TokenCallback | None,
-        stop: threading.Event | None,
-    ) -> tuple[torch.Tensor, Any, bool]:
+        self, inputs: dict[str, Any], sampling: Sampling, *, on_token: TokenCallback | None, stop: threading.Event | None
+    ) -> NativeGeneration:
         """`model.generate` with a seeded, forked RNG under the attention lock (see the module docs)."""
         if self.tokenizer is None:
             raise RclcError("tokenizer: native generation decodes tokens; bind the agent with its tokenizer")
@@ -176,7 +167,7 @@ class HFBackend(Backend):
             )
         sequences = output.sequences[0]
         generated = sequences[arguments["input_ids"].shape[1] :] if token_prompt else sequences
-        return generated, output, criterion.fired
+        return NativeGeneration(generated, output, criterion.fired)
 
     def continuation(
         self, inputs: dict[str, Any], known_ids: torch.Tensor, inherited: int, generation: Any

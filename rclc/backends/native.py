@@ -38,12 +38,12 @@ def generate_continuation(
     refresh is skipped where the backend's continuation already is one prefill of its rows.
     """
     began = time.perf_counter()
-    generated, output, stopped = backend.generate(inputs, sampling, on_token=on_token, stop=stop)
+    native = backend.generate(inputs, sampling, on_token=on_token, stop=stop)
     seconds = time.perf_counter() - began
     with preparation_lock:
-        state = backend.continuation(inputs, known_ids, inherited, output)
+        state = backend.continuation(inputs, known_ids, inherited, native.output)
         if refresh and not backend.records_by_prefill:
             state = backend.restore(state.input_embeds, state.token_ids, state.latent_steps, state.inherited_positions)
-    tokens = generated.tolist()
+    tokens = native.token_ids.tolist()
     text = backend.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-    return state, GenerationResult(tuple(tokens), text, seconds, stopped)
+    return state, GenerationResult(tuple(tokens), text, seconds, native.stopped)

@@ -37,7 +37,7 @@ from ..state import SenderState, appended_rows, checkpoint_vocabulary, embedding
 from ..vllm.capture.engine_checks import check_version
 from ..vllm.engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
 from ..vllm.senders import prefill_state, shared_view, state_from_capture
-from .contract import Backend, TokenCallback
+from .contract import Backend, NativeGeneration, TokenCallback
 
 
 def _check_tokenizer(supplied: Any, engine: Any, rows: int) -> None:
@@ -103,10 +103,6 @@ class VLLMBackend(Backend):
         self.engine = llm
         self.model = view
         self.tokenizer = supplied_by_engine
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return embedding_weight(self.model)
 
     def context_limit(self, requested: int | None) -> int:
         """min(max_model_len, max_position_embeddings), or a smaller `requested` limit."""
@@ -226,13 +222,8 @@ class VLLMBackend(Backend):
         return vllm.SamplingParams(max_tokens=max_tokens, **options)
 
     def generate(
-        self,
-        inputs: dict[str, Any],
-        sampling: Sampling,
-        *,
-        on_token: TokenCallback | None,
-        stop: threading.Event | None,
-    ) -> tuple[torch.Tensor, Any, bool]:
+        self, inputs: dict[str, Any], sampling: Sampling, *, on_token: TokenCallback | None, stop: threading.Event | None
+    ) -> NativeGeneration:
         """`llm.generate` with the core's locks held; tokens are reported once it returns.
 
         The output is capped at `max_model_len - prompt - 1`: recording the continuation
@@ -259,7 +250,7 @@ class VLLMBackend(Backend):
         if on_token is not None:
             for index, token in enumerate(generated.tolist()):
                 on_token(index, self.tokenizer.decode([token], skip_special_tokens=False))
-        return generated, output, False
+        return NativeGeneration(generated, output)
 
     def continuation(
         self, inputs: dict[str, Any], known_ids: torch.Tensor, inherited: int, generation: Any

@@ -92,6 +92,27 @@ def request_scores(
     return score(sender, request_ids)
 
 
+def select_by_request(
+    sender: Any,
+    request_ids: Any,
+    budget: Any,
+    *,
+    span: Any,
+    span_size: Any,
+    name: str,
+    score: Callable[[SenderState, torch.Tensor], torch.Tensor],
+) -> list[int]:
+    """`keep_best_spans` over scores of the request's attention (CacheBack and QSnap)."""
+    return keep_best_spans(
+        sender,
+        budget,
+        span=span,
+        span_size=span_size,
+        name=name,
+        scores=lambda spans: request_scores(sender, request_ids, name, score),
+    )
+
+
 def keep_best_spans(
     sender: Any,
     budget: Any,

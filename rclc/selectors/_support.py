@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CaptureError
+from ..state import SenderState
+from ._attention_capture import capture
 
 ROW_CHUNK = 256
 MOMENT_SCALE = 256.0
@@ -101,6 +103,14 @@ class SupportFold:
         if self.votes is None or self.layers == 0:
             raise CaptureError("attention capture: no global layer was folded, so no scores were collected")
         return self.votes / (self.heads * self.rows)
+
+
+def request_fold(sender: SenderState, request_ids: torch.Tensor, *, moments: bool) -> SupportFold:
+    """Forward the request over a private view of the sender's cache, folding every global layer."""
+    fold = SupportFold(moments=moments)
+    with torch.inference_mode():
+        capture(sender.model, sender.past_key_values, fold, sender.positions, input_ids=request_ids)
+    return fold
 
 
 def correction(row_energy: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:

@@ -12,24 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..state import SenderState
-from ._attention_capture import capture
-from ._common import check_sender, keep_best_spans, request_scores
-from ._support import SupportFold, composite_score
+from ._common import check_sender, request_scores, select_by_request
+from ._support import composite_score, request_fold
 
 NAME = "CacheBack"
-
-
-def cacheback_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
-    """Raw composite scores, float32 `[T]`: `pool7(votes) * ratio ** 2`."""
-    check_sender(sender)
-    return request_scores(sender, request_ids, NAME, _scores)
-
-
-def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
-    fold = SupportFold(moments=True)
-    with torch.inference_mode():
-        capture(sender.model, sender.past_key_values, fold, sender.positions, input_ids=request_ids)
-        return composite_score(fold)
 
 
 def cacheback(
@@ -42,11 +28,14 @@ def cacheback(
     sentences of the sender's text (it needs the sender's tokenizer and token IDs).
     Returns every position, without any model work, when `budget >= T`.
     """
-    return keep_best_spans(
-        sender,
-        budget,
-        span=span,
-        span_size=span_size,
-        name=NAME,
-        scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
-    )
+    return select_by_request(sender, request_ids, budget, span=span, span_size=span_size, name=NAME, score=_scores)
+
+
+def cacheback_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
+    """Raw composite scores, float32 `[T]`: `pool7(votes) * ratio ** 2`."""
+    check_sender(sender)
+    return request_scores(sender, request_ids, NAME, _scores)
+
+
+def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
+    return composite_score(request_fold(sender, request_ids, moments=True))
