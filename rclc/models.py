@@ -141,7 +141,9 @@ def _embedded_gguf() -> Path:
         )
     path = Path(str(dist.locate_file(files[0])))
     if not path.is_file():
-        raise RuntimeError(f"{path} is listed by {EMBEDDED_PACKAGE!r} but missing; reinstall it with: {EMBEDDED_INSTALL}")
+        raise RuntimeError(
+            f"{path} is listed by {EMBEDDED_PACKAGE!r} but missing; reinstall it with: {EMBEDDED_INSTALL}"
+        )
     return path
 
 

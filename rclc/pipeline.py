@@ -72,7 +72,9 @@ def reasoning_options(reasoning: Any, context: Any, budget: Any) -> ReasoningOpt
     if budget is not None and (type(budget) is not int or budget < 0):
         raise RclcError(f"reasoning_budget: expected an int >= 0, got {budget!r}")
     if not context.startswith("full") and budget is None:
-        raise RclcError(f"reasoning_budget: required with reasoning_context={context!r} (rows reserved after selection)")
+        raise RclcError(
+            f"reasoning_budget: required with reasoning_context={context!r} (rows reserved after selection)"
+        )
     return ReasoningOptions(reasoning, context, budget)
 
 

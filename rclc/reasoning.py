@@ -256,7 +256,9 @@ def validate_reasoning_result(old: SenderState, new: Any, allowance: int) -> Non
     if not torch.equal(new.input_embeds[:old_total], old.input_embeds):
         raise ReasoningError("reasoning: the returned rows changed the input prefix; preserve the sender prefix")
     if not bool(torch.isfinite(new.input_embeds[old_total:]).all()):
-        raise ReasoningError("reasoning: the appended rows are not finite; preserve the sender prefix and append finite rows")
+        raise ReasoningError(
+            "reasoning: the appended rows are not finite; preserve the sender prefix and append finite rows"
+        )
     if old.token_ids is not None:
         if new.token_ids is None:
             raise ReasoningError("reasoning: the sender had token_ids and the result has none; keep them and append -1")

@@ -269,7 +269,9 @@ class Message:
             return rows
         ids = self.token_ids.to(weight.device)
         if bool((ids >= weight.shape[0]).any()):
-            raise IncompatibleStateError(f"token_ids: IDs must be below the receiver's vocabulary size {weight.shape[0]}")
+            raise IncompatibleStateError(
+                f"token_ids: IDs must be below the receiver's vocabulary size {weight.shape[0]}"
+            )
         with torch.no_grad():
             out = torch.empty(ids.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
             discrete = ids >= 0

@@ -91,7 +91,9 @@ def engine_tokenizer(llm: Any) -> Any:
     """The engine's own tokenizer (agents bound to the engine render and decode with it)."""
     tokenizer = _engine(llm).get_tokenizer()
     if tokenizer is None:
-        raise UnsupportedModelError("llm: the engine was created with skip_tokenizer_init=True; rclc needs its tokenizer")
+        raise UnsupportedModelError(
+            "llm: the engine was created with skip_tokenizer_init=True; rclc needs its tokenizer"
+        )
     return tokenizer
 
 

@@ -156,7 +156,9 @@ def _frozen(tensor: torch.Tensor) -> nn.Parameter:
 def _child(module: nn.Module, name: str, where: str) -> nn.Module:
     child = getattr(module, name, None)
     if not isinstance(child, nn.Module):
-        raise UnsupportedModelError(f"engine model: {where}.{name} is missing; the engine's model class is not a supported decoder")
+        raise UnsupportedModelError(
+            f"engine model: {where}.{name} is missing; the engine's model class is not a supported decoder"
+        )
     return child
 
 
@@ -169,7 +171,9 @@ def _plain_weight(layer: nn.Module, rows: int, columns: int, where: str) -> torc
         return weight
     if weight.numel() == 0 and callable(getattr(layer, "cpu_linear", None)):
         return None  # vLLM's CPU backend moved it into a packed GEMM handle
-    raise UnsupportedModelError(f"engine model: {where}.weight has shape {list(weight.shape)}, expected [{rows}, {columns}]")
+    raise UnsupportedModelError(
+        f"engine model: {where}.weight has shape {list(weight.shape)}, expected [{rows}, {columns}]"
+    )
 
 
 def _fill_linears(
@@ -205,7 +209,9 @@ def _fill_linears(
             setattr(owner, name, EngineProjection(fused, start, stop, columns))
         else:
             if tuple(target.weight.shape) != (size, columns):
-                raise UnsupportedModelError(f"view: {name} expects [{list(target.weight.shape)}], the engine gives [{size}, {columns}]")
+                raise UnsupportedModelError(
+                    f"view: {name} expects [{list(target.weight.shape)}], the engine gives [{size}, {columns}]"
+                )
             target.weight = _frozen(weight[start:stop])
             if (target.bias is None) != (bias is None):
                 raise UnsupportedModelError(f"view: {name} bias presence differs between the HF config and the engine")
@@ -218,7 +224,9 @@ def _fill_norm(target: nn.Module, source: nn.Module, where: str) -> None:
     weight = getattr(source, "weight", None)
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != tuple(target.weight.shape):
         shape = list(weight.shape) if isinstance(weight, torch.Tensor) else None
-        raise UnsupportedModelError(f"engine model: {where}.weight has shape {shape}, expected {list(target.weight.shape)}")
+        raise UnsupportedModelError(
+            f"engine model: {where}.weight has shape {shape}, expected {list(target.weight.shape)}"
+        )
     target.weight = _frozen(weight)
 
 
@@ -345,7 +353,9 @@ def model_from_vllm(llm: Any, *, allow_unstable: bool = False) -> nn.Module:
     require_idle(llm)
     quantization = getattr(vllm_config(llm).model_config, "quantization", None)
     if quantization is not None:
-        raise UnsupportedModelError(f"llm: quantized weights ({quantization}) are unsupported; load the checkpoint unquantized")
+        raise UnsupportedModelError(
+            f"llm: quantized weights ({quantization}) are unsupported; load the checkpoint unquantized"
+        )
     config = _hf_config(llm)
     engine = engine_model(llm)
     grad_flags = {name: p.requires_grad for name, p in engine.named_parameters()}

@@ -176,7 +176,8 @@ def test_tokens_are_reported_in_order_from_the_worker_thread(tiny):
             )
         )
         assert [i for i, _, _ in seen] == list(range(result.tokens))
-        assert [text for _, text, _ in seen] == [tokenizer.decode([t], skip_special_tokens=False) for t in result.token_ids]
+        pieces = [tokenizer.decode([token], skip_special_tokens=False) for token in result.token_ids]
+        assert [text for _, text, _ in seen] == pieces
         assert all(thread != threading.get_ident() for _, _, thread in seen), "called from the worker thread"
 
 

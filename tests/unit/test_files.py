@@ -51,8 +51,9 @@ def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch, failing):
 
 def test_write_json_is_strict_and_atomic(tmp_path):
     target = tmp_path / "r.json"
-    write_json_atomic(target, {"name": "Åsa", "n": [1, 2]})
-    assert target.read_text(encoding="utf-8") == json.dumps({"name": "Åsa", "n": [1, 2]}, indent=1, ensure_ascii=False) + "\n"
+    record = {"name": "Åsa", "n": [1, 2]}
+    write_json_atomic(target, record)
+    assert target.read_text(encoding="utf-8") == json.dumps(record, indent=1, ensure_ascii=False) + "\n"
     with pytest.raises(ValueError):
         write_json_atomic(target, {"bad": float("nan")})
     assert json.loads(target.read_text()) == {"name": "Åsa", "n": [1, 2]}

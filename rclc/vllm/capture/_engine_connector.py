@@ -175,7 +175,9 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
             names.add(backend.get_name() if backend is not None else None)
             kernels.add(getattr(layer, "isa", None))
         if len(names) != 1:
-            raise UnsupportedModelError(f"RCLCCaptureConnector: layers use several attention backends {sorted(map(str, names))}")
+            raise UnsupportedModelError(
+                f"RCLCCaptureConnector: layers use several attention backends {sorted(map(str, names))}"
+            )
         (backend_name,) = names
         layout = BACKEND_LAYOUTS.get(backend_name)
         if layout is None:
@@ -200,15 +202,23 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         for name in kv_caches:
             match = _LAYER_NAME.search(name)
             if match is None:
-                raise UnsupportedModelError(f"RCLCCaptureConnector: KV cache layer {name!r} is not a decoder self-attention layer")
+                raise UnsupportedModelError(
+                    f"RCLCCaptureConnector: KV cache layer {name!r} is not a decoder self-attention layer"
+                )
             if name not in members:
-                raise UnsupportedModelError(f"RCLCCaptureConnector: KV cache layer {name!r} is outside the single cache group")
+                raise UnsupportedModelError(
+                    f"RCLCCaptureConnector: KV cache layer {name!r} is outside the single cache group"
+                )
             index = int(match.group(1))
             if index in indexed:
-                raise UnsupportedModelError(f"RCLCCaptureConnector: layer {index} has two KV caches ({indexed[index]!r}, {name!r})")
+                raise UnsupportedModelError(
+                    f"RCLCCaptureConnector: layer {index} has two KV caches ({indexed[index]!r}, {name!r})"
+                )
             indexed[index] = name
         if sorted(indexed) != list(range(len(indexed))) or not indexed:
-            raise UnsupportedModelError(f"RCLCCaptureConnector: KV cache layers {sorted(indexed)} are not contiguous from 0")
+            raise UnsupportedModelError(
+                f"RCLCCaptureConnector: KV cache layers {sorted(indexed)} are not contiguous from 0"
+            )
         names = [indexed[i] for i in range(len(indexed))]
         geometry = PageGeometry(
             layout=self._layout(names),
