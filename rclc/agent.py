@@ -29,11 +29,6 @@ from .receiver import HFReceiver
 from .snapshot import model_identity, read_snapshot, write_snapshot
 from .state import SenderState
 
-_PENDING = (
-    "agent: a continuation is pending; record it with agent.update(inputs=..., generation=...) "
-    "before sending, or pop(discard_pending=True)"
-)
-
 
 @dataclass(frozen=True)
 class _Pending:
@@ -108,7 +103,10 @@ class Agent(HFReceiver):
         """
         self._backend.require_idle()
         if self._pending is not None:
-            raise AgentStateError(_PENDING)
+            raise AgentStateError(
+                "agent: a continuation is pending; record it with agent.update(inputs=..., generation=...) "
+                "before sending, or pop(discard_pending=True)"
+            )
         if not self._from_history:
             assert self._state is not None
             return self._state
@@ -231,8 +229,7 @@ class Agent(HFReceiver):
         the queue and any pending continuation are as they were.
         """
         sampling = check_generate_options(sampling, deliveries, max_new_tokens, on_token, stop, refresh)
-        if self._pending is not None:
-            raise AgentStateError(_PENDING)
+        self._require_no_pending("agent")
         count = len(self._queue) if deliveries is None else deliveries
         taken = self._take(count) if count else []
         if not taken and prompt is None:
