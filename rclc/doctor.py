@@ -267,7 +267,7 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
     """Report versions, accelerator availability and actionable issues as a JSON-ready dict.
 
     With `agent`, its backend, unstable opt-in and model are checked; an explicit
-    `backend`/`allow_unstable` that disagrees with the agent raises ValueError. A vLLM
+    `backend`/`allow_unstable` that disagrees with the agent raises RclcError. A vLLM
     agent's engine is checked again (binding check, idle) and reported under `engine`.
     """
     backend, allow_unstable = _resolve_options(agent, backend, allow_unstable)

@@ -67,7 +67,8 @@ class SenderState:
         return int(self.input_embeds.shape[0]) if isinstance(self.input_embeds, torch.Tensor) else 0
 
     def validate(self, *, check_cache: bool = True) -> None:
-        """Raise ValueError naming the first field that breaks the invariants."""
+        """Raise RclcError (IncompatibleStateError for rows, IDs or cache that do not match the model)
+        naming the first field that breaks the invariants."""
         check_model(self.model)
         weight = embedding_weight(self.model)
         rows = self.input_embeds

@@ -1,4 +1,5 @@
-"""Unsupported engine configurations are refused with ValueError, at construction or binding.
+"""Unsupported engine configurations are refused with UnsupportedModelError (a ValueError), at
+construction or binding.
 
 Most cases build vLLM's configuration objects with EngineArgs (no engine started) and
 construct the connector directly, as vLLM's factory would; one case starts a real engine
@@ -187,7 +188,7 @@ if __name__ == "__main__":
 
 
 def test_multiprocessing_engine_refused_at_construction_and_binding(tiny_dir, tmp_path):
-    """With the connector the engine never starts; without it, binding raises ValueError."""
+    """With the connector the engine never starts; without it, binding raises UnsupportedModelError."""
     import os
     import subprocess
     import sys
@@ -204,8 +205,8 @@ def test_multiprocessing_engine_refused_at_construction_and_binding(tiny_dir, tm
     assert done.returncode == 0, done.stderr[-3000:]
     # vLLM wraps the engine process's failure; the connector's own refusal is in its log.
     assert "CONSTRUCTION-REFUSED" in done.stdout, done.stdout + done.stderr[-3000:]
-    assert "ValueError: RCLCCaptureConnector: the engine runs in a separate process" in done.stderr
+    assert "UnsupportedModelError: RCLCCaptureConnector: the engine runs in a separate process" in done.stderr
     binding = [line for line in done.stdout.splitlines() if line.startswith("BINDING-REFUSED")]
     assert binding, done.stdout + done.stderr[-3000:]
-    assert binding[0].startswith("BINDING-REFUSED ValueError llm: ")
+    assert binding[0].startswith("BINDING-REFUSED UnsupportedModelError llm: ")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in binding[0]

@@ -53,7 +53,7 @@ class PageGeometry:
 
 
 def kernel_block_size(pages: torch.Tensor, geometry: PageGeometry) -> int:
-    """Tokens per block in the tensor itself; raises ValueError when the shape does not fit."""
+    """Tokens per block in the tensor itself; raises IncompatibleStateError when the shape does not fit."""
     shape = tuple(pages.shape)
     heads, dim = geometry.kv_heads, geometry.head_dim
     if geometry.layout == "cpu":
