@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from rclc import HFReceiver, models, sender_from_hf
-from rclc.budget import BudgetPolicy
+from rclc.policy import BudgetPolicy
 from rclc.selectors import cacheback, chunkkv, qsnap, random_selector, recent
 from rclc.state import Delivery, Message, SenderState
 from rclc_graph.experiments.evidence_tokens import evidence_positions

@@ -42,11 +42,11 @@ from typing import Any
 import torch
 
 from rclc import models
-from rclc.budget import BudgetPolicy
+from rclc.policy import BudgetPolicy
 from rclc._cache import forward_rows, prefill, view_cache
 from rclc.selectors import cacheback
 from rclc.selectors import _support
-from rclc.selectors._capture import CAPTURE_NAME, reachable_configs
+from rclc.selectors._attention_capture import CAPTURE_NAME, reachable_configs
 from rclc.selectors._spans import fixed_span_keep
 from rclc.selectors.cacheback import _scores as cacheback_scores_unchecked
 from rclc.state import SenderState

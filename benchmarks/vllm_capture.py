@@ -58,7 +58,7 @@ def main() -> None:
         kv_cache_memory_bytes=256 * 2**20,
         kv_transfer_config={
             "kv_connector": "RCLCCaptureConnector",
-            "kv_connector_module_path": "rclc.capture.connector",
+            "kv_connector_module_path": "rclc.vllm.capture.connector",
             "kv_role": "kv_both",
         },
     )

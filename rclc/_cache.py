@@ -13,9 +13,12 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ._locks import attention_lock
 from ._worker import check_stop
+from .errors import RclcError
 
 
 def backbone(model: Any) -> Any:
@@ -40,12 +43,12 @@ def cache_keyword(module: Any) -> str:
 
 
 def new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
+    """An empty DynamicCache shaped for `model` (one layer per decoder layer where the config says)."""
     return DynamicCache(config=model.config)
 
 
 def cache_length(cache: Any) -> int:
+    """Positions a cache holds (0 for None)."""
     return 0 if cache is None else int(cache.get_seq_length())
 
 
@@ -53,12 +56,12 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (keys, values), each `[batch, kv_heads, positions, head_dim]`."""
     layers = getattr(cache, "layers", None)
     if layers is None:
-        raise ValueError(f"past_key_values: expected a transformers Cache with layers, got {type(cache).__name__}")
+        raise RclcError(f"past_key_values: expected a transformers Cache with layers, got {type(cache).__name__}")
     out = []
     for layer in layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is None or values is None or not getattr(layer, "is_initialized", True):
-            raise ValueError("past_key_values: the cache has an uninitialized layer; pass a cache built by a forward")
+            raise RclcError("past_key_values: the cache has an uninitialized layer; pass a cache built by a forward")
         out.append((keys, values))
     return out
 
@@ -68,8 +71,6 @@ def cache_from_layers(model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]
     cache = new_cache(model)
     if len(cache.layers) != len(layers):
         # Configs without layer metadata start empty and grow on demand.
-        from transformers.cache_utils import DynamicLayer
-
         cache.layers = [DynamicLayer() for _ in layers]
     for layer, (keys, values) in zip(cache.layers, layers):
         layer.lazy_initialization(keys, values)
@@ -120,7 +121,7 @@ def forward_rows(
     place (callers pass a view or a fresh cache). Runs under the process-wide attention
     lock because attention dispatch is global state that a capture may be changing.
     Inside a worker whose caller was cancelled it raises `WorkCancelled` instead of
-    starting another forward (see `_worker`).
+    starting another forward (see `rclc._worker`).
     """
     decoder = backbone(model)
     memory = cache_length(cache) if start is None else start

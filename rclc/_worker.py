@@ -1,5 +1,7 @@
 """Run blocking model work in a worker thread with the core's cancellation contract.
 
+`run_in_worker` is public as `rclc.run_in_worker`; the stop flag helpers are the core's own.
+
 A cancelled caller does not abandon the thread: model state (attention dispatch, caches)
 is only consistent once the worker has finished and restored it. So the wait is shielded,
 and the caller's cancellation is raised only after the worker returns, before anything

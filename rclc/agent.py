@@ -6,23 +6,28 @@ either *history* state (rendered from `messages` lazily, reusing the cached pref
 `pop()`/`inputs()` the agent holds a pending continuation, and refuses to send or pop
 again until `update(inputs=..., generation=...)` records it, so stale state is never sent.
 Every method computes its new state first and assigns it last: a failure keeps the old one.
+`generate` runs the backend's own generation in one call (pop, generate, record).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ._checks import optional_int, require_int
-from ._hf_backend import HFBackend
+from ._arguments import optional_int, require_bool, require_int
 from ._locks import preparation_lock
 from ._worker import run_in_worker
-from .hf import HFReceiver, _is_messages, prompt_ids, render_messages
-from .state import Delivery, SenderState
-
-BACKENDS = ("hf", "vllm")
+from .backends import BACKENDS, Backend, TokenCallback, open_backend
+from .backends.native import generate_continuation
+from .errors import AgentStateError, ContextLimitError, RclcError
+from .generation import GenerationResult, Sampling, check_generate_options
+from .hf import is_messages, prompt_ids, render_messages
+from .receiver import HFReceiver
+from .snapshot import model_identity, read_snapshot, write_snapshot
+from .state import SenderState
 
 
 @dataclass(frozen=True)
@@ -60,22 +65,20 @@ class Agent(HFReceiver):
         allow_unstable: bool = False,
     ) -> None:
         if backend not in BACKENDS:
-            raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
-        if type(allow_unstable) is not bool:
-            raise ValueError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
+            raise RclcError(f"backend: {backend!r} is not one of {BACKENDS}")
+        require_bool("allow_unstable", allow_unstable)
         if backend == "hf" and (request_id is not None or allow_unstable):
-            raise ValueError("request_id, allow_unstable: these apply to backend='vllm' only")
+            raise RclcError("request_id, allow_unstable: these apply to backend='vllm' only")
         require_int("max_new_tokens", max_new_tokens, minimum=1)
-        if backend == "vllm":
-            from .vllm.backend import VLLMBackend
-
-            self._backend = VLLMBackend(model, tokenizer, allow_unstable=allow_unstable)
-            hf_model, tokenizer = self._backend.model, self._backend.tokenizer
-            context_limit = self._backend.context_limit(context_limit)
-        else:
-            self._backend = HFBackend(model, tokenizer)
-            hf_model = model
-        super().__init__(hf_model, tokenizer, messages=messages, max_new_tokens=max_new_tokens, context_limit=context_limit)
+        self._backend: Backend = open_backend(backend, model, tokenizer, allow_unstable=allow_unstable)
+        context_limit = self._backend.context_limit(context_limit)
+        super().__init__(
+            self._backend.model,
+            self._backend.tokenizer,
+            messages=messages,
+            max_new_tokens=max_new_tokens,
+            context_limit=context_limit,
+        )
         self.backend = backend
         self.allow_unstable = allow_unstable
         self._state: SenderState | None = None
@@ -100,7 +103,7 @@ class Agent(HFReceiver):
         """
         self._backend.require_idle()
         if self._pending is not None:
-            raise ValueError(
+            raise AgentStateError(
                 "agent: a continuation is pending; record it with agent.update(inputs=..., generation=...) "
                 "before sending, or pop(discard_pending=True)"
             )
@@ -108,7 +111,7 @@ class Agent(HFReceiver):
             assert self._state is not None
             return self._state
         if not self.messages:
-            raise ValueError(
+            raise AgentStateError(
                 "agent: it has no state; bind it with messages=, prompt= or generation=, or call agent.update(prompt)"
             )
         ids = render_messages(self.tokenizer, self.messages, generation_prompt=False)
@@ -141,18 +144,18 @@ class Agent(HFReceiver):
             if inputs is not None:
                 pending = self._pending
                 if pending is None or inputs is not pending.inputs:
-                    raise ValueError(
+                    raise AgentStateError(
                         "inputs: pass the exact dictionary returned by this agent's latest pop() or inputs()"
                     )
                 if prompt is not None or past_key_values is not None or request_id is not None:
-                    raise ValueError("inputs: pass only generation= with inputs= (no prompt, cache or request_id)")
+                    raise RclcError("inputs: pass only generation= with inputs= (no prompt, cache or request_id)")
                 if generation is None:
-                    raise ValueError("generation: required with inputs=; pass the output of generating from them")
+                    raise RclcError("generation: required with inputs=; pass the output of generating from them")
                 state = self._backend.continuation(inputs, pending.known_ids, pending.inherited_positions, generation)
                 self._state, self._from_history, self._pending = state, False, None
                 return
             if self._pending is not None and generation is not None:
-                raise ValueError(
+                raise AgentStateError(
                     "generation: a continuation is pending; record it with update(inputs=..., generation=...)"
                 )
             if prompt is None and past_key_values is None and generation is None and request_id is None:
@@ -162,6 +165,12 @@ class Agent(HFReceiver):
             self._state, self._from_history, self._pending = state, False, None
 
     # -- continuation ------------------------------------------------------------------
+
+    def _require_no_pending(self, action: str) -> None:
+        if self._pending is not None:
+            raise AgentStateError(
+                f"{action}: a continuation is pending; record it with update(inputs=..., generation=...) first"
+            )
 
     def pop(
         self,
@@ -176,23 +185,80 @@ class Agent(HFReceiver):
         The handoff leaves the queue and becomes the pending continuation only on success;
         record it with `update(inputs=..., generation=...)` before the next pop or send.
         """
-        if type(discard_pending) is not bool:
-            raise ValueError(f"discard_pending: expected True or False, got {discard_pending!r}")
+        require_bool("discard_pending", discard_pending)
         if self._pending is not None and not discard_pending:
-            raise ValueError(
+            raise AgentStateError(
                 "agent: the previous continuation is pending; record it with update(inputs=..., generation=...) "
                 "or pop(discard_pending=True)"
             )
         taken = self._take(deliveries)
-        generic, ids = self._build_inputs(taken, prompt, max_new_tokens)
-        rows = generic["inputs_embeds"][0]
-        inputs = self._backend.generation_inputs(rows, generic["max_new_tokens"])
-        received = [delivery for delivery, _ in taken]
-        known = torch.cat([*(_known_ids(d, rows.device) for d in received), ids[0].to(rows.device)])
+        joined = self._join(taken, prompt, max_new_tokens)
+        inputs = self._backend.generation_inputs(joined.rows, joined.max_new_tokens)
         for _ in taken:
             self._queue.popleft()
-        self._pending = _Pending(inputs, known, sum(d.positions for d in received))
+        self._pending = _Pending(inputs, joined.known_ids, joined.inherited)
         return inputs
+
+    async def generate(
+        self,
+        prompt: Any = None,
+        *,
+        deliveries: int | None = None,
+        max_new_tokens: int | None = None,
+        sampling: Sampling | None = None,
+        on_token: TokenCallback | None = None,
+        stop: threading.Event | None = None,
+        refresh: bool = False,
+    ) -> GenerationResult:
+        """Generate natively from queued handoffs (or a prompt alone) and record the continuation.
+
+        With `deliveries=k` (default: every queued handoff) the k oldest are joined before
+        `prompt` (default: the prompt planned for the last of them), as `pop(deliveries=k)`
+        does; with none queued (or `deliveries=0`) generation starts from `prompt` alone
+        (rendered text or `[1, n]` IDs) and this agent's state is replaced by it. The
+        backend generates (`model.generate` or `llm.generate`) with `sampling` (default
+        greedy), calls `on_token(index, text)` from the worker thread for each new token
+        (HF: as it is generated; vLLM: once generation returns), and the agent's state
+        becomes prompt rows + generated tokens, exactly as `update(inputs=..., generation=...)`
+        records it. `refresh=True` then re-prefills it as `refresh()` does (vLLM
+        continuations already are one prefill).
+
+        Setting `stop` ends an HF generation after the current step; what was generated is
+        recorded and the result says `stopped`. Cancelling the awaiting task also ends it
+        after the current step, but records nothing. On any error or cancellation the state,
+        the queue and any pending continuation are as they were.
+        """
+        sampling = check_generate_options(sampling, deliveries, max_new_tokens, on_token, stop, refresh)
+        self._require_no_pending("agent")
+        count = len(self._queue) if deliveries is None else deliveries
+        taken = self._take(count) if count else []
+        if not taken and prompt is None:
+            raise RclcError("prompt: no handoff is taken, so generation needs a prompt (rendered text or IDs [1, n])")
+        backend = self._backend
+
+        def generate() -> tuple[SenderState, GenerationResult]:
+            if taken:
+                joined = self._join(taken, prompt, max_new_tokens)
+                inputs = backend.generation_inputs(joined.rows, joined.max_new_tokens)
+                known, inherited = joined.known_ids, joined.inherited
+            else:
+                ids = prompt_ids(self.model, self.tokenizer, prompt)
+                output = max_new_tokens or self.max_new_tokens or 1
+                if ids.shape[1] + output > self.context_limit:
+                    raise ContextLimitError(
+                        f"context space: {ids.shape[1]} prompt + {output} output positions exceed the context "
+                        f"limit of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the prompt"
+                    )
+                inputs, known, inherited = backend.prompt_inputs(ids, output), ids[0], 0
+            return generate_continuation(
+                backend, inputs, known, inherited, sampling=sampling, on_token=on_token, stop=stop, refresh=refresh
+            )
+
+        state, result = await run_in_worker(generate)
+        for _ in taken:
+            self._queue.popleft()
+        self._state, self._from_history, self._pending = state, False, None
+        return result
 
     async def absorb(self, *, prompt: Any = None, deliveries: int = 1) -> None:
         """Make received rows + prompt the retained state without generating anything.
@@ -201,16 +267,12 @@ class Agent(HFReceiver):
         deliveries, then `prompt` (or the planned prompt), are prefilled as one state whose
         inherited prefix is the received rows. Deliveries leave the queue only on success.
         """
-        if self._pending is not None:
-            raise ValueError("agent: a continuation is pending; record it with update(inputs=..., generation=...) first")
+        self._require_no_pending("agent")
         taken = self._take(deliveries)
 
         def build() -> SenderState:
-            generic, ids = self._build_inputs(taken, prompt, 1)
-            rows = generic["inputs_embeds"][0]
-            received = [delivery for delivery, _ in taken]
-            known = torch.cat([*(_known_ids(d, rows.device) for d in received), ids[0].to(rows.device)])
-            return self._backend.restore(rows, known, 0, sum(d.positions for d in received))
+            joined = self._join(taken, prompt, 1)
+            return self._backend.restore(joined.rows, joined.known_ids, 0, joined.inherited)
 
         state = await run_in_worker(build)
         for _ in taken:
@@ -226,16 +288,13 @@ class Agent(HFReceiver):
                 state = self._resolve_state()
             output = max_new_tokens or self.max_new_tokens or 1
             if state.positions + output > self.context_limit:
-                raise ValueError(
+                raise ContextLimitError(
                     f"context space: {state.positions} positions + {output} output exceed the context limit "
                     f"of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the state"
                 )
             rows = state.input_embeds.clone()
-            known = state.token_ids.clone() if state.token_ids is not None else torch.full(
-                (state.positions,), -1, dtype=torch.int64, device=rows.device
-            )
             inputs = self._backend.generation_inputs(rows, output)
-            return state, inputs, _Pending(inputs, known, state.inherited_positions)
+            return state, inputs, _Pending(inputs, state.known_ids().clone(), state.inherited_positions)
 
         state, inputs, pending = await run_in_worker(prepare)
         self._remember(state)
@@ -249,8 +308,8 @@ class Agent(HFReceiver):
         (new tokens follow it). The extension runs on a private cache copy and the agent
         switches to it only on success, so a failure or cancellation keeps the old state.
         """
-        if _is_messages(prompt):
-            raise ValueError(
+        if is_messages(prompt):
+            raise RclcError(
                 "prompt: append takes rendered text or IDs [1, n], not chat messages; render them first "
                 "(append applies no chat template)"
             )
@@ -261,7 +320,7 @@ class Agent(HFReceiver):
                 new_ids = prompt_ids(self.model, self.tokenizer, prompt)
                 total = state.positions + new_ids.shape[1]
                 if total > self.context_limit:
-                    raise ValueError(
+                    raise ContextLimitError(
                         f"prompt: appending {new_ids.shape[1]} positions gives {total}, above the context limit "
                         f"of {self.context_limit}; append less or reset with agent.update()"
                     )
@@ -281,8 +340,7 @@ class Agent(HFReceiver):
         uninterrupted run selected. Rows, IDs and counts are unchanged; on any error the
         old state is kept. Costs one prefill of the whole state.
         """
-        if self._pending is not None:
-            raise ValueError("refresh: a continuation is pending; record it with update(inputs=..., generation=...) first")
+        self._require_no_pending("refresh")
 
         def rebuild() -> SenderState:
             with preparation_lock:
@@ -297,15 +355,12 @@ class Agent(HFReceiver):
     # -- snapshots ---------------------------------------------------------------------
 
     def _require_quiet(self, action: str) -> None:
-        if self._pending is not None:
-            raise ValueError(f"{action}: a continuation is pending; record it with update(inputs=..., generation=...) first")
+        self._require_no_pending(action)
         if self._queue:
-            raise ValueError(f"{action}: {len(self._queue)} handoffs are queued; pop them first")
+            raise AgentStateError(f"{action}: {len(self._queue)} handoffs are queued; pop them first")
 
     async def save(self, path: Any) -> None:
         """Write the retained state (rows, IDs, counts, model identity) atomically to safetensors."""
-        from .snapshot import model_identity, write_snapshot
-
         self._require_quiet("save")
 
         def write() -> SenderState:
@@ -318,8 +373,6 @@ class Agent(HFReceiver):
 
     async def load(self, path: Any) -> None:
         """Restore a snapshot: validate everything, re-prefill, then switch to it (else keep the old)."""
-        from .snapshot import read_snapshot
-
         self._require_quiet("load")
 
         def read() -> SenderState:
@@ -337,20 +390,6 @@ class Agent(HFReceiver):
     def inspect(self, *, selection: bool = False) -> dict[str, Any]:
         """A JSON-serialisable report; runs no forward pass and consumes nothing."""
         state = self._state
-        deliveries = []
-        for delivery, prepared in self._queue:
-            retained = [message.positions for message in delivery.messages]
-            entry: dict[str, Any] = {
-                "senders": len(delivery.messages),
-                "retained_positions": retained,
-                "payload_bytes": delivery.nbytes,
-                "prompt_positions": int(prepared.input_ids.shape[1]),
-                "reserved_output_positions": prepared.max_new_tokens,
-                "remaining_positions": prepared.available_positions - sum(retained),
-            }
-            if selection:
-                entry["selection"] = [None if m.selection is None else m.selection.inspect() for m in delivery.messages]
-            deliveries.append(entry)
         return {
             "backend": self.backend,
             "state_source": "messages" if self._from_history else "retained",
@@ -360,19 +399,9 @@ class Agent(HFReceiver):
             "pending_generation": self._pending is not None,
             "queued_requests": len(self._queue),
             "context_limit": self.context_limit,
-            "deliveries": deliveries,
+            "deliveries": self._queue_report(selection=selection),
         }
 
-
-def _known_ids(delivery: Delivery, device: torch.device) -> torch.Tensor:
-    """Token IDs of received positions where the message carried them, else -1."""
-    parts = []
-    for message in delivery.messages:
-        if message.token_ids is not None:
-            parts.append(message.token_ids.to(device))
-        else:
-            parts.append(torch.full((message.positions,), -1, dtype=torch.int64, device=device))
-    return torch.cat(parts)
 
 
 bind = Agent

@@ -19,7 +19,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-BACKENDS = ("hf", "vllm")
+from . import __version__ as _package_version
+from .errors import RclcError
+from .models import check_model, embedded_present
+from .policy import BACKENDS
+
 DISTRIBUTION = "rclc-graph"
 MINIMUM_TORCH = "2.4.0"
 # Used when the distribution metadata cannot be read (running from a source tree).
@@ -60,11 +64,7 @@ def _vllm_distribution() -> str | None:
 
 def _rclc_version() -> str | None:
     version = installed_version(DISTRIBUTION)
-    if version is not None:
-        return version
-    import rclc
-
-    return getattr(rclc, "__version__", None)
+    return version if version is not None else _package_version
 
 
 def _unconditional_requirements(distribution: str) -> list[Requirement]:
@@ -161,7 +161,7 @@ def _vllm_issues(versions: dict[str, str | None], allow_unstable: bool) -> list[
         issues.append(_issue(f"vLLM {version} is not a tested release", f"install vLLM {tested}"))
     issues.extend(_pinned_pair_issues(distribution, versions))
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401  (the optional extra: whether it imports is what is checked)
     except Exception as error:  # an import failure of any kind is exactly what doctor reports
         issues.append(_issue(f"vLLM is installed but does not import: {error}", "reinstall the tested vLLM build"))
     return issues
@@ -187,8 +187,6 @@ def _pinned_pair_issues(distribution: str, versions: dict[str, str | None]) -> l
 
 
 def _agent_issues(agent: Any) -> list[dict[str, str]]:
-    from .models import check_model
-
     issues = []
     try:
         check_model(agent.model)
@@ -201,6 +199,7 @@ def _agent_issues(agent: Any) -> list[dict[str, str]]:
 
 def _engine_issues(llm: Any, allow_unstable: bool) -> list[dict[str, str]]:
     """The binding check of a bound engine, re-run now, plus whether it is idle."""
+    # torch-backed: only a bound vLLM agent gets here, and the doctor must run without torch.
     from .vllm.engine import check_engine, require_idle
 
     issues = []
@@ -219,7 +218,7 @@ def _engine_issues(llm: Any, allow_unstable: bool) -> list[dict[str, str]]:
 
 def engine_report(llm: Any) -> dict[str, Any]:
     """The bound engine's configuration as far as rclc depends on it (JSON-ready; reads attributes only)."""
-    from .vllm.engine import vllm_config
+    from .vllm.engine import vllm_config  # torch-backed: see _engine_issues
 
     config = vllm_config(llm)
     model, cache, transfer = config.model_config, config.cache_config, config.kv_transfer_config
@@ -244,23 +243,23 @@ def _resolve_options(agent: Any, backend: str | None, allow_unstable: bool | Non
         bound_backend = agent.backend
         bound_unstable = bool(getattr(agent, "allow_unstable", False))
         if backend is not None and backend != bound_backend:
-            raise ValueError(
+            raise RclcError(
                 f"backend: {backend!r} conflicts with the bound agent's backend {bound_backend!r}; omit backend "
                 "when checking an agent"
             )
         if allow_unstable is not None and bool(allow_unstable) != bound_unstable:
-            raise ValueError(
+            raise RclcError(
                 f"allow_unstable: {allow_unstable!r} conflicts with the bound agent's setting {bound_unstable!r}; "
                 "omit allow_unstable when checking an agent"
             )
         backend, allow_unstable = bound_backend, bound_unstable
     backend = "hf" if backend is None else backend
     if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        raise RclcError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if allow_unstable is not None and not isinstance(allow_unstable, bool):
-        raise ValueError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
+        raise RclcError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
     if allow_unstable and backend != "vllm":
-        raise ValueError("allow_unstable: only applies to backend='vllm'; add backend='vllm' (CLI: --backend vllm)")
+        raise RclcError("allow_unstable: only applies to backend='vllm'; add backend='vllm' (CLI: --backend vllm)")
     return backend, bool(allow_unstable)
 
 
@@ -268,12 +267,10 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
     """Report versions, accelerator availability and actionable issues as a JSON-ready dict.
 
     With `agent`, its backend, unstable opt-in and model are checked; an explicit
-    `backend`/`allow_unstable` that disagrees with the agent raises ValueError. A vLLM
+    `backend`/`allow_unstable` that disagrees with the agent raises RclcError. A vLLM
     agent's engine is checked again (binding check, idle) and reported under `engine`.
     """
     backend, allow_unstable = _resolve_options(agent, backend, allow_unstable)
-    from .models import embedded_present
-
     vllm_distribution = _vllm_distribution()
     versions = {
         "rclc": _rclc_version(),
@@ -282,7 +279,7 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
         "vllm": None if vllm_distribution is None else installed_version(vllm_distribution),
     }
     try:
-        import torch
+        import torch  # reported on, not required: the doctor says when torch is missing or broken
 
         cuda_available = bool(torch.cuda.is_available())
     except ImportError:

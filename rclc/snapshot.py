@@ -13,21 +13,20 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import threading
 import weakref
-from pathlib import Path
 from typing import Any
 
 import safetensors
 import safetensors.torch
 import torch
 
-from ._cache import prefill
-from ._checks import is_exact_int
-from ._fsync import sync_directory
+from ._arguments import is_exact_int
+from .errors import IncompatibleStateError, SnapshotError
+from .files import write_atomic
 from .models import check_model
-from .state import SenderState, checkpoint_vocabulary, embedding_weight
+from .state import SenderState, build_state, checkpoint_vocabulary, embedding_weight, rows_match_ids
+from .vllm.view import EngineProjection, view_state_dict
 
 METADATA_KEY = "rclc"
 FORMAT = 1
@@ -36,6 +35,8 @@ FORMAT = 1
 LAYOUT = 1
 _METADATA_FIELDS = frozenset({"format", "layout", "identity", "latent_steps", "inherited_positions"})
 _TENSOR_KEYS = frozenset({"rows", "ids"})
+
+_IDS_MISMATCH = "do not reproduce their rows (a row marked with an ID must equal its embedding)"
 
 _CHUNK_ELEMENTS = 4 * 1024 * 1024
 _CONFIG_FIELDS = (
@@ -103,8 +104,6 @@ def _hash_weights(tensors: dict[str, torch.Tensor]) -> str:
 
 def _engine_projections(model: Any) -> list[Any]:
     """The engine-GEMM projections of a vLLM shared-weight view (empty for ordinary HF models)."""
-    from .vllm.view import EngineProjection  # plain torch: importing it never imports vLLM
-
     modules = getattr(model, "modules", None)
     if not callable(modules):
         return []
@@ -115,8 +114,6 @@ def _weight_tensors(model: Any, projections: list[Any]) -> dict[str, torch.Tenso
     """The state dict an HF load of the checkpoint would have; views materialize packed projections."""
     if not projections:
         return model.state_dict()
-    from .vllm.view import view_state_dict
-
     return view_state_dict(model)
 
 
@@ -156,12 +153,14 @@ def model_identity(model: Any, tokenizer: Any) -> str:
 def write_snapshot(path: str | os.PathLike[str], state: SenderState, identity: str) -> None:
     """Write `state`'s rows, IDs and counts to `path`, replacing any previous file atomically.
 
-    The file is written next to its destination, flushed to disk and renamed over it, so
-    a crash or error leaves either the old file or the new one, never a torn one.
+    The file is written next to its destination, flushed to disk and renamed over it
+    (`rclc.files.write_atomic`), so a crash or error leaves either the old file or the new
+    one, never a torn one. The file is private to its owner (mode 0o600): it holds model
+    inputs, which may be confidential.
     """
     state.validate()
-    _check_ids_reproduce(state.input_embeds, state.token_ids, embedding_weight(state.model), "state: token_ids")
-    destination = Path(path)
+    if not rows_match_ids(state.input_embeds, state.token_ids, embedding_weight(state.model)):
+        raise IncompatibleStateError(f"state: token_ids {_IDS_MISMATCH}")
     tensors = {"rows": state.input_embeds.detach().to("cpu").contiguous().clone()}
     if state.token_ids is not None:
         tensors["ids"] = state.token_ids.detach().to("cpu").contiguous().clone()
@@ -173,29 +172,15 @@ def write_snapshot(path: str | os.PathLike[str], state: SenderState, identity: s
         "inherited_positions": state.inherited_positions,
     }
     metadata = {METADATA_KEY: json.dumps(header, sort_keys=True)}
-    directory = destination.parent if str(destination.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=directory)
-    os.close(handle)
-    try:
-        safetensors.torch.save_file(tensors, temporary, metadata=metadata)
-        descriptor = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        os.replace(temporary, destination)
-        sync_directory(directory)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+    write_atomic(path, safetensors.torch.save(tensors, metadata=metadata), mode=0o600)
 
 
 # ---------------------------------------------------------------------------------------
 # Read and restore
 
 
-def _not_a_snapshot(path: Any, why: str) -> ValueError:
-    return ValueError(f"path: {os.fspath(path)!r} is not a snapshot ({why}); pass a file written by rclc save")
+def _not_a_snapshot(path: Any, why: str) -> SnapshotError:
+    return SnapshotError(f"path: {os.fspath(path)!r} is not a snapshot ({why}); pass a file written by rclc save")
 
 
 def _read_header(
@@ -204,7 +189,7 @@ def _read_header(
     """Parse and check the metadata, then load the tensors unless their declared size is already too big.
 
     Filesystem errors (missing file, permissions) propagate as OSError; only content
-    problems become ValueError.
+    problems become SnapshotError.
     """
     with open(path, "rb"):
         pass
@@ -216,14 +201,14 @@ def _read_header(
             if raw_header is None:
                 raise _not_a_snapshot(path, f"no {METADATA_KEY!r} metadata")
             if not keys <= _TENSOR_KEYS or "rows" not in keys:
-                raise ValueError(
+                raise SnapshotError(
                     f"path: unexpected tensor keys {sorted(keys)} in the snapshot; expected 'rows' and optional 'ids'"
                 )
             header = _parse_header(path, raw_header)
             for key in sorted(keys):
                 shape = reader.get_slice(key).get_shape()
                 if math.prod(shape) > max_elements[key]:
-                    raise ValueError(
+                    raise SnapshotError(
                         f"path: snapshot {key} have shape {tuple(shape)}, more than a state within the context "
                         f"limit can hold ({max_elements[key]} values); it was not written for this model"
                     )
@@ -241,18 +226,18 @@ def _parse_header(path: Any, raw: str) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise _not_a_snapshot(path, f"{METADATA_KEY!r} metadata is not a JSON object")
     if set(header) != _METADATA_FIELDS:
-        raise ValueError(
+        raise SnapshotError(
             f"path: unsupported snapshot format: metadata fields {sorted(header)}, expected "
             f"{sorted(_METADATA_FIELDS)}; re-save it with this rclc version"
         )
     version = (header["format"], header["layout"])
     if not (is_exact_int(version[0]) and is_exact_int(version[1])) or version != (FORMAT, LAYOUT):
-        raise ValueError(
+        raise SnapshotError(
             f"path: unsupported snapshot format {header['format']!r} / layout {header['layout']!r}; this rclc "
             f"reads format {FORMAT} layout {LAYOUT} only (files are never converted); re-save with this version"
         )
     if not isinstance(header["identity"], str):
-        raise ValueError("path: unsupported snapshot format: identity must be a hex string")
+        raise SnapshotError("path: unsupported snapshot format: identity must be a hex string")
     return header
 
 
@@ -276,60 +261,43 @@ def read_snapshot(
     )
     rows = tensors["rows"]
     if rows.dim() != 2 or rows.dtype != weight.dtype or rows.shape[1] != weight.shape[1]:
-        raise ValueError(
+        raise SnapshotError(
             f"path: snapshot rows are {rows.dtype} {tuple(rows.shape)}, the model needs {weight.dtype} "
             f"[positions, {weight.shape[1]}]; bind the same checkpoint and dtype that saved it"
         )
     total = int(rows.shape[0])
     if not 0 < total <= context_limit:
-        raise ValueError(
+        raise SnapshotError(
             f"path: snapshot holds {total} rows; a restorable snapshot has 1 to {context_limit} (the context limit)"
         )
     if not bool(torch.isfinite(rows).all()):
-        raise ValueError("path: snapshot rows contain nonfinite values; the file is corrupt")
+        raise SnapshotError("path: snapshot rows contain nonfinite values; the file is corrupt")
     ids = tensors.get("ids")
     if ids is None:
         ids = torch.full((total,), -1, dtype=torch.int64)
     elif ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] != total:
-        raise ValueError(
+        raise SnapshotError(
             f"path: snapshot ids are {ids.dtype} {tuple(ids.shape)}; expected int64 [{total}] aligned with the rows"
         )
     rows = rows.to(weight.device)
     ids = ids.to(weight.device)
     latent_steps, inherited = header["latent_steps"], header["inherited_positions"]
-    unprefilled = SenderState(
-        model=model,
-        past_key_values=None,
-        input_embeds=rows,
-        tokenizer=tokenizer,
-        token_ids=ids,
-        latent_steps=latent_steps,
-        inherited_positions=inherited,
-    )
     try:
-        unprefilled.validate(check_cache=False)
+        build_state(
+            model, tokenizer, rows, ids, latent_steps=latent_steps, inherited_positions=inherited, prefill_rows=False
+        )
     except ValueError as error:
-        raise ValueError(f"path: snapshot does not describe a valid state: {error}") from None
+        raise SnapshotError(f"path: snapshot does not describe a valid state: {error}") from None
     if header["identity"] != model_identity(model, tokenizer):
-        raise ValueError(
+        raise SnapshotError(
             "path: the snapshot was saved with a different model; restoring needs identical weights, "
             "configuration and tokenizer vocabulary"
         )
-    _check_ids_reproduce(rows, ids, weight, "path: snapshot token ids")
+    # Restore re-prefills rows, not IDs, but a receiver of a mixed payload rebuilds a row
+    # from its ID; a mismatch would silently change what the receiver sees.
+    if not rows_match_ids(rows, ids, weight):
+        raise SnapshotError(f"path: snapshot token ids {_IDS_MISMATCH}")
     return rows, ids, latent_steps, inherited
-
-
-def _check_ids_reproduce(rows: torch.Tensor, ids: torch.Tensor | None, weight: torch.Tensor, what: str) -> None:
-    """A row marked with a token ID must be that token's embedding, bit for bit.
-
-    Restore re-prefills rows, not IDs, but a receiver of a mixed payload rebuilds the row
-    from the ID; a mismatch would silently change what the receiver sees.
-    """
-    if ids is None:
-        return
-    discrete = ids >= 0
-    if bool(discrete.any()) and not torch.equal(rows[discrete], weight[ids[discrete]]):
-        raise ValueError(f"{what} do not reproduce their rows (a row marked with an ID must equal its embedding)")
 
 
 def restore_state(
@@ -341,16 +309,4 @@ def restore_state(
     inherited: int,
 ) -> SenderState:
     """Rebuild a sender from validated snapshot contents by re-prefilling the rows from position 0."""
-    state = SenderState(
-        model=model,
-        past_key_values=None,
-        input_embeds=rows,
-        tokenizer=tokenizer,
-        token_ids=ids,
-        latent_steps=latent_steps,
-        inherited_positions=inherited,
-    )
-    state.validate(check_cache=False)
-    state.past_key_values = prefill(model, rows)
-    state.validate()
-    return state
+    return build_state(model, tokenizer, rows, ids, latent_steps=latent_steps, inherited_positions=inherited)

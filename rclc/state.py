@@ -9,19 +9,20 @@ gets: the request plus one message per sender, in sender order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ._cache import cache_length
-from ._checks import is_exact_int
+from ._arguments import is_exact_int
+from ._cache import cache_length, prefill
+from .errors import IncompatibleStateError, RclcError
 from .models import check_model
-
-if TYPE_CHECKING:
-    from .selection import Selection
+from .selection import Selection
+from .selection_html import selection_page
 
 
 def embedding_weight(model: Any) -> torch.Tensor:
+    """The model's input embedding table `[vocab, hidden]` (token ID -> input row)."""
     return model.get_input_embeddings().weight
 
 
@@ -66,48 +67,49 @@ class SenderState:
         return int(self.input_embeds.shape[0]) if isinstance(self.input_embeds, torch.Tensor) else 0
 
     def validate(self, *, check_cache: bool = True) -> None:
-        """Raise ValueError naming the first field that breaks the invariants."""
+        """Raise RclcError (IncompatibleStateError for rows, IDs or cache that do not match the model)
+        naming the first field that breaks the invariants."""
         check_model(self.model)
         weight = embedding_weight(self.model)
         rows = self.input_embeds
         if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] < 1:
             shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
-            raise ValueError(f"input_embeds: expected a [positions >= 1, hidden] tensor, got {shape}")
+            raise RclcError(f"input_embeds: expected a [positions >= 1, hidden] tensor, got {shape}")
         if rows.shape[1] != weight.shape[1]:
-            raise ValueError(
+            raise IncompatibleStateError(
                 f"input_embeds: width {rows.shape[1]} differs from the model's hidden size {weight.shape[1]}"
             )
         if rows.dtype != weight.dtype or rows.device != weight.device:
-            raise ValueError(
+            raise IncompatibleStateError(
                 f"input_embeds: rows are {rows.dtype} on {rows.device}, the model's embeddings are "
                 f"{weight.dtype} on {weight.device}; move the rows with .to(weight)"
             )
         total = rows.shape[0]
         if not is_exact_int(self.latent_steps) or not 0 <= self.latent_steps < total:
-            raise ValueError(
+            raise RclcError(
                 f"latent_steps: expected an int in [0, {total}) (at least one non-latent row), got {self.latent_steps!r}"
             )
         limit = total - self.latent_steps
         if not is_exact_int(self.inherited_positions) or not 0 <= self.inherited_positions <= limit:
-            raise ValueError(
+            raise RclcError(
                 f"inherited_positions: expected an int in [0, {limit}] (the inherited prefix may not overlap "
                 f"the latent tail), got {self.inherited_positions!r}"
             )
         if self.token_ids is not None:
             ids = self.token_ids
             if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] != total:
-                raise ValueError(f"token_ids: expected an int64 vector of length {total} aligned with the rows")
+                raise RclcError(f"token_ids: expected an int64 vector of length {total} aligned with the rows")
             vocab = weight.shape[0]
             if bool(((ids < -1) | (ids >= vocab)).any()):
-                raise ValueError(f"token_ids: every ID must be -1 (continuous row) or in [0, {vocab})")
+                raise IncompatibleStateError(f"token_ids: every ID must be -1 (continuous row) or in [0, {vocab})")
             if self.latent_steps and bool((ids[total - self.latent_steps :] != -1).any()):
-                raise ValueError("token_ids: the latent tail must be marked -1")
+                raise RclcError("token_ids: the latent tail must be marked -1")
         if check_cache:
             if self.past_key_values is None:
-                raise ValueError("past_key_values: a sender needs the cache its rows built (got None)")
+                raise RclcError("past_key_values: a sender needs the cache its rows built (got None)")
             length = cache_length(self.past_key_values)
             if length != total:
-                raise ValueError(
+                raise IncompatibleStateError(
                     f"past_key_values: cache holds {length} positions but input_embeds has {total} rows; "
                     "pass the cache built from exactly these rows"
                 )
@@ -116,27 +118,99 @@ class SenderState:
         """Tokenize a request for this sender: `[1, R]` int64 on the embedding device."""
         return request_ids(request, self.tokenizer, embedding_weight(self.model))
 
+    def known_ids(self) -> torch.Tensor:
+        """`token_ids`, or -1 (a continuous row) for every position when the state carries none."""
+        if self.token_ids is not None:
+            return self.token_ids
+        return torch.full((self.positions,), -1, dtype=torch.int64, device=self.input_embeds.device)
+
+
+def rows_match_ids(rows: torch.Tensor, token_ids: torch.Tensor | None, weight: torch.Tensor) -> bool:
+    """Whether every row marked with a token ID is exactly that token's embedding (bit for bit).
+
+    A receiver of a `token_ids+continuous` payload, and a restored snapshot, rebuild such
+    rows from their IDs; any other row would silently change what the receiver sees.
+    """
+    if token_ids is None:
+        return True
+    discrete = (token_ids >= 0).to(rows.device)
+    if not bool(discrete.any()):
+        return True
+    with torch.no_grad():
+        expected = weight[token_ids.to(weight.device)[discrete.to(weight.device)]]
+    return torch.equal(rows[discrete], expected.to(device=rows.device, dtype=rows.dtype))
+
+
+def build_state(
+    model: Any,
+    tokenizer: Any,
+    rows: torch.Tensor,
+    token_ids: torch.Tensor | None = None,
+    *,
+    latent_steps: int = 0,
+    inherited_positions: int = 0,
+    cache: Any = None,
+    prefill_rows: bool = True,
+) -> SenderState:
+    """The one way the core assembles a state from parts: validated, with `cache` or a fresh prefill.
+
+    Rows, IDs and counts are checked before any forward, so invalid input costs no model
+    work. With `cache=None` the rows are then prefilled from position 0 (what a restored
+    snapshot, a selected-rows state and a refresh need), or, with `prefill_rows=False`,
+    the state is returned without a cache (to check a snapshot before restoring it);
+    otherwise `cache` must hold exactly these rows.
+    """
+    state = SenderState(
+        model=model,
+        past_key_values=cache,
+        input_embeds=rows,
+        tokenizer=tokenizer,
+        token_ids=token_ids,
+        latent_steps=latent_steps,
+        inherited_positions=inherited_positions,
+    )
+    state.validate(check_cache=False)
+    if cache is None and not prefill_rows:
+        return state
+    if cache is None:
+        state.past_key_values = prefill(model, rows)
+    state.validate()
+    return state
+
+
+def appended_rows(state: SenderState, new_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(all rows, their IDs, the new rows) of `state` followed by the tokens `new_ids` `[1, n]`.
+
+    The new rows are the tokens' embeddings; positions without IDs keep -1.
+    """
+    weight = embedding_weight(state.model)
+    with torch.no_grad():
+        new_rows = weight[new_ids[0].to(weight.device)]
+    rows = torch.cat([state.input_embeds, new_rows], dim=0)
+    ids = torch.cat([state.known_ids().to(weight.device), new_ids[0].to(weight.device)])
+    return rows, ids, new_rows
+
 
 def request_ids(request: Any, tokenizer: Any, weight: torch.Tensor) -> torch.Tensor:
     """Text (no special tokens added) or `[1, R]` int64 IDs -> validated IDs on `weight`'s device."""
     if isinstance(request, str):
         if not request.strip():
-            raise ValueError("request: a text request must not be empty or whitespace")
+            raise RclcError("request: a text request must not be empty or whitespace")
         if tokenizer is None:
-            raise ValueError("request: a text request needs a tokenizer; pass token IDs [1, n] instead")
+            raise RclcError("request: a text request needs a tokenizer; pass token IDs [1, n] instead")
         ids = tokenizer(request, add_special_tokens=False, return_tensors="pt")["input_ids"]
     elif isinstance(request, torch.Tensor):
         if request.dtype != torch.int64 or request.dim() != 2 or request.shape[0] != 1 or request.shape[1] < 1:
-            raise ValueError(
+            raise RclcError(
                 f"request: token IDs must be a non-empty int64 tensor shaped [1, n], got "
                 f"{request.dtype} {tuple(request.shape)}"
             )
         ids = request
     else:
-        raise ValueError(f"request: expected text or an int64 [1, n] tensor, got {type(request).__name__}")
+        raise RclcError(f"request: expected text or an int64 [1, n] tensor, got {type(request).__name__}")
     vocab = weight.shape[0]
     if bool(((ids < 0) | (ids >= vocab)).any()):
-        raise ValueError(f"request: token IDs must lie in [0, {vocab})")
+        raise RclcError(f"request: token IDs must lie in [0, {vocab})")
     return ids.to(weight.device)
 
 
@@ -156,19 +230,19 @@ class Message:
     def __post_init__(self) -> None:
         rows = self.continuous_rows
         if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not rows.is_floating_point() or rows.shape[1] < 1:
-            raise ValueError("continuous_rows: expected a floating [n, hidden > 0] tensor")
+            raise RclcError("continuous_rows: expected a floating [n, hidden > 0] tensor")
         ids = self.token_ids
         if ids is None:
             if rows.shape[0] < 1:
-                raise ValueError("continuous_rows: a message without token IDs needs at least one row")
+                raise RclcError("continuous_rows: a message without token IDs needs at least one row")
             return
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] < 1:
-            raise ValueError("token_ids: expected a non-empty int64 vector")
+            raise RclcError("token_ids: expected a non-empty int64 vector")
         if bool((ids < -1).any()):
-            raise ValueError("token_ids: IDs below -1 are invalid (-1 marks a continuous row)")
+            raise RclcError("token_ids: IDs below -1 are invalid (-1 marks a continuous row)")
         continuous = int((ids == -1).sum())
         if continuous != rows.shape[0]:
-            raise ValueError(
+            raise RclcError(
                 f"token_ids: {continuous} positions are marked -1 but {rows.shape[0]} continuous rows were given"
             )
 
@@ -186,9 +260,9 @@ class Message:
     def materialize(self, weight: torch.Tensor) -> torch.Tensor:
         """Rebuild `[positions, hidden]` rows in original order from a matching embedding table."""
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
-            raise ValueError("weight: expected a floating [vocab, hidden] embedding table")
+            raise RclcError("weight: expected a floating [vocab, hidden] embedding table")
         if weight.shape[1] != self.continuous_rows.shape[1]:
-            raise ValueError(
+            raise IncompatibleStateError(
                 f"weight: width {weight.shape[1]} differs from the message rows' width {self.continuous_rows.shape[1]}"
             )
         rows = self.continuous_rows.to(device=weight.device, dtype=weight.dtype)
@@ -196,7 +270,9 @@ class Message:
             return rows
         ids = self.token_ids.to(weight.device)
         if bool((ids >= weight.shape[0]).any()):
-            raise ValueError(f"token_ids: IDs must be below the receiver's vocabulary size {weight.shape[0]}")
+            raise IncompatibleStateError(
+                f"token_ids: IDs must be below the receiver's vocabulary size {weight.shape[0]}"
+            )
         with torch.no_grad():
             out = torch.empty(ids.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
             discrete = ids >= 0
@@ -214,14 +290,16 @@ class Delivery:
 
     def __post_init__(self) -> None:
         if not isinstance(self.messages, tuple) or not self.messages:
-            raise ValueError("messages: a delivery needs at least one message (a tuple in sender order)")
+            raise RclcError("messages: a delivery needs at least one message (a tuple in sender order)")
 
     @property
     def positions(self) -> int:
+        """Positions the receiver will prefill for this delivery (all messages)."""
         return sum(message.positions for message in self.messages)
 
     @property
     def nbytes(self) -> int:
+        """Tensor bytes of all messages (see `Message.nbytes`)."""
         return sum(message.nbytes for message in self.messages)
 
     def rows(self, weight: torch.Tensor) -> torch.Tensor:
@@ -249,6 +327,7 @@ class Delivery:
 
     def selection_html(self) -> str:
         """A standalone page of every recorded selection in this delivery."""
-        from .report import delivery_html
-
-        return delivery_html(self)
+        selections = [message.selection for message in self.messages]
+        if any(selection is None for selection in selections):
+            raise RclcError("selection_html: no selection was recorded; transfer with record_selection=True")
+        return selection_page(self.request, selections)  # type: ignore[arg-type]

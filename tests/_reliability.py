@@ -18,7 +18,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from rclc import models
+from rclc import testing
 from rclc._cache import backbone
 from rclc_graph import LocalExecutor
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
@@ -84,7 +84,7 @@ def finished_sets() -> list[frozenset[str]]:
 
 def save_tiny(directory: Path, family: str = "qwen3") -> Path:
     """A tiny random model and its tokenizer as a local checkpoint directory."""
-    model, tokenizer = models.tiny_model(family)
+    model, tokenizer = testing.tiny_model(family)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

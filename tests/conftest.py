@@ -8,28 +8,28 @@ from __future__ import annotations
 
 import pytest
 
-from rclc import models
+from rclc import models, testing
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    return models.tiny_tokenizer()
+    return testing.tiny_tokenizer()
 
 
 @pytest.fixture(scope="session", params=["qwen3", "llama"])
 def tiny(request, tiny_tokenizer):
     """(model, tokenizer) for each tiny family; treat as read-only (shared by the session)."""
-    return models.tiny_model(request.param, tokenizer=tiny_tokenizer)
+    return testing.tiny_model(request.param, tokenizer=tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tiny_tokenizer):
-    return models.tiny_model("qwen3", tokenizer=tiny_tokenizer)
+    return testing.tiny_model("qwen3", tokenizer=tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_tokenizer):
-    return models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    return testing.tiny_model("llama", tokenizer=tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,10 @@
 
 Built-ins (`cacheback`, the default; `qsnap`; `chunkkv`) score positions with the model's
 own attention over a private view of the sender cache and keep whole spans; they always
-keep the first position and the latent tail. Any callable with the `Selector` signature
-works too; its output is checked by `validate_positions`.
+keep the first position and the latent tail. `recent` and `random_selector` are
+baselines for experiments. Any callable with the `Selector` signature works too; its
+output is checked by `validate_positions`. The names of the built-ins live in
+`rclc.policy` (torch-free), for code that only needs to know them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .qsnap import qsnap, qsnap_scores
 Selector = Callable[[SenderState, torch.Tensor, int], Union[Sequence[int], torch.Tensor]]
 
 BUILTIN: dict[str, Selector] = {"cacheback": cacheback, "qsnap": qsnap, "chunkkv": chunkkv}
+"""The attention selectors by name, in `rclc.policy.ATTENTION_SELECTORS` order."""
 _BUILTIN_FUNCTIONS = frozenset(BUILTIN.values())
 
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import RclcError
 from ..state import SenderState
 from ._spans import Span, fixed_spans
 
@@ -28,7 +29,7 @@ _SENTENCE_END = re.compile(r"[.!?]+[\"'\u2019\u201d)\]]*(?=\s|$)|\n")
 
 def check_span(span: Any) -> str:
     if not isinstance(span, str) or span not in SPAN_KINDS:
-        raise ValueError(f"span: expected one of {SPAN_KINDS}, got {span!r}")
+        raise RclcError(f"span: expected one of {SPAN_KINDS}, got {span!r}")
     return span
 
 
@@ -44,7 +45,7 @@ def check_sentence_sender(sender: SenderState) -> None:
     """`span="sentence"` reads the sender's text: it needs the tokenizer and the token IDs."""
     missing = [name for name in ("tokenizer", "token_ids") if getattr(sender, name) is None]
     if missing:
-        raise ValueError(
+        raise RclcError(
             f"span: 'sentence' needs the sender's text, but the sender has no {' and no '.join(missing)}; "
             "build it with rclc.sender_from_hf (which records both) or use span='fixed'"
         )

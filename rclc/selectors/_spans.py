@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import RclcError
+
 Span = tuple[int, int]  # [start, stop), stop exclusive
 
 
@@ -53,10 +55,10 @@ def _check_partition(spans: Sequence[Span], total: int) -> None:
     expected = 0
     for start, stop in spans:
         if start != expected or stop <= start:
-            raise ValueError(f"spans: expected contiguous non-empty (start, stop) spans covering 0..{total - 1}")
+            raise RclcError(f"spans: expected contiguous non-empty (start, stop) spans covering 0..{total - 1}")
         expected = stop
     if expected != total:
-        raise ValueError(f"spans: they cover 0..{expected - 1} but the scores have {total} positions")
+        raise RclcError(f"spans: they cover 0..{expected - 1} but the scores have {total} positions")
 
 
 def _window_around_peak(available: list[int], room: int, peak: int) -> tuple[int, int]:
@@ -80,12 +82,12 @@ def keep_spans(scores: torch.Tensor, budget: int, spans: Sequence[Span], latent_
     that overshoots. Ascending positions; exactly `budget` of them when `budget < T`.
     """
     if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.shape[0] < 1:
-        raise ValueError("scores: expected a non-empty 1-D tensor with one score per position")
+        raise RclcError("scores: expected a non-empty 1-D tensor with one score per position")
     total = int(scores.shape[0])
     _check_partition(spans, total)
     protected = protected_positions(total, latent_steps)
     if len(protected) > budget:
-        raise ValueError(
+        raise RclcError(
             f"budget: {budget} positions cannot hold the {len(protected)} protected ones "
             f"(the first position and {latent_steps} latent rows); raise the budget"
         )

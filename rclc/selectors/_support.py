@@ -2,7 +2,8 @@
 
 For every global layer the fold receives the request rows' post-RoPE queries and the keys
 of memory + request. It never materializes more than `ROW_CHUNK` request rows of softmax
-at a time and keeps three running length-M vectors (section 4.2 of the spec):
+at a time and keeps three running length-M vectors (the design spec,
+shared/design/rclc_spec.md#42-scoring-support-moments):
 
     votes[j]      = sum_l (1/(H R)) sum_{head, r} A_l[head, r, j]
     energy[j]     = sum_l sum_h (S * pool7_j((1/R) sum_r Abar_l[h, r, :]))^2
@@ -18,6 +19,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import CaptureError
+from ..state import SenderState
+from ._attention_capture import capture
 
 ROW_CHUNK = 256
 MOMENT_SCALE = 256.0
@@ -96,8 +101,16 @@ class SupportFold:
 
     def votes_mean(self) -> torch.Tensor:
         if self.votes is None or self.layers == 0:
-            raise RuntimeError("attention capture: no global layer was folded, so no scores were collected")
+            raise CaptureError("attention capture: no global layer was folded, so no scores were collected")
         return self.votes / (self.heads * self.rows)
+
+
+def request_fold(sender: SenderState, request_ids: torch.Tensor, *, moments: bool) -> SupportFold:
+    """Forward the request over a private view of the sender's cache, folding every global layer."""
+    fold = SupportFold(moments=moments)
+    with torch.inference_mode():
+        capture(sender.model, sender.past_key_values, fold, sender.positions, input_ids=request_ids)
+    return fold
 
 
 def correction(row_energy: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
@@ -111,5 +124,5 @@ def composite_score(fold: SupportFold) -> torch.Tensor:
     """CacheBack's score: `pool7(votes_mean) * ratio ** 2` (squared support correction)."""
     votes = fold.votes_mean()
     if fold.energy is None or fold.row_energy is None:
-        raise RuntimeError("attention capture: support moments were not collected")
+        raise CaptureError("attention capture: support moments were not collected")
     return pool7(votes) * correction(fold.row_energy, fold.energy) ** 2

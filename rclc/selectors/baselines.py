@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._checks import require_int
+from .._arguments import require_int
 from ..state import SenderState
 
 

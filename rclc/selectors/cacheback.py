@@ -3,7 +3,8 @@
 The request is forwarded over a private view of the sender's cache; positions the request
 attends to score high (QSnap's votes), boosted where a few request rows concentrate their
 attention rather than spreading it (the squared support correction). The keep step then
-keeps whole spans (section 4 of the spec): the fixed grid, or the sender's sentences.
+keeps whole spans (shared/design/rclc_spec.md#44-keep-step-keep_spans--fixed_span_keep):
+the fixed grid, or the sender's sentences.
 """
 
 from __future__ import annotations
@@ -11,28 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..state import SenderState
-from ._capture import capture
-from ._common import check_context, check_finite, check_request_ids, check_sender, selects
-from ._sentences import check_span_option, partition
-from ._spans import keep_spans
-from ._support import SupportFold, composite_score
+from ._common import check_sender, request_scores, select_by_request
+from ._support import composite_score, request_fold
 
 NAME = "CacheBack"
-
-
-def cacheback_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
-    """Raw composite scores, float32 `[T]`: `pool7(votes) * ratio ** 2`."""
-    check_sender(sender)
-    check_request_ids(request_ids)
-    check_context(sender, request_ids, NAME)
-    return _scores(sender, request_ids)
-
-
-def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
-    fold = SupportFold(moments=True)
-    with torch.inference_mode():
-        capture(sender.model, sender.past_key_values, fold, sender.positions, input_ids=request_ids)
-        return composite_score(fold)
 
 
 def cacheback(
@@ -45,12 +28,14 @@ def cacheback(
     sentences of the sender's text (it needs the sender's tokenizer and token IDs).
     Returns every position, without any model work, when `budget >= T`.
     """
+    return select_by_request(sender, request_ids, budget, span=span, span_size=span_size, name=NAME, score=_scores)
+
+
+def cacheback_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
+    """Raw composite scores, float32 `[T]`: `pool7(votes) * ratio ** 2`."""
     check_sender(sender)
-    check_span_option(sender, span)
-    if not selects(sender, budget, span_size):
-        return list(range(sender.positions))
-    check_request_ids(request_ids)
-    check_context(sender, request_ids, NAME)
-    scores = _scores(sender, request_ids)
-    check_finite(scores, NAME)
-    return keep_spans(scores, budget, partition(sender, span, span_size), sender.latent_steps)
+    return request_scores(sender, request_ids, NAME, _scores)
+
+
+def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
+    return composite_score(request_fold(sender, request_ids, moments=True))

@@ -1,6 +1,7 @@
 """ChunkKV: a request-agnostic baseline. The sender's own last `window_size` rows play the
 request; prefix positions are scored by the window's attention, smoothed, averaged per
-chunk, and the window itself always outranks the prefix (spec section 6). With
+chunk, and the window itself always outranks the prefix
+(shared/design/rclc_spec.md#6-chunkkv-selector-request-agnostic-baseline). With
 `span="sentence"` the chunks are the sender's sentences instead of the `chunk_size` grid.
 """
 
@@ -9,12 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import is_exact_int
+from .._arguments import is_exact_int
+from ..errors import CaptureError, RclcError
 from ..state import SenderState
-from ._capture import capture
-from ._common import check_finite, check_sender, check_span_size, selects
+from ._attention_capture import capture
+from ._common import check_sender, check_span_size, keep_best_spans
 from ._sentences import check_span_option, partition
-from ._spans import Span, keep_spans, span_means
+from ._spans import Span, span_means
 
 NAME = "ChunkKV"
 
@@ -47,21 +49,21 @@ class ChunkKVFold:
 
     def scores(self) -> torch.Tensor:
         if self.total is None or self.layers == 0:
-            raise RuntimeError(f"{NAME}: no layer was scored (the capture folded no global layer)")
+            raise CaptureError(f"{NAME}: no layer was scored (the capture folded no global layer)")
         return self.total / self.layers
 
 
 def _check_options(sender: SenderState, chunk_size: object, window_size: object, kernel_size: object) -> int:
     for name, value in (("chunk_size", chunk_size), ("window_size", window_size), ("kernel_size", kernel_size)):
         if not is_exact_int(value):
-            raise ValueError(f"{name}: expected an int, got {value!r}")
+            raise RclcError(f"{name}: expected an int, got {value!r}")
     if kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size: expected an odd int >= 1 (a centred pooling window), got {kernel_size}")
+        raise RclcError(f"kernel_size: expected an odd int >= 1 (a centred pooling window), got {kernel_size}")
     if window_size < 1:
-        raise ValueError(f"window_size: expected an int >= 1, got {window_size}")
+        raise RclcError(f"window_size: expected an int >= 1, got {window_size}")
     prefix = sender.positions - window_size
     if prefix < 1:
-        raise ValueError(
+        raise RclcError(
             f"window_size: {window_size} leaves no prefix to score in a {sender.positions}-position state; "
             "use a window shorter than the sender state"
         )
@@ -107,12 +109,11 @@ def chunkkv(
 ) -> list[int]:
     """Keep `budget` positions by chunk-averaged attention from the sender's own last window
     (`span="sentence"`: chunks are the sender's sentences, as in `cacheback`)."""
-    check_sender(sender)
-    check_span_option(sender, span)
-    if not selects(sender, budget, chunk_size, span_field="chunk_size"):
-        return list(range(sender.positions))
-    prefix = _check_options(sender, chunk_size, window_size, kernel_size)
-    spans = partition(sender, span, chunk_size)
-    scores = _scores(sender, prefix, spans, kernel_size)
-    check_finite(scores, NAME)
-    return keep_spans(scores, budget, spans, sender.latent_steps)
+
+    def scores(spans: list[Span]) -> torch.Tensor:
+        prefix = _check_options(sender, chunk_size, window_size, kernel_size)
+        return _scores(sender, prefix, spans, kernel_size)
+
+    return keep_best_spans(
+        sender, budget, span=span, span_size=chunk_size, name=NAME, scores=scores, span_field="chunk_size"
+    )

@@ -5,8 +5,8 @@ it. Engines must be in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), eager, withou
 caching, with one full-attention KV cache group and the capture connector configured:
 
     kv_transfer_config={"kv_connector": "RCLCCaptureConnector",
-                        "kv_connector_module_path": "rclc.capture.connector",
-                        "kv_role": "kv_both"}
+                        "kv_connector_module_path": "rclc.vllm.capture.connector",
+                        "kv_role": "kv_both"}      # = rclc.vllm.kv_transfer_config()
 
 Low-level use (your own submission loop):
 
@@ -19,9 +19,10 @@ vLLM 0.30.0 returns a randomized internal request ID from add_request; that ID i
 capture ID. Call discard_capture for cancelled or unused captures.
 """
 
-from ..capture.registry import Capture, discard_capture, get_capture, request_capture
+from .capture.engine_checks import kv_transfer_config
+from .capture.registry import Capture, discard_capture, get_capture, request_capture
 from .engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
-from .state import prefill_state, sender_from_vllm, shared_view, state_from_capture
+from .senders import prefill_state, sender_from_vllm, shared_view, state_from_capture
 from .view import EngineProjection, model_from_vllm, view_state_dict
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "engine_context_limit",
     "engine_tokenizer",
     "get_capture",
+    "kv_transfer_config",
     "model_from_vllm",
     "prefill_state",
     "request_capture",

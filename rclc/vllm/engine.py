@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from ..capture.engine_checks import (
+from ..errors import EngineBusyError, UnsupportedModelError
+
+from .capture.engine_checks import (
     CONNECTOR_NAMES,
     cache_group_problems,
     check_version,
@@ -24,7 +26,7 @@ from ..capture.engine_checks import (
 def _engine(llm: Any) -> Any:
     engine = getattr(llm, "llm_engine", None)
     if engine is None or not hasattr(engine, "vllm_config"):
-        raise ValueError(f"llm: expected a vllm.LLM (with .llm_engine), got {type(llm).__name__}")
+        raise UnsupportedModelError(f"llm: expected a vllm.LLM (with .llm_engine), got {type(llm).__name__}")
     return engine
 
 
@@ -69,13 +71,13 @@ def engine_model(llm: Any) -> torch.nn.Module:
 
 
 def require_idle(llm: Any) -> None:
-    """RuntimeError unless the engine has no unfinished requests.
+    """EngineBusyError (a RuntimeError) unless the engine has no unfinished requests.
 
     Capture prefills, the shared-weight view's side passes and re-prefills all use the
     engine's weights and request loop; they must not interleave with user requests.
     """
     if _engine(llm).has_unfinished_requests():
-        raise RuntimeError(
+        raise EngineBusyError(
             "the vLLM engine has unfinished requests; finish or abort them before binding, transferring or updating"
         )
 
@@ -86,9 +88,12 @@ def engine_context_limit(llm: Any) -> int:
 
 
 def engine_tokenizer(llm: Any) -> Any:
+    """The engine's own tokenizer (agents bound to the engine render and decode with it)."""
     tokenizer = _engine(llm).get_tokenizer()
     if tokenizer is None:
-        raise ValueError("llm: the engine was created with skip_tokenizer_init=True; rclc needs its tokenizer")
+        raise UnsupportedModelError(
+            "llm: the engine was created with skip_tokenizer_init=True; rclc needs its tokenizer"
+        )
     return tokenizer
 
 

@@ -28,8 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture.engine_checks import check_version
+from transformers import AutoModelForCausalLM
+
+from ..errors import UnsupportedModelError
 from ..models import check_model
+from .capture.engine_checks import check_version
 from .engine import engine_model, require_idle, vllm_config
 
 _QKV = ("q_proj", "k_proj", "v_proj")
@@ -153,7 +156,9 @@ def _frozen(tensor: torch.Tensor) -> nn.Parameter:
 def _child(module: nn.Module, name: str, where: str) -> nn.Module:
     child = getattr(module, name, None)
     if not isinstance(child, nn.Module):
-        raise ValueError(f"engine model: {where}.{name} is missing; the engine's model class is not a supported decoder")
+        raise UnsupportedModelError(
+            f"engine model: {where}.{name} is missing; the engine's model class is not a supported decoder"
+        )
     return child
 
 
@@ -161,12 +166,14 @@ def _plain_weight(layer: nn.Module, rows: int, columns: int, where: str) -> torc
     """The layer's weight when it is a plain `[rows, columns]` matrix, None when repacked away."""
     weight = getattr(layer, "weight", None)
     if not isinstance(weight, torch.Tensor):
-        raise ValueError(f"engine model: {where} has no weight")
+        raise UnsupportedModelError(f"engine model: {where} has no weight")
     if weight.dim() == 2 and tuple(weight.shape) == (rows, columns):
         return weight
     if weight.numel() == 0 and callable(getattr(layer, "cpu_linear", None)):
         return None  # vLLM's CPU backend moved it into a packed GEMM handle
-    raise ValueError(f"engine model: {where}.weight has shape {list(weight.shape)}, expected [{rows}, {columns}]")
+    raise UnsupportedModelError(
+        f"engine model: {where}.weight has shape {list(weight.shape)}, expected [{rows}, {columns}]"
+    )
 
 
 def _fill_linears(
@@ -184,7 +191,7 @@ def _fill_linears(
     declared = (getattr(layer, "output_size", total), getattr(layer, "input_size", columns))
     parts = list(getattr(layer, "output_sizes", sizes)) if len(sizes) > 1 else sizes
     if declared != (total, columns) or parts != sizes:
-        raise ValueError(
+        raise UnsupportedModelError(
             f"engine model: {where} computes {list(declared)} (parts {parts}) but the HF config implies "
             f"[{total}, {columns}] (parts {sizes}); the engine and the checkpoint config disagree "
             "(for example vLLM deriving head_dim from hidden_size / heads)"
@@ -192,7 +199,7 @@ def _fill_linears(
     weight = _plain_weight(layer, total, columns, where)
     bias = getattr(layer, "bias", None)
     if bias is not None and tuple(bias.shape) != (total,):
-        raise ValueError(f"engine model: {where}.bias has shape {list(bias.shape)}, expected [{total}]")
+        raise UnsupportedModelError(f"engine model: {where}.bias has shape {list(bias.shape)}, expected [{total}]")
     fused = None if weight is not None else _FusedOutput(layer, len(names), dtype, device)
     start = 0
     for name, size in zip(names, sizes):
@@ -202,10 +209,12 @@ def _fill_linears(
             setattr(owner, name, EngineProjection(fused, start, stop, columns))
         else:
             if tuple(target.weight.shape) != (size, columns):
-                raise ValueError(f"view: {name} expects [{list(target.weight.shape)}], the engine gives [{size}, {columns}]")
+                raise UnsupportedModelError(
+                    f"view: {name} expects [{list(target.weight.shape)}], the engine gives [{size}, {columns}]"
+                )
             target.weight = _frozen(weight[start:stop])
             if (target.bias is None) != (bias is None):
-                raise ValueError(f"view: {name} bias presence differs between the HF config and the engine")
+                raise UnsupportedModelError(f"view: {name} bias presence differs between the HF config and the engine")
             if bias is not None:
                 target.bias = _frozen(bias[start:stop])
         start = stop
@@ -215,7 +224,9 @@ def _fill_norm(target: nn.Module, source: nn.Module, where: str) -> None:
     weight = getattr(source, "weight", None)
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != tuple(target.weight.shape):
         shape = list(weight.shape) if isinstance(weight, torch.Tensor) else None
-        raise ValueError(f"engine model: {where}.weight has shape {shape}, expected {list(target.weight.shape)}")
+        raise UnsupportedModelError(
+            f"engine model: {where}.weight has shape {shape}, expected {list(target.weight.shape)}"
+        )
     target.weight = _frozen(weight)
 
 
@@ -223,7 +234,7 @@ def _table(source: nn.Module, vocab: int, hidden: int, where: str) -> torch.Tens
     weight = getattr(source, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < vocab:
         shape = list(weight.shape) if isinstance(weight, torch.Tensor) else None
-        raise ValueError(f"engine model: {where}.weight has shape {shape}, expected [>= {vocab}, {hidden}]")
+        raise UnsupportedModelError(f"engine model: {where}.weight has shape {shape}, expected [>= {vocab}, {hidden}]")
     return weight[:vocab]
 
 
@@ -235,8 +246,6 @@ def _hf_config(llm: Any) -> Any:
 
 
 def _build(config: Any, engine: nn.Module) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
     dtype = config.dtype
     with torch.device("meta"):
         view = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
@@ -246,7 +255,7 @@ def _build(config: Any, engine: nn.Module) -> nn.Module:
     source = _child(engine, "model", "engine")
     layers = getattr(source, "layers", None)
     if layers is None or len(layers) != config.num_hidden_layers:
-        raise ValueError(f"engine model: expected {config.num_hidden_layers} decoder layers")
+        raise UnsupportedModelError(f"engine model: expected {config.num_hidden_layers} decoder layers")
     decoder = view.model
     embed = _table(_child(source, "embed_tokens", "model"), vocab, hidden, "model.embed_tokens")
     decoder.embed_tokens.weight = _frozen(embed)
@@ -337,14 +346,16 @@ def model_from_vllm(llm: Any, *, allow_unstable: bool = False) -> nn.Module:
     """An HF causal LM (eval mode) over the engine's resident weights; see the module docs.
 
     Needs an idle in-process engine of a supported family with unquantized weights.
-    ValueError names a missing or mis-shaped engine tensor; RuntimeError means the engine
-    is busy, out of process or of an untested vLLM release.
+    UnsupportedModelError names a missing or mis-shaped engine tensor; RuntimeError means the
+    engine is busy (EngineBusyError), out of process or of an untested vLLM release.
     """
     check_version(allow_unstable=allow_unstable)
     require_idle(llm)
     quantization = getattr(vllm_config(llm).model_config, "quantization", None)
     if quantization is not None:
-        raise ValueError(f"llm: quantized weights ({quantization}) are unsupported; load the checkpoint unquantized")
+        raise UnsupportedModelError(
+            f"llm: quantized weights ({quantization}) are unsupported; load the checkpoint unquantized"
+        )
     config = _hf_config(llm)
     engine = engine_model(llm)
     grad_flags = {name: p.requires_grad for name, p in engine.named_parameters()}

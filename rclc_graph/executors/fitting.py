@@ -49,8 +49,8 @@ def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:
 def fit_counts(options: dict[str, Any], senders: Sequence[SenderShape], available: int) -> list[int]:
     """The positions each sender keeps in one transfer call with `options` (transfer keyword
     arguments) into a receiver with `available` free positions; ValueError as the core raises."""
-    # lazy: rclc imports torch; phase 2 of issue 12 hoists it (rclc.policy holds this arithmetic)
-    from rclc.budget import BudgetPolicy, fit, floor
+    # lazy: rclc.selectors imports torch; phase 2 of issue 12 hoists it
+    from rclc.policy import BudgetPolicy, fit, floor
     from rclc.selectors import cacheback, is_builtin
 
     policy = BudgetPolicy.from_options(options.get("ratio"), options.get("budget"))

@@ -32,7 +32,7 @@ from .loaded_model import LoadedModel, ModelKey
 
 CONNECTOR = {
     "kv_connector": "RCLCCaptureConnector",
-    "kv_connector_module_path": "rclc.capture.connector",
+    "kv_connector_module_path": "rclc.vllm.capture.connector",
     "kv_role": "kv_both",
 }
 MULTIPROCESSING_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"

@@ -56,10 +56,10 @@ def cluster():
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama saved to a directory, so every actor can load it by path."""
-    from rclc import models
+    from rclc import testing
 
     directory = tmp_path_factory.mktemp("tiny-llama")
-    model, tokenizer = models.tiny_model("llama", max_positions=4096)
+    model, tokenizer = testing.tiny_model("llama", max_positions=4096)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rclc._cache import cache_layers, forward_rows, prefill, view_cache
-from rclc.selectors import _capture, cacheback, cacheback_scores
+from rclc.selectors import _attention_capture as _capture, cacheback, cacheback_scores
 from rclc.state import SenderState
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,7 @@ from _agent_helpers import (
 from rclc import sender_from_hf, transfer_sync
 from rclc._cache import cache_layers, cache_length, prefill
 from rclc.hf import render_messages
-from rclc.models import tiny_model
+from rclc.testing import tiny_model
 
 
 def _fresh_prefill(model, ids):

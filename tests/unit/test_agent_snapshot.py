@@ -27,7 +27,7 @@ from _agent_helpers import (
 )
 from rclc import latent_mass_sync, transfer_sync
 from rclc._cache import prefill
-from rclc.models import tiny_model
+from rclc.testing import tiny_model
 from rclc.snapshot import model_identity, write_snapshot
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import rclc.doctor as doctor
-from rclc import models
+from rclc import models, testing
 from rclc.doctor import check, declared_range, leading_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ def test_bound_agent_conflicts(tiny_qwen3):
 
 
 def test_bound_agent_model_problems(tiny_tokenizer):
-    model, _ = models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    model, _ = testing.tiny_model("llama", tokenizer=tiny_tokenizer)
     model.train()
     report = check(agent(model))
     assert not report["ok"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rclc import models
+from rclc import testing
 from rclc_graph import GraphError, ModelPool, Policy, plan_file, run_recorded_sync
 from rclc_graph.views.cli import app
 from rclc_graph.errors import PlanError, SpecError
@@ -59,7 +59,7 @@ GOOD = {"question": "Who owns Cedar?", "documents": ["Cedar is owned by Alice.",
 def checkpoint(tmp_path_factory):
     """A tiny model on disk with a 256-position context."""
     directory = tmp_path_factory.mktemp("tiny") / "model"
-    model, tokenizer = models.tiny_model("qwen3", max_positions=LIMIT)
+    model, tokenizer = testing.tiny_model("qwen3", max_positions=LIMIT)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -135,7 +135,7 @@ def test_a_several_megabyte_input_is_refused_before_any_weights_load(tmp_path, c
 
 def test_a_chat_template_that_raises_is_refused_before_any_weights_load(tmp_path, checkpoint, no_weights):
     broken = tmp_path / "broken"
-    model, tokenizer = models.tiny_model("qwen3", max_positions=LIMIT)
+    model, tokenizer = testing.tiny_model("qwen3", max_positions=LIMIT)
     tokenizer.chat_template = "{{ raise_exception('no system messages') }}"
     model.config.save_pretrained(broken)
     tokenizer.save_pretrained(broken)

@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 import _fault_plugins
-from rclc import models
+from rclc import testing
 from rclc._cache import backbone
-from rclc.selectors._capture import reachable_configs
+from rclc.selectors._attention_capture import reachable_configs
 from rclc_graph import LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text, resume_run_sync
 from rclc_graph.run.record import NODES_DIR, read_record, safe_name
 from rclc_graph.run.recorded import run_recorded_sync
@@ -60,7 +60,7 @@ RAISING_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    model, tokenizer = models.tiny_model("qwen3")
+    model, tokenizer = testing.tiny_model("qwen3")
     pool = ModelPool()
     pool.add(ModelSpec(name="base", source="embedded"), model, tokenizer)
     plan = compile_plan(load_graph_text(FAULT_YAML), INPUTS, trust_code=True)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rclc.budget import BudgetPolicy
+from rclc.policy import BudgetPolicy
 from rclc_graph.results.lineage import Lineage, Origin, Segment, compose_hop, receiver_lineage
 
 

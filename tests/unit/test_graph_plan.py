@@ -54,7 +54,7 @@ def test_simple_plan():
 
 
 def test_default_ratio_matches_the_core():
-    from rclc.budget import DEFAULT_RATIO as core_default
+    from rclc.policy import DEFAULT_RATIO as core_default
 
     assert DEFAULT_RATIO == core_default
 

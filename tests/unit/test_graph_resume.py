@@ -17,7 +17,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from rclc import models
+from rclc import testing
 from rclc_graph import ModelPool, plan_file, read_resume_point, resume_run_sync, run_recorded_sync
 from rclc_graph._files import DirectoryLock
 from rclc_graph.run.record import RECORD_FILE
@@ -144,7 +144,7 @@ def _other_model_snapshot(run_dir: Path, node: str, tmp_path: Path) -> None:
 
     import rclc
 
-    other, tokenizer = models.tiny_model("qwen3", seed=1)
+    other, tokenizer = testing.tiny_model("qwen3", seed=1)
     with safetensors.safe_open(str(run_dir / "nodes" / f"{node}.safetensors"), framework="pt") as reader:
         ids = reader.get_tensor("ids")
     agent = rclc.bind(other, tokenizer)
@@ -205,7 +205,7 @@ def test_an_executor_that_keeps_no_state_is_refused_and_changes_nothing(referenc
 def test_a_different_model_is_refused(reference, tmp_path):
     run_dir = crash_copy(reference["run_dir"], tmp_path / "crashed", frozenset({"a"}))
     pool = ModelPool()
-    other, tokenizer = models.tiny_model("qwen3", seed=1)
+    other, tokenizer = testing.tiny_model("qwen3", seed=1)
     plan = reference["plan"]
     pool.add(plan.models()[0], other, tokenizer)  # same declaration, other weights
     before = digest_tree(run_dir)

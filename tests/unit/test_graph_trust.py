@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rclc import models
+from rclc import testing
 from rclc_graph import GraphError, ModelPool, ModelSpec, compile_plan, load_graph_text, plan_file, run_recorded_sync
 from rclc_graph.views.cli import app
 from rclc_graph.errors import ResumeError
@@ -84,7 +84,7 @@ def topology(selector: str = "trust_plugin:keep_recent", max_new_tokens: int = 7
 @pytest.fixture(scope="module")
 def tiny_scripted():
     """(model, tokenizer, pool) where every greedy step picks the next token of MARKUP repeated."""
-    model, tokenizer = models.tiny_model("qwen3")
+    model, tokenizer = testing.tiny_model("qwen3")
     script = tokenizer(MARKUP + " ", add_special_tokens=False)["input_ids"]
     step = [0]
 

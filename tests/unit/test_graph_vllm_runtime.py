@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rclc import models
+from rclc import testing
 from rclc_graph import vllm_runtime
 
 
 def test_engine_arguments_size_the_kv_pool_from_the_checkpoint(tmp_path):
-    model, tokenizer = models.tiny_model("llama", head_dim=64, max_positions=4096)
+    model, tokenizer = testing.tiny_model("llama", head_dim=64, max_positions=4096)
     model.save_pretrained(str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
     arguments = vllm_runtime.engine_arguments(str(tmp_path), "float32")

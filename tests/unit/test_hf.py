@@ -108,7 +108,7 @@ def test_sender_input_errors(tiny, prompt, tokenizer_kind, match):
 
 
 def test_prompt_above_context_limit(tiny_tokenizer):
-    from rclc.models import tiny_model
+    from rclc.testing import tiny_model
 
     model, tokenizer = tiny_model("llama", tokenizer=tiny_tokenizer, max_positions=8)
     with pytest.raises(ValueError, match="context limit"):

@@ -10,7 +10,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rclc import HFReceiver, sender_from_hf
 from rclc import models
-from rclc.models import check_model, tiny_model
+from rclc.models import check_model
+from rclc.testing import tiny_model
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2", "mistral"])

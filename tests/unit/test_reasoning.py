@@ -9,7 +9,7 @@ import anyio
 import pytest
 import torch
 
-from rclc import models
+from rclc import testing
 from rclc._cache import backbone, cache_from_layers, cache_layers, prefill
 from rclc.reasoning import (
     apply_reasoning,
@@ -226,7 +226,7 @@ def test_steps_above_max_positions(tiny_qwen3):
 
 
 def test_rollout_beyond_context_limit(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=16)
+    model, tokenizer = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=16)
     state = make_state(model, tokenizer, length=12)
     request = torch.tensor([[5, 6]])
     latent_mass_sync(state, steps=2, request=request)  # 12 + 2 + 2 == 16 fits
@@ -254,7 +254,7 @@ def test_rollout_validates_the_state_and_request(tiny_qwen3):
 
 
 def test_cancel_stops_the_rollout_after_the_step_under_way(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    model, tokenizer = testing.tiny_model("llama", tokenizer=tiny_tokenizer)
     state = make_state(model, tokenizer)
     before = frozen_copy(state)
     steps = 12
@@ -351,7 +351,7 @@ def test_selected_state_reprefills_the_selection(tiny):
 
 
 def test_selected_state_longer_than_context(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=8)
+    model, tokenizer = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=8)
     state = make_state(model, tokenizer, length=8)
     rows = torch.cat([state.input_embeds, state.input_embeds[:1]])
     with pytest.raises(ValueError, match="context limit"):
@@ -467,7 +467,7 @@ def test_each_invalid_result_is_refused(extended, tiny_tokenizer, case, match):
     elif case == "over_allowance":
         bad, allowance = new, 2
     elif case == "model":
-        other, _ = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, seed=1)
+        other, _ = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, seed=1)
         bad = rebuilt(new, model=other)
     elif case == "tokenizer":
         bad = rebuilt(new, tokenizer=copy.copy(new.tokenizer))
@@ -506,7 +506,7 @@ def test_each_invalid_result_is_refused(extended, tiny_tokenizer, case, match):
 def test_prefix_tolerance_depends_on_dtype(tiny_tokenizer):
     """A relative error of 4e-3 is roundoff for bfloat16 but drift for float32."""
     for dtype, accepted in (("bfloat16", True), ("float32", False)):
-        model, tokenizer = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, dtype=dtype)
+        model, tokenizer = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, dtype=dtype)
         old = make_state(model, tokenizer)
         new = latent_mass_sync(old, steps=2)
         scaled = rebuilt(new, past_key_values=edited_cache(new, lambda ls: [(k * (1 + 4e-3), v) for k, v in ls]))
@@ -535,7 +535,7 @@ def run_apply(method, state, *, maximum=None, request_ids=None, request_position
 
 
 def test_allowance_below_zero(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=16)
+    model, tokenizer = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=16)
     state = make_state(model, tokenizer, length=12)
     seen = {}
 

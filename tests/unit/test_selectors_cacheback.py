@@ -19,7 +19,7 @@ from _selector_helpers import (
 )
 from rclc.selectors import cacheback, cacheback_scores, qsnap, qsnap_scores
 from rclc.selectors import _support
-from rclc.selectors._capture import capture
+from rclc.selectors._attention_capture import capture
 from rclc.selectors._support import SupportFold, composite_score, correction
 
 # The package re-exports the functions under their module names, so reach the modules explicitly.
@@ -166,7 +166,7 @@ def test_sender_state_unchanged_after_selection(tiny, selector):
 
 @pytest.mark.parametrize("selector", [cacheback, qsnap])
 def test_early_exit_runs_no_forward(tiny, selector, monkeypatch):
-    from rclc.selectors import _capture
+    from rclc.selectors import _attention_capture as _capture
 
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from _selector_helpers import make_sender, request
-from rclc import models
+from rclc import testing
 from rclc._cache import cache_layers, forward_rows, view_cache
-from rclc.selectors import _capture
-from rclc.selectors._capture import CAPTURE_NAME, capture, reachable_configs
+from rclc.selectors import _attention_capture as _capture
+from rclc.selectors._attention_capture import CAPTURE_NAME, capture, reachable_configs
 
 
 def snapshot(sender):
@@ -113,7 +113,7 @@ def test_fold_error_restores_dispatch_and_propagates(tiny):
 
 
 def test_capture_delegates_to_eager(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer, attn_implementation="eager")
+    model, tokenizer = testing.tiny_model("llama", tokenizer=tiny_tokenizer, attn_implementation="eager")
     sender = make_sender(model, tokenizer)
     ids = request(tokenizer)
     plain, _ = forward_rows(model, view_cache(model, sender.past_key_values), input_ids=ids)
@@ -126,7 +126,7 @@ def test_capture_delegates_to_eager(tiny_tokenizer):
 
 
 def test_unobserved_layer_raises(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("qwen3", tokenizer=tiny_tokenizer)
+    model, tokenizer = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer)
     sender = make_sender(model, tokenizer)
     attention = model.model.layers[-1].self_attn
     config = attention.config
@@ -154,7 +154,7 @@ def test_unobserved_layer_raises(tiny_tokenizer):
 
 
 def test_no_global_layer_raises(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("qwen3", tokenizer=tiny_tokenizer)
+    model, tokenizer = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer)
     sender = make_sender(model, tokenizer)
     model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
     with pytest.raises(RuntimeError, match="no global"):
@@ -162,7 +162,7 @@ def test_no_global_layer_raises(tiny_tokenizer):
 
 
 def test_unsupported_implementation_raises(tiny_tokenizer):
-    model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    model, tokenizer = testing.tiny_model("llama", tokenizer=tiny_tokenizer)
     sender = make_sender(model, tokenizer)
     model.config._attn_implementation = "flash_attention_2_missing"
     with pytest.raises(RuntimeError, match="sdpa"):

@@ -110,7 +110,7 @@ def test_window_as_long_as_the_state_raises(tiny):
 
 
 def test_early_exit_runs_no_forward(tiny, monkeypatch):
-    from rclc.selectors import _capture
+    from rclc.selectors import _attention_capture as _capture
 
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer)

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from _selector_helpers import make_sender, request
 from rclc import HFReceiver, transfer_sync
 from rclc.selectors import cacheback, cacheback_scores, chunkkv, chunkkv_scores, is_builtin, keep_spans, qsnap
-from rclc.selectors import _capture, qsnap_scores
+from rclc.selectors import _attention_capture as _capture, qsnap_scores
 from rclc.selectors._sentences import (
     partition,
     sender_sentence_spans,

@@ -14,7 +14,7 @@ import safetensors.torch
 import torch
 
 import rclc.snapshot as snapshot
-from rclc import models
+from rclc import testing
 from rclc._cache import cache_layers, prefill
 from rclc.reasoning import latent_mass_sync
 from rclc.snapshot import model_identity, read_snapshot, restore_state, write_snapshot
@@ -112,12 +112,10 @@ def test_write_replaces_atomically_and_cleans_up(tiny_qwen3, tmp_path, monkeypat
     save(path, make_state(model, tokenizer, latent=0))
     previous = path.read_bytes()
 
-    def torn_write(tensors, filename, metadata=None):
-        with open(filename, "wb") as handle:
-            handle.write(b"\x10\x00\x00\x00partial")
+    def torn_write(descriptor):  # the temporary file is written but never reaches the disk
         raise OSError("disk full")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", torn_write)
+    monkeypatch.setattr(os, "fsync", torn_write)
     with pytest.raises(OSError, match="disk full"):
         save(path, make_state(model, tokenizer, latent=3))
     assert path.read_bytes() == previous
@@ -247,10 +245,10 @@ def test_too_long_for_the_context(saved):
 
 def test_wrong_model_or_vocabulary(saved, tiny_tokenizer):
     path, model, tokenizer = saved
-    other_seed, _ = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, seed=1)
+    other_seed, _ = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, seed=1)
     with pytest.raises(ValueError, match="identical weights"):
         load(path, other_seed, tokenizer)
-    other_config, _ = models.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=1024)
+    other_config, _ = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer, max_positions=1024)
     with pytest.raises(ValueError, match="identical weights"):
         load(path, other_config, tokenizer)
     other_vocabulary = copy.deepcopy(tokenizer)
@@ -261,7 +259,7 @@ def test_wrong_model_or_vocabulary(saved, tiny_tokenizer):
 
 def test_model_checked_first(saved, tiny_tokenizer):
     path, _, tokenizer = saved
-    model, _ = models.tiny_model("qwen3", tokenizer=tiny_tokenizer)
+    model, _ = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer)
     model.train()
     with pytest.raises(ValueError, match="training"):
         load(path, model, tokenizer)
@@ -272,14 +270,14 @@ def test_identity_is_stable_and_distinguishes_models(tiny_qwen3, tiny_llama, tin
     first = model_identity(model, tokenizer)
     assert len(first) == 64 and int(first, 16) >= 0
     assert model_identity(model, tokenizer) == first
-    twin, _ = models.tiny_model("qwen3", tokenizer=tiny_tokenizer)
+    twin, _ = testing.tiny_model("qwen3", tokenizer=tiny_tokenizer)
     assert model_identity(twin, tokenizer) == first  # same seed, same config: same identity
     assert model_identity(tiny_llama[0], tokenizer) != first
     assert model_identity(model, None) != first
 
 
 def test_weight_digest_cache_and_invalidation(tiny_tokenizer, monkeypatch):
-    model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    model, tokenizer = testing.tiny_model("llama", tokenizer=tiny_tokenizer)
     hashed = []
     real = snapshot._hash_weights
 
@@ -329,14 +327,14 @@ def test_snapshot_code_never_pickles():
 
 
 def test_round_trip_bfloat16(tiny_tokenizer, tmp_path):
-    model, tokenizer = models.tiny_model("llama", tokenizer=tiny_tokenizer, dtype="bfloat16")
+    model, tokenizer = testing.tiny_model("llama", tokenizer=tiny_tokenizer, dtype="bfloat16")
     state = make_state(model, tokenizer)
     path = tmp_path / "agent.safetensors"
     save(path, state)
     rows, ids, latent, inherited = load(path, model, tokenizer)
     assert rows.dtype == torch.bfloat16 and torch.equal(rows, state.input_embeds)
     restore_state(model, tokenizer, rows, ids, latent, inherited).validate()
-    float_model, _ = models.tiny_model("llama", tokenizer=tiny_tokenizer)
+    float_model, _ = testing.tiny_model("llama", tokenizer=tiny_tokenizer)
     with pytest.raises(ValueError, match="bfloat16"):
         load(path, float_model, tokenizer)
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 import rclc
-from rclc import models
+from rclc import testing
 from rclc.snapshot import model_identity
 from rclc.state import VLLM_PLACEHOLDER, checkpoint_vocabulary
 
@@ -32,7 +32,7 @@ def test_the_vllm_placeholder_does_not_count(tiny_llama):
 def test_other_vocabulary_changes_still_count(tiny_llama):
     model, tokenizer = tiny_llama
     sender = rclc.sender_from_hf(model, tokenizer, "The Cedar project is owned by Alice.")
-    for other in (_with(tokenizer, "<|extra|>"), models.tiny_tokenizer(vocab_size=300)):
+    for other in (_with(tokenizer, "<|extra|>"), testing.tiny_tokenizer(vocab_size=300)):
         assert model_identity(model, other) != model_identity(model, tokenizer)
         with pytest.raises(ValueError, match="vocabulary differs"):
             rclc.HFReceiver(model, other).validate_sender(sender)

@@ -8,7 +8,7 @@ from vllm_engines import running_engine, vllm
 
 import rclc
 from rclc import models
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 from rclc.selectors import cacheback, cacheback_scores
 from rclc.snapshot import model_identity
 

@@ -7,6 +7,7 @@ same safetensors directory, so both backends run identical weights.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import anyio
 import pytest
@@ -14,11 +15,12 @@ import torch
 from vllm_engines import running_engine, save_tiny, vllm
 
 import rclc
-from rclc import _cache, models
-from rclc.capture import registry
+from rclc import _cache, models, testing
+from rclc.backends import Backend, VLLMBackend
 from rclc.selectors import cacheback, cacheback_scores
 from rclc.snapshot import model_identity
 from rclc.vllm import request_capture, shared_view
+from rclc.vllm.capture import registry
 from rclc.vllm.engine import engine_tokenizer
 
 pytestmark = pytest.mark.vllm
@@ -119,7 +121,7 @@ def test_binding_takes_the_engine_view_tokenizer_and_limits(llm, hf):
         _vllm(llm, context_limit=600)
     _vllm(llm, tokenizer=hf[1])  # the checkpoint's own tokenizer has the same vocabulary
     with pytest.raises(ValueError, match="vocabulary differs from the engine's"):
-        rclc.bind(llm, models.tiny_tokenizer(vocab_size=300), backend="vllm")
+        rclc.bind(llm, testing.tiny_tokenizer(vocab_size=300), backend="vllm")
     with pytest.raises(ValueError, match="expected a vllm.LLM"):
         rclc.bind(hf[0], backend="vllm")
     assert registry.entries() == {}  # binding with messages captures nothing yet
@@ -386,6 +388,82 @@ def test_latent_snapshot_restores_its_latent_tail(llm, hf, tmp_path):
     state = agent.sender_state()
     assert state.latent_steps == 3 and bool((state.token_ids[-3:] == -1).all())
     _assert_state_close(state, latent)
+
+
+# -- Agent.generate: native generation in one call ---------------------------------------
+
+
+def test_vllm_backend_implements_the_whole_contract(llm):
+    assert issubclass(VLLMBackend, Backend) and not VLLMBackend.__abstractmethods__
+    for name in Backend.__abstractmethods__:
+        contract, implementation = getattr(Backend, name), getattr(VLLMBackend, name)
+        assert list(inspect.signature(implementation).parameters) == list(inspect.signature(contract).parameters), name
+    agent = _vllm(llm)
+    assert isinstance(agent._backend, VLLMBackend) and agent._backend.records_by_prefill
+
+
+def test_generate_equals_pop_llm_generate_update(llm, hf):
+    sender = _hf(hf, messages=HISTORY)
+    by_hand, in_one_call, on_hf = _vllm(llm), _vllm(llm), _hf(hf)
+    rclc.transfer_sync(sender, [by_hand, in_one_call, on_hf], QUESTION)
+    inputs = by_hand.pop()
+    output = _vllm_generate(llm, inputs)
+    by_hand.update(inputs=inputs, generation=output)
+    seen = []
+    result = _run(in_one_call.generate, on_token=lambda index, text: seen.append((index, text)))
+    assert list(result.token_ids) == list(output[0].outputs[0].token_ids)
+    assert result.text == in_one_call.tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
+    decode = in_one_call.tokenizer.decode
+    assert seen == [(i, decode([token], skip_special_tokens=False)) for i, token in enumerate(result.token_ids)]
+    _assert_state_close(in_one_call.sender_state(), by_hand.sender_state())
+    assert len(in_one_call) == 0 and not in_one_call.inspect()["pending_generation"]
+    on_hf_result = _run(on_hf.generate)
+    assert on_hf_result.token_ids == result.token_ids, "both backends generate the same greedy tokens"
+    _assert_state_close(in_one_call.sender_state(), on_hf.sender_state())
+
+
+def test_generate_from_a_prompt_alone_equals_generate_and_update_with_ids(llm, hf):
+    agent, reference = _vllm(llm, max_new_tokens=6), _vllm(llm)
+    prompt = "<|im_start|>user\nWho owns Cedar?<|im_end|>\n<|im_start|>assistant\n"
+    ids = agent.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    output = llm.generate(
+        {"prompt_token_ids": ids.tolist()}, vllm.SamplingParams(max_tokens=6, temperature=0.0), use_tqdm=False
+    )
+    generated = list(output[0].outputs[0].token_ids)
+    reference.update(torch.cat([ids, torch.tensor(generated, dtype=torch.int64)])[None])
+    result = _run(agent.generate, prompt, refresh=True)  # vLLM continuations are prefills already
+    assert list(result.token_ids) == generated
+    _assert_state_close(agent.sender_state(), reference.sender_state())
+
+
+def test_sampled_generation_uses_the_seed(llm):
+    prompt = "<|im_start|>user\nTell me about Birch.<|im_end|>\n<|im_start|>assistant\n"
+    sampling = rclc.Sampling(temperature=1.5, top_p=0.95, seed=11)
+    ids = _vllm(llm).tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    expected = llm.generate(
+        {"prompt_token_ids": ids},
+        vllm.SamplingParams(max_tokens=10, temperature=1.5, top_p=0.95, seed=11),
+        use_tqdm=False,
+    )[0].outputs[0].token_ids
+    results = [_run(_vllm(llm, max_new_tokens=10).generate, prompt, sampling=sampling) for _ in range(2)]
+    assert [list(r.token_ids) for r in results] == [list(expected)] * 2
+
+
+def test_generate_on_a_busy_engine_keeps_state_and_queue(llm, hf):
+    agent = _vllm(llm)
+    rclc.transfer_sync(_hf(hf, messages=HISTORY), agent, QUESTION)
+    before = agent.inspect(selection=True)
+    engine = llm.llm_engine
+    busy = engine.add_request("busy-generate", {"prompt_token_ids": [1, 2, 3]}, vllm.SamplingParams(max_tokens=2))
+    try:
+        with pytest.raises(rclc.EngineBusyError, match="unfinished requests"):
+            _run(agent.generate)
+    finally:
+        engine.abort_request([busy], internal=True)
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert agent.inspect(selection=True) == before and len(agent) == 1
+    assert _run(agent.generate).tokens >= 1
 
 
 # -- failures leave nothing behind -------------------------------------------------------

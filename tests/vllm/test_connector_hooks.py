@@ -13,8 +13,8 @@ import pytest
 import torch
 from vllm_engines import engine_arguments, save_tiny
 
-from rclc.capture import registry
-from rclc.capture.pages import PageGeometry, scatter_prompt
+from rclc.vllm.capture import registry
+from rclc.vllm.capture.pages import PageGeometry, scatter_prompt
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +41,7 @@ def _connector(config, role_name):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    from rclc.capture.connector import RCLCCaptureConnector
+    from rclc.vllm.capture.connector import RCLCCaptureConnector
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=8, dtype=torch.float32)
     names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
@@ -117,7 +117,7 @@ def test_discard_stops_tracking(config):
 
 @pytest.mark.parametrize("layout", ["flash", "cpu"])
 def test_worker_copies_pages_into_the_registry(config, layout):
-    from rclc.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
+    from rclc.vllm.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
 
     worker = _connector(config, "WORKER")
     geometry = PageGeometry(layout, 2, 8, BLOCK, torch.float32)
@@ -148,7 +148,7 @@ def test_worker_copies_pages_into_the_registry(config, layout):
 
 
 def test_worker_without_pages_reports_failure(config):
-    from rclc.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
+    from rclc.vllm.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
 
     worker = _connector(config, "WORKER")
     registry.request_capture("early")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 

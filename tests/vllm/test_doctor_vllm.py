@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rclc.capture.engine_checks import TESTED_VLLM
+from rclc.vllm.capture.engine_checks import TESTED_VLLM
 from rclc.doctor import check
 
 pytestmark = pytest.mark.vllm

@@ -7,7 +7,7 @@ import torch
 from vllm_engines import running_engine, vllm
 
 from rclc import _cache, models
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 from rclc.vllm import check_engine, model_from_vllm, prefill_state, shared_view, view_state_dict
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]

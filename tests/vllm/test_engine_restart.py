@@ -11,7 +11,7 @@ from vllm_engines import running_engine, save_tiny
 
 import rclc
 from rclc import models
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 from rclc.snapshot import model_identity
 from rclc.state import VLLM_PLACEHOLDER
 from rclc.vllm.engine import engine_tokenizer

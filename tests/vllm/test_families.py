@@ -10,7 +10,7 @@ import torch
 from vllm_engines import running_engine, save_tiny
 
 from rclc import _cache, models
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 from rclc.vllm import prefill_state, shared_view, view_state_dict
 
 pytestmark = pytest.mark.vllm

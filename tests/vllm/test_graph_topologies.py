@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 from rclc_graph import ModelPool
 from rclc_graph.spec.load import read_graph
 from rclc_graph.plan.compile import compile_plan

@@ -11,7 +11,7 @@ from vllm_engines import running_engine, save_tiny, vllm
 
 import pytest
 from rclc import _cache, models
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 from rclc.vllm import (
     EngineProjection,
     check_engine,

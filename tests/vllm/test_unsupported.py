@@ -1,4 +1,5 @@
-"""Unsupported engine configurations are refused with ValueError, at construction or binding.
+"""Unsupported engine configurations are refused with UnsupportedModelError (a ValueError), at
+construction or binding.
 
 Most cases build vLLM's configuration objects with EngineArgs (no engine started) and
 construct the connector directly, as vLLM's factory would; one case starts a real engine
@@ -49,7 +50,7 @@ def _full(**changes):
 def _construct(config, kv_cache_config=None):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from rclc.capture.connector import RCLCCaptureConnector
+    from rclc.vllm.capture.connector import RCLCCaptureConnector
 
     return RCLCCaptureConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config or _cache_config(_full()))
 
@@ -148,7 +149,7 @@ def test_connector_names_are_checked(tiny_dir):
     config = _config(tiny_dir)
     wrong = KVTransferConfig(**{**CONNECTOR, "kv_role": "kv_producer"})
     object.__setattr__(config, "kv_transfer_config", wrong)
-    from rclc.capture.engine_checks import connector_problems
+    from rclc.vllm.capture.engine_checks import connector_problems
 
     assert any("kv_role" in p for p in connector_problems(config))
 
@@ -187,7 +188,7 @@ if __name__ == "__main__":
 
 
 def test_multiprocessing_engine_refused_at_construction_and_binding(tiny_dir, tmp_path):
-    """With the connector the engine never starts; without it, binding raises ValueError."""
+    """With the connector the engine never starts; without it, binding raises UnsupportedModelError."""
     import os
     import subprocess
     import sys
@@ -204,8 +205,8 @@ def test_multiprocessing_engine_refused_at_construction_and_binding(tiny_dir, tm
     assert done.returncode == 0, done.stderr[-3000:]
     # vLLM wraps the engine process's failure; the connector's own refusal is in its log.
     assert "CONSTRUCTION-REFUSED" in done.stdout, done.stdout + done.stderr[-3000:]
-    assert "ValueError: RCLCCaptureConnector: the engine runs in a separate process" in done.stderr
+    assert "UnsupportedModelError: RCLCCaptureConnector: the engine runs in a separate process" in done.stderr
     binding = [line for line in done.stdout.splitlines() if line.startswith("BINDING-REFUSED")]
     assert binding, done.stdout + done.stderr[-3000:]
-    assert binding[0].startswith("BINDING-REFUSED ValueError llm: ")
+    assert binding[0].startswith("BINDING-REFUSED UnsupportedModelError llm: ")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in binding[0]

@@ -15,11 +15,11 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import vllm  # noqa: E402
 
-from rclc import models  # noqa: E402
+from rclc import testing  # noqa: E402
 
 CONNECTOR = {
     "kv_connector": "RCLCCaptureConnector",
-    "kv_connector_module_path": "rclc.capture.connector",
+    "kv_connector_module_path": "rclc.vllm.capture.connector",
     "kv_role": "kv_both",
 }
 
@@ -60,7 +60,7 @@ def save_tiny(directory, family: str = "llama", **kwargs):
     kwargs.setdefault("head_dim", 64)
     if family == "qwen2":  # vLLM's Qwen2 derives head_dim from hidden_size / heads
         kwargs.setdefault("hidden_size", 4 * kwargs["head_dim"])
-    model, tokenizer = models.tiny_model(family, **kwargs)
+    model, tokenizer = testing.tiny_model(family, **kwargs)
     model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
     return model, tokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rclc.capture.pages import PageGeometry, gather_prompt, kernel_block_size, scatter_prompt
+from rclc.vllm.capture.pages import PageGeometry, gather_prompt, kernel_block_size, scatter_prompt
 
 HEADS, DIM = 2, 8
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...errors import CaptureError, IncompatibleStateError, RclcError
+
 LAYOUTS = ("cpu", "flash")
 PAGE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -41,17 +43,17 @@ class PageGeometry:
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
-            raise ValueError(f"layout: {self.layout!r} is not one of {LAYOUTS}")
+            raise RclcError(f"layout: {self.layout!r} is not one of {LAYOUTS}")
         for name in ("kv_heads", "head_dim", "block_size"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+                raise RclcError(f"{name}: expected a positive int, got {value!r}")
         if self.dtype not in PAGE_DTYPES:
-            raise ValueError(f"dtype: KV pages must be float16, bfloat16 or float32, got {self.dtype}")
+            raise RclcError(f"dtype: KV pages must be float16, bfloat16 or float32, got {self.dtype}")
 
 
 def kernel_block_size(pages: torch.Tensor, geometry: PageGeometry) -> int:
-    """Tokens per block in the tensor itself; raises ValueError when the shape does not fit."""
+    """Tokens per block in the tensor itself; raises IncompatibleStateError when the shape does not fit."""
     shape = tuple(pages.shape)
     heads, dim = geometry.kv_heads, geometry.head_dim
     if geometry.layout == "cpu":
@@ -63,11 +65,11 @@ def kernel_block_size(pages: torch.Tensor, geometry: PageGeometry) -> int:
         expected = f"[2, blocks, tokens, {heads}, {dim}]"
         tokens = shape[2] if ok else 0
     if not ok:
-        raise ValueError(f"pages: {geometry.layout} layout expects {expected}, got {list(shape)}")
+        raise IncompatibleStateError(f"pages: {geometry.layout} layout expects {expected}, got {list(shape)}")
     if pages.dtype != geometry.dtype:
-        raise ValueError(f"pages: dtype {pages.dtype} differs from the KV cache spec's {geometry.dtype}")
+        raise IncompatibleStateError(f"pages: dtype {pages.dtype} differs from the KV cache spec's {geometry.dtype}")
     if tokens < 1 or geometry.block_size % tokens:
-        raise ValueError(
+        raise IncompatibleStateError(
             f"pages: {tokens} tokens per tensor block does not divide the scheduler block size {geometry.block_size}"
         )
     return tokens
@@ -80,22 +82,22 @@ def _tensor_blocks(pages: torch.Tensor, layout: str) -> int:
 def _kernel_indices(block_ids: list[int], length: int, pages: torch.Tensor, geometry: PageGeometry) -> torch.Tensor:
     """Validate the request's block IDs and map them to tensor block indices."""
     if type(length) is not int or length < 1:
-        raise ValueError(f"length: expected a positive int, got {length!r}")
+        raise RclcError(f"length: expected a positive int, got {length!r}")
     needed = -(-length // geometry.block_size)
     if len(block_ids) < needed:
-        raise ValueError(
+        raise RclcError(
             f"block_ids: {length} positions need {needed} blocks of {geometry.block_size}, the request holds {len(block_ids)}"
         )
     chosen = [int(b) for b in block_ids[:needed]]
     if 0 in chosen:
-        raise ValueError("block_ids: the request's table holds the null block 0 inside its prompt")
+        raise RclcError("block_ids: the request's table holds the null block 0 inside its prompt")
     if len(set(chosen)) != len(chosen):
-        raise ValueError(f"block_ids: duplicate blocks in the request's table {chosen}")
+        raise RclcError(f"block_ids: duplicate blocks in the request's table {chosen}")
     per_block = kernel_block_size(pages, geometry)
     ratio = geometry.block_size // per_block
     available = _tensor_blocks(pages, geometry.layout)
     if max(chosen) * ratio + ratio > available or min(chosen) < 0:
-        raise ValueError(f"block_ids: {chosen} lie outside the pool of {available // ratio} blocks")
+        raise RclcError(f"block_ids: {chosen} lie outside the pool of {available // ratio} blocks")
     expanded = [block * ratio + part for block in chosen for part in range(ratio)]
     return torch.tensor(expanded, dtype=torch.long, device=pages.device)
 
@@ -105,8 +107,8 @@ def gather_prompt(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Copy the first `length` positions of one layer: `(keys, values)` each `[1, heads, length, dim]`.
 
-    The result never shares storage with `pages`. Raises ValueError for bad block tables
-    and RuntimeError if the copied values are not finite (a sign of unwritten pages).
+    The result never shares storage with `pages`. Raises RclcError for bad block tables
+    and CaptureError if the copied values are not finite (a sign of unwritten pages).
     """
     index = _kernel_indices(block_ids, length, pages, geometry)
     heads, dim = geometry.kv_heads, geometry.head_dim
@@ -125,7 +127,7 @@ def gather_prompt(
     keys = keys[:, :length].unsqueeze(0).contiguous()
     values = values[:, :length].unsqueeze(0).contiguous()
     if not (torch.isfinite(keys).all() and torch.isfinite(values).all()):
-        raise RuntimeError("captured KV holds non-finite values; the prompt's pages were not written as expected")
+        raise CaptureError("captured KV holds non-finite values; the prompt's pages were not written as expected")
     return keys, values
 
 

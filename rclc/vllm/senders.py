@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from .._arguments import is_exact_int
 from .._cache import cache_from_layers
-from .._checks import is_exact_int
 from .._locks import attention_lock
-from ..capture import registry
-from ..state import SenderState, embedding_weight
+from ..errors import CaptureError, ContextLimitError, IncompatibleStateError, RclcError
+from ..state import SenderState, build_state, embedding_weight
+from .capture import registry
 from .engine import _engine, engine_context_limit, engine_tokenizer, require_idle
 from .view import model_from_vllm
 
@@ -36,16 +37,16 @@ def prompt_ids(token_ids: Any, vocab: int, *, continuous: bool = False) -> torch
     if isinstance(token_ids, (list, tuple)) and all(is_exact_int(value) for value in token_ids):
         token_ids = torch.tensor(list(token_ids), dtype=torch.int64)
     if not isinstance(token_ids, torch.Tensor) or token_ids.dtype != torch.int64 or token_ids.dim() != 1:
-        raise ValueError(
+        raise RclcError(
             "token_ids: expected the exact prompt as a 1-D int64 tensor (or a list of ints), including "
             "chat-template tokens and without generated tokens"
         )
     if token_ids.shape[0] < 1:
-        raise ValueError("token_ids: the prompt is empty")
+        raise RclcError("token_ids: the prompt is empty")
     low = -1 if continuous else 0
     if bool(((token_ids < low) | (token_ids >= vocab)).any()):
         extra = " (-1 marks a row given as an embedding)" if continuous else ""
-        raise ValueError(f"token_ids: every ID must lie in [{low}, {vocab}){extra}")
+        raise RclcError(f"token_ids: every ID must lie in [{low}, {vocab}){extra}")
     return token_ids.cpu()
 
 
@@ -56,7 +57,9 @@ def _rows(model: Any, ids: torch.Tensor, input_embeds: torch.Tensor | None) -> t
             return weight[ids.to(weight.device)]
     if not isinstance(input_embeds, torch.Tensor) or tuple(input_embeds.shape) != (ids.shape[0], weight.shape[1]):
         shape = list(input_embeds.shape) if isinstance(input_embeds, torch.Tensor) else type(input_embeds).__name__
-        raise ValueError(f"input_embeds: expected [{ids.shape[0]}, {weight.shape[1]}] rows aligned with token_ids, got {shape}")
+        raise RclcError(
+            f"input_embeds: expected [{ids.shape[0]}, {weight.shape[1]}] rows aligned with token_ids, got {shape}"
+        )
     return input_embeds.to(device=weight.device, dtype=weight.dtype)
 
 
@@ -72,32 +75,26 @@ def state_from_capture(
     """A SenderState from the finished capture `capture_id` of the prompt `token_ids`.
 
     The registry entry is released only when the state validates; on any error it stays
-    (call `discard_capture` to drop it). RuntimeError if the capture is missing or failed.
+    (call `discard_capture` to drop it). CaptureError if the capture is missing or failed.
     """
     weight = embedding_weight(model)
     ids = prompt_ids(token_ids, weight.shape[0], continuous=input_embeds is not None)
     capture = registry.get_capture(capture_id)
     if capture.length != ids.shape[0]:
-        raise ValueError(
+        raise IncompatibleStateError(
             f"token_ids: the capture holds {capture.length} positions but the prompt has {ids.shape[0]}; pass the "
             "exact captured prompt (without generated tokens)"
         )
     layers = int(model.config.num_hidden_layers)
     if len(capture.layers) != layers:
-        raise ValueError(f"capture_id: the capture has {len(capture.layers)} layers, the model {layers}")
+        raise IncompatibleStateError(f"capture_id: the capture has {len(capture.layers)} layers, the model {layers}")
     rows = _rows(model, ids, input_embeds)
-    cache = cache_from_layers(
-        model, [(k.to(device=weight.device, dtype=weight.dtype), v.to(device=weight.device, dtype=weight.dtype)) for k, v in capture.layers]
+    placed = [(k.to(device=weight.device, dtype=weight.dtype), v.to(device=weight.device, dtype=weight.dtype))
+              for k, v in capture.layers]
+    cache = cache_from_layers(model, placed)
+    state = build_state(
+        model, tokenizer, rows, ids.to(weight.device), inherited_positions=inherited_positions, cache=cache
     )
-    state = SenderState(
-        model=model,
-        past_key_values=cache,
-        input_embeds=rows,
-        tokenizer=tokenizer,
-        token_ids=ids.to(weight.device),
-        inherited_positions=inherited_positions,
-    )
-    state.validate()
     registry.release_capture(capture_id, capture)
     return state
 
@@ -151,14 +148,14 @@ def prefill_state(
     capture, steps the engine until it finishes, and always aborts and discards it
     afterwards. The prompt needs one spare position below the engine's context limit.
     """
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # the optional extra: only engine-bound callers get here
 
     weight = embedding_weight(model)
     ids = prompt_ids(token_ids, weight.shape[0], continuous=input_embeds is not None)
     rows = _rows(model, ids, input_embeds) if input_embeds is not None else None
     limit = engine_context_limit(llm)
     if ids.shape[0] + 1 > limit:
-        raise ValueError(
+        raise ContextLimitError(
             f"token_ids: {ids.shape[0]} positions plus the capture's one output token exceed the engine's "
             f"context limit {limit} (max_model_len)"
         )
@@ -181,13 +178,13 @@ def prefill_state(
             deadline = time.monotonic() + CAPTURE_DEADLINE_S
             while finished is None and engine.has_unfinished_requests():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"capture prefill did not finish within {CAPTURE_DEADLINE_S:.0f} s")
+                    raise CaptureError(f"capture prefill did not finish within {CAPTURE_DEADLINE_S:.0f} s")
                 finished = _finished(engine.step(), external_id, internal_id)
             if finished is None:
-                raise RuntimeError("the capture request ended without a finished output (was it aborted?)")
+                raise CaptureError("the capture request ended without a finished output (was it aborted?)")
             cached = getattr(finished, "num_cached_tokens", 0) or 0
             if cached:
-                raise RuntimeError(
+                raise CaptureError(
                     f"the capture prefill reused {cached} cached positions; disable prefix caching "
                     "(enable_prefix_caching=False)"
                 )

@@ -1,6 +1,6 @@
 """Which vLLM engines the capture path supports, as lists of problems a user can fix.
 
-The connector refuses an unsupported engine when vLLM constructs it (ValueError), and
+The connector refuses an unsupported engine when vLLM constructs it (UnsupportedModelError), and
 the adapter runs the same checks when an agent binds an engine, so both report the same
 sentences. Every check reads vLLM's configuration objects by attribute; nothing here
 imports vLLM except the installed-version lookup.
@@ -13,12 +13,13 @@ import os
 import warnings
 from typing import Any
 
-from ..models import SUPPORTED_FAMILIES
+from ...errors import UnsupportedModelError
+from ...models import SUPPORTED_FAMILIES
 
 # Versions whose connector hooks, page layouts and weight layout were exercised here.
 TESTED_VLLM = ("0.30.0",)
 CONNECTOR_NAMES = ("RCLCCaptureConnector", "RCCCaptureConnector")
-CONNECTOR_MODULE = "rclc.capture.connector"
+CONNECTOR_MODULE = "rclc.vllm.capture.connector"
 # The attention backends whose page layout `pages.py` knows, by vLLM's backend name.
 BACKEND_LAYOUTS = {"CPU_ATTN": "cpu", "FLASH_ATTN": "flash"}
 # CPU_ATTN picks a kernel ("isa") per dtype and CPU; each may lay pages out differently.
@@ -115,13 +116,15 @@ def config_problems(vllm_config: Any, *, check_environment: bool = True) -> list
     return problems
 
 
+def kv_transfer_config() -> dict[str, str]:
+    """The `kv_transfer_config` a vLLM engine needs for rclc's capture connector (a new dict)."""
+    return {"kv_connector": CONNECTOR_NAMES[0], "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both"}
+
+
 def connector_problems(vllm_config: Any) -> list[str]:
     """Whether the engine was created with the capture connector configured."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
-    expected = (
-        "kv_transfer_config={'kv_connector': 'RCLCCaptureConnector', "
-        "'kv_connector_module_path': 'rclc.capture.connector', 'kv_role': 'kv_both'}"
-    )
+    expected = f"kv_transfer_config={kv_transfer_config()!r}"
     if transfer is None or transfer.kv_connector is None:
         return [f"capture is not enabled; create the engine with {expected}"]
     problems = []
@@ -163,4 +166,4 @@ def cache_group_problems(kv_cache_config: Any) -> list[str]:
 
 def raise_problems(problems: list[str], *, where: str) -> None:
     if problems:
-        raise ValueError(f"{where}: " + "; ".join(problems))
+        raise UnsupportedModelError(f"{where}: " + "; ".join(problems))

@@ -1,4 +1,8 @@
-"""The transfer pipeline: snapshot -> plan budgets -> (reason) -> select -> (reason) -> encode -> deliver.
+"""The transfer pipeline (`rclc.transfer`): snapshot -> plan budgets -> (reason) -> select ->
+(reason) -> encode -> deliver.
+
+(This module is not named `transfer`: `rclc.transfer` is the function, and a submodule of
+that name would replace it on the package the moment anything imported the module.)
 
 Every message of every request is prepared before the first receiver is called, so a
 failure or a cancellation anywhere in preparation delivers nothing. Blocking model work
@@ -11,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,22 +23,23 @@ import anyio
 import anyio.lowlevel
 import torch
 
+from ._arguments import require_bool
 from ._locks import preparation_lock
 from ._worker import run_in_worker
-from .budget import BudgetPolicy, fit, floor
-from .hf import HFReceiver, PreparedRequest
+from .errors import IncompatibleStateError, RclcError
+from .receiver import HFReceiver, PreparedRequest
+from .policy import DEFAULT_REPRESENTATION, REASONING_CONTEXTS, REPRESENTATIONS, BudgetPolicy, fit, floor
 from .reasoning import apply_reasoning, selected_state
 from .selection import build_selection
 from .selectors import cacheback, is_builtin
 from .selectors._validate import validate_positions
-from .state import Delivery, Message, SenderState, embedding_weight
-
-REPRESENTATIONS = ("embeddings", "token_ids+continuous")
-REASONING_CONTEXTS = ("full", "full_with_request", "selected", "selected_with_request")
+from .state import Delivery, Message, SenderState, embedding_weight, rows_match_ids
 
 
 @dataclass(frozen=True)
 class ReasoningOptions:
+    """A transfer's reasoning arguments, checked: the method, where it runs, its row budget."""
+
     method: Callable[..., Any]
     context: str
     budget: int | None
@@ -54,23 +59,27 @@ class ReasoningOptions:
 
 
 def reasoning_options(reasoning: Any, context: Any, budget: Any) -> ReasoningOptions | None:
+    """Check `reasoning=`, `reasoning_context=` and `reasoning_budget=` together (None: no reasoning)."""
     if reasoning is None:
         if context is not None or budget is not None:
-            raise ValueError("reasoning_context, reasoning_budget: they need reasoning=...; pass a reasoning method")
+            raise RclcError("reasoning_context, reasoning_budget: they need reasoning=...; pass a reasoning method")
         return None
     context = "full" if context is None else context
     if context not in REASONING_CONTEXTS:
-        raise ValueError(f"reasoning_context: {context!r} is not one of {REASONING_CONTEXTS}")
+        raise RclcError(f"reasoning_context: {context!r} is not one of {REASONING_CONTEXTS}")
     if not callable(reasoning):
-        raise ValueError("reasoning: expected a callable such as functools.partial(rclc.latent_mass, steps=40)")
+        raise RclcError("reasoning: expected a callable such as functools.partial(rclc.latent_mass, steps=40)")
     if budget is not None and (type(budget) is not int or budget < 0):
-        raise ValueError(f"reasoning_budget: expected an int >= 0, got {budget!r}")
+        raise RclcError(f"reasoning_budget: expected an int >= 0, got {budget!r}")
     if not context.startswith("full") and budget is None:
-        raise ValueError(f"reasoning_budget: required with reasoning_context={context!r} (rows reserved after selection)")
+        raise RclcError(
+            f"reasoning_budget: required with reasoning_context={context!r} (rows reserved after selection)"
+        )
     return ReasoningOptions(reasoning, context, budget)
 
 
 def selector_name(selector: Any) -> str:
+    """The name error messages give a selector (through `functools.partial`)."""
     target = selector.func if isinstance(selector, functools.partial) else selector
     return getattr(target, "__name__", type(target).__name__)
 
@@ -81,7 +90,7 @@ def _listify(value: Any, is_single: Callable[[Any], bool], field: str) -> list[A
     if isinstance(value, (list, tuple)):
         items = list(value)
         if not items:
-            raise ValueError(f"{field}: the list is empty; pass at least one")
+            raise RclcError(f"{field}: the list is empty; pass at least one")
         return items
     return [value]
 
@@ -111,25 +120,25 @@ def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, represent
         senders = [_resolve_sender(item) for item in _listify(sender, _is_sender_like, "sender")]
         for index, state in enumerate(senders):
             if type(state) is not SenderState:
-                raise ValueError(
+                raise RclcError(
                     f"sender: item {index} is {type(state).__name__}; expected rclc.SenderState or a bound rclc.Agent"
                 )
         receivers = _listify(receiver, callable, "receiver")
         for index, target in enumerate(receivers):
             if not callable(target):
-                raise ValueError(f"receiver: item {index} ({type(target).__name__}) is not callable")
+                raise RclcError(f"receiver: item {index} ({type(target).__name__}) is not callable")
         if not callable(selector):
-            raise ValueError("selector: expected a callable selector(sender, request_ids, budget) -> positions")
+            raise RclcError("selector: expected a callable selector(sender, request_ids, budget) -> positions")
         requests = _listify(request, lambda value: isinstance(value, (str, torch.Tensor)), "request")
         for index, item in enumerate(requests):
             if not isinstance(item, (str, torch.Tensor)):
-                raise ValueError(f"request: item {index} is {type(item).__name__}; expected text or int64 IDs [1, n]")
+                raise RclcError(f"request: item {index} is {type(item).__name__}; expected text or int64 IDs [1, n]")
         if representation not in REPRESENTATIONS:
-            raise ValueError(f"representation: {representation!r} is not one of {REPRESENTATIONS}")
+            raise RclcError(f"representation: {representation!r} is not one of {REPRESENTATIONS}")
         for state in senders:
             state.validate()
             if representation == "token_ids+continuous" and state.token_ids is None:
-                raise ValueError("representation: token_ids+continuous needs token_ids on every sender")
+                raise RclcError("representation: token_ids+continuous needs token_ids on every sender")
         plans: dict[tuple[int, int], PreparedRequest] = {}
         for k, target in enumerate(receivers):
             if isinstance(target, HFReceiver):
@@ -173,10 +182,8 @@ def _encode(
     if representation == "embeddings":
         return Message(rows.to("cpu").contiguous())
     assert ids is not None
-    weight = embedding_weight(state.model)
-    discrete = ids >= 0
-    if bool(discrete.any()) and not torch.equal(rows[discrete], weight[ids[discrete]].to(rows.dtype)):
-        raise ValueError(
+    if not rows_match_ids(rows, ids, embedding_weight(state.model)):
+        raise IncompatibleStateError(
             "representation: the selected token IDs do not reproduce the sender's input rows; "
             "use representation='embeddings' for this sender"
         )
@@ -185,7 +192,8 @@ def _encode(
         UserWarning,
         stacklevel=3,
     )
-    return Message(rows[~discrete].to("cpu").contiguous(), ids.to("cpu").contiguous())
+    continuous = (ids < 0).to(rows.device)
+    return Message(rows[continuous].to("cpu").contiguous(), ids.to("cpu").contiguous())
 
 
 async def _prepare_message(
@@ -252,7 +260,7 @@ async def transfer(
     ratio: int | None = None,
     budget: int | None = None,
     selector: Any = None,
-    representation: str = "embeddings",
+    representation: str = DEFAULT_REPRESENTATION,
     reasoning: Any = None,
     reasoning_context: str | None = None,
     reasoning_budget: int | None = None,
@@ -267,8 +275,7 @@ async def transfer(
     options = reasoning_options(reasoning, reasoning_context, reasoning_budget)
     policy = BudgetPolicy.from_options(ratio, budget)
     selector = cacheback if selector is None else selector
-    if type(record_selection) is not bool:
-        raise ValueError(f"record_selection: expected True or False, got {record_selection!r}")
+    require_bool("record_selection", record_selection)
     snapshot = await run_in_worker(_snapshot, sender, receiver, request, selector, representation)
     builtin = is_builtin(selector)
     reserve = options.reserve if options else 0

@@ -1,4 +1,4 @@
-"""Human views of recorded selections: a standalone HTML page with kept spans highlighted.
+"""Recorded selections as a standalone HTML page, with kept spans highlighted.
 
 Every string that reaches the page (request, decoded model text) is HTML-escaped: the
 text comes from documents and models, never from us, and may contain markup.
@@ -7,13 +7,12 @@ text comes from documents and models, never from us, and may contain markup.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from .selection import Selection
-    from .state import Delivery
+from .selection import Selection
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; max-width: 60rem; }
@@ -32,6 +31,7 @@ def _request_label(request: Any) -> str:
 
 
 def selection_section(index: int, selection: Selection) -> str:
+    """One sender's selection: a heading with the counts, then its text with kept spans marked."""
     kept = len(selection.indices)
     heading = (
         f"Sender {index}: {kept} / {selection.source_positions} source positions kept; budget {selection.budget}"
@@ -52,17 +52,11 @@ def selection_section(index: int, selection: Selection) -> str:
     return f"<h2>{html.escape(heading)}</h2>\n<pre class=\"body\">{''.join(pieces)}</pre>"
 
 
-def selection_page(request: Any, selections: list[Selection]) -> str:
+def selection_page(request: Any, selections: Sequence[Selection]) -> str:
+    """A standalone page (no external assets) for one request and its senders' selections."""
     sections = "\n".join(selection_section(i, s) for i, s in enumerate(selections))
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>rclc transfer selection</title>"
         f"<style>{_STYLE}</style></head><body>\n<h1>Transfer selection</h1>\n"
         f"<p><strong>Request:</strong> {html.escape(_request_label(request))}</p>\n{sections}\n</body></html>\n"
     )
-
-
-def delivery_html(delivery: Delivery) -> str:
-    selections = [message.selection for message in delivery.messages]
-    if any(selection is None for selection in selections):
-        raise ValueError("selection_html: no selection was recorded; transfer with record_selection=True")
-    return selection_page(delivery.request, selections)  # type: ignore[arg-type]

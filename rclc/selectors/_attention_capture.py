@@ -26,9 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import PretrainedConfig
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 from .._cache import cache_length, crop_cache, forward_rows, view_cache
 from .._locks import attention_lock
+from ..errors import CaptureError, RclcError
 from ..models import CAPTURE_ATTENTION
 
 CAPTURE_NAME = CAPTURE_ATTENTION  # models.check_model must recognise the swap
@@ -58,7 +62,7 @@ _active: _ActiveCapture | None = None
 def _require_active() -> _ActiveCapture:
     active = _active
     if active is None:
-        raise RuntimeError(
+        raise CaptureError(
             f"attention capture: a model is configured with {CAPTURE_NAME!r} outside a capture; "
             "its previous attention implementation was not restored (set model.config._attn_implementation back)"
         )
@@ -68,7 +72,7 @@ def _require_active() -> _ActiveCapture:
 def _eager_attention(module: Any) -> Callable[..., Any]:
     function = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if function is None:
-        raise RuntimeError(
+        raise CaptureError(
             f"attention capture: {type(module).__name__} has no module-level eager_attention_forward to delegate to; "
             "load the model with attn_implementation='sdpa'"
         )
@@ -86,7 +90,7 @@ def _capture_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *arg
     active.seen.add(layer)
     if layer in active.global_layers:
         if key.shape[-2] != active.keys_expected:
-            raise RuntimeError(
+            raise CaptureError(
                 f"attention capture: layer {layer} saw {key.shape[-2]} keys, expected {active.keys_expected} "
                 "(the cache copy was truncated or not extended)"
             )
@@ -108,9 +112,6 @@ def _register() -> None:
     global _registered
     if _registered:
         return
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
     with _registration_lock:
         if not _registered:
             AttentionInterface.register(CAPTURE_NAME, _capture_attention)
@@ -119,13 +120,10 @@ def _register() -> None:
 
 
 def _delegates(implementation: str) -> tuple[Callable[..., Any] | None, Callable[..., Any]]:
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     if implementation == CAPTURE_NAME:
-        raise RuntimeError("attention capture: captures cannot nest (the model is already being captured)")
+        raise CaptureError("attention capture: captures cannot nest (the model is already being captured)")
     if implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
-        raise RuntimeError(
+        raise CaptureError(
             f"attention capture: attention implementation {implementation!r} has no mask factory to delegate to; "
             "load the model with attn_implementation='sdpa' or 'eager'"
         )
@@ -133,7 +131,7 @@ def _delegates(implementation: str) -> tuple[Callable[..., Any] | None, Callable
     if implementation == "eager":
         return None, mask
     if implementation not in ALL_ATTENTION_FUNCTIONS:
-        raise RuntimeError(
+        raise CaptureError(
             f"attention capture: attention implementation {implementation!r} is not registered; "
             "load the model with attn_implementation='sdpa' or 'eager'"
         )
@@ -146,8 +144,6 @@ def reachable_configs(model: Any) -> list[Any]:
     Attention modules hold their own `config` reference (usually the model's object, but a
     composite model can hand different objects to different stacks), so all are switched.
     """
-    from transformers import PretrainedConfig
-
     found: dict[int, Any] = {}
     pending = [model.config]
     for module in model.modules():
@@ -172,7 +168,7 @@ def global_layers(config: Any) -> frozenset[int]:
     kinds = getattr(config, "layer_types", None) or ["full"] * count
     chosen = frozenset(i for i, kind in enumerate(kinds) if "sliding" not in str(kind) and "chunked" not in str(kind))
     if not chosen:
-        raise RuntimeError("attention capture: the model has no global (full-attention) layer to score")
+        raise CaptureError("attention capture: the model has no global (full-attention) layer to score")
     return chosen
 
 
@@ -195,7 +191,7 @@ def capture(
     """
     global _active
     if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("capture: pass exactly one of input_ids or inputs_embeds")
+        raise RclcError("capture: pass exactly one of input_ids or inputs_embeds")
     rows = int((input_ids if input_ids is not None else inputs_embeds).shape[1])
     config = model.config
     layers = global_layers(config)
@@ -205,7 +201,7 @@ def capture(
         attention, mask = _delegates(original)
         private = view_cache(model, past) if cache_length(past) == memory else crop_cache(model, past, memory)
         if cache_length(private) != memory:
-            raise RuntimeError(
+            raise CaptureError(
                 f"attention capture: the cache holds {cache_length(past)} positions, fewer than the {memory} requested"
             )
         configs = reachable_configs(model)
@@ -226,7 +222,7 @@ def capture(
             for c in configs:
                 c._attn_implementation_internal = CAPTURE_NAME
             if config._attn_implementation != CAPTURE_NAME:
-                raise RuntimeError("attention capture: the model refused the capture attention implementation")
+                raise CaptureError("attention capture: the model refused the capture attention implementation")
             forward_rows(model, private, input_ids=input_ids, inputs_embeds=inputs_embeds, start=memory)
         finally:
             _active = outer
@@ -235,6 +231,6 @@ def capture(
     expected = set(range(int(config.num_hidden_layers)))
     if active.seen != expected:
         missing = sorted(expected - active.seen)
-        raise RuntimeError(
+        raise CaptureError(
             f"attention capture: layers {missing} were not observed (the model bypassed the attention registry)"
         )

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from rclc.capture import registry
+from rclc.vllm.capture import registry
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +77,7 @@ def test_discard_while_pending_drops_late_results():
 
 def test_importing_the_connector_module_does_not_import_vllm():
     before = {name for name in sys.modules if name == "vllm" or name.startswith("vllm.")}
-    import rclc.capture.connector as connector
+    import rclc.vllm.capture.connector as connector
     import rclc.vllm  # noqa: F401
 
     after = {name for name in sys.modules if name == "vllm" or name.startswith("vllm.")}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...errors import CaptureError, RclcError
+
 
 @dataclass(frozen=True, eq=False)
 class Capture:
@@ -37,7 +39,7 @@ _done: dict[str, object] = {}
 
 def _check_id(request_id: object) -> str:
     if not isinstance(request_id, str) or not request_id:
-        raise ValueError(f"request_id: expected a non-empty str (the engine's request ID), got {request_id!r}")
+        raise RclcError(f"request_id: expected a non-empty str (the engine's request ID), got {request_id!r}")
     return request_id
 
 
@@ -45,15 +47,15 @@ def request_capture(request_id: str) -> None:
     """Ask the connector to copy the prompt KV of `request_id` once its prompt is prefilled.
 
     Register before the engine first schedules the request (after `add_request`, before
-    `step()`). Raises RuntimeError if the ID is already registered or holds a result;
+    `step()`). Raises CaptureError if the ID is already registered or holds a result;
     call `discard_capture` first to reuse an ID.
     """
     _check_id(request_id)
     with _lock:
         if request_id in _pending:
-            raise RuntimeError(f"request_id: {request_id!r} is already registered for capture")
+            raise CaptureError(f"request_id: {request_id!r} is already registered for capture")
         if request_id in _done:
-            raise RuntimeError(
+            raise CaptureError(
                 f"request_id: {request_id!r} already holds a capture result; call discard_capture first"
             )
         _pending.add(request_id)
@@ -62,7 +64,7 @@ def request_capture(request_id: str) -> None:
 def get_capture(request_id: str) -> Capture:
     """The finished capture of `request_id` (the entry stays until released or discarded).
 
-    RuntimeError when the capture failed (with the connector's reason), is still pending,
+    CaptureError when the capture failed (with the connector's reason), is still pending,
     or was never registered.
     """
     _check_id(request_id)
@@ -72,12 +74,12 @@ def get_capture(request_id: str) -> Capture:
     if isinstance(result, Capture):
         return result
     if isinstance(result, str):
-        raise RuntimeError(f"capture of request {request_id!r} failed: {result}")
+        raise CaptureError(f"capture of request {request_id!r} failed: {result}")
     if pending:
-        raise RuntimeError(
+        raise CaptureError(
             f"capture of request {request_id!r} is not finished: step the engine until its prompt is prefilled"
         )
-    raise RuntimeError(
+    raise CaptureError(
         f"no capture for request {request_id!r}: register it with request_capture before the engine schedules it"
     )
 

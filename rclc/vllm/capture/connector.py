@@ -1,4 +1,4 @@
-"""Where vLLM finds the capture connector: `kv_connector_module_path="rclc.capture.connector"`.
+"""Where vLLM finds the capture connector: `kv_connector_module_path="rclc.vllm.capture.connector"`.
 
 vLLM imports this module and looks up the class by the configured name. The class is
 built in `_engine_connector`, which imports vLLM, and is only loaded when that lookup
@@ -19,7 +19,8 @@ __all__ = ["Capture", "discard_capture", "get_capture", "request_capture", *_LAZ
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import _engine_connector
+        from . import _engine_connector  # imports vLLM (the optional extra): only when vLLM asks
+
 
         return getattr(_engine_connector, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

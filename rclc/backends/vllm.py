@@ -1,7 +1,7 @@
-"""How a bound agent builds, extends and continues state on an in-process vLLM engine.
+"""The vLLM backend: an agent's model work on an in-process vLLM engine.
 
-The vLLM counterpart of `rclc._hf_backend.HFBackend`: `Agent` keeps the lifecycle and
-calls the same methods here. Differences that follow from the engine:
+The vLLM implementation of `rclc.backends.contract.Backend` (as `HFBackend` is the HF
+one). Differences that follow from the engine:
 
 - every state is a capture: the engine prefills the prompt (token IDs, or continuous
   rows as `prompt_embeds`) in a discarded one-token request and the connector copies
@@ -9,7 +9,11 @@ calls the same methods here. Differences that follow from the engine:
   KV, so `extend` and `continuation` re-prefill the combined rows;
 - selection and reasoning run on the engine's HF-shaped view (`shared_view`), so the
   agent's `model` is that view and its tokenizer is the engine's;
-- generation inputs are `llm.generate` keyword arguments, not HF `generate` ones.
+- generation inputs are `llm.generate` keyword arguments, not HF `generate` ones, and
+  `generate` runs `llm.generate` with both core locks held (capture prefills and the
+  view's side passes need the engine idle, so they wait rather than fail); vLLM has no
+  per-step hook there, so tokens are reported after generation and a generation always
+  runs to its end.
 
 The engine must be idle whenever the agent does model work (`require_idle`).
 """
@@ -17,27 +21,32 @@ The engine must be idle whenever the agent does model work (`require_idle`).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .._checks import is_exact_int
-from ..capture.engine_checks import check_version
+from .._arguments import is_exact_int, optional_int, require_bool
+from .._locks import attention_lock, preparation_lock
+from ..errors import ContextLimitError, IncompatibleStateError, RclcError, UnsupportedModelError
+from ..generation import Sampling
 from ..hf import prompt_ids
 from ..models import context_limit_of
-from ..state import SenderState, checkpoint_vocabulary, embedding_weight
-from .engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
-from .state import prefill_state, shared_view, state_from_capture
+from ..state import SenderState, appended_rows, checkpoint_vocabulary, embedding_weight
+from ..vllm.capture.engine_checks import check_version
+from ..vllm.engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
+from ..vllm.senders import prefill_state, shared_view, state_from_capture
+from .contract import Backend, NativeGeneration, TokenCallback
 
 
 def _check_tokenizer(supplied: Any, engine: Any, rows: int) -> None:
     if supplied is None or supplied is engine:
         return
     if not callable(getattr(supplied, "get_vocab", None)):
-        raise ValueError(f"tokenizer: expected a Hugging Face tokenizer or None, got {type(supplied).__name__}")
+        raise RclcError(f"tokenizer: expected a Hugging Face tokenizer or None, got {type(supplied).__name__}")
     if checkpoint_vocabulary(supplied, rows) != checkpoint_vocabulary(engine, rows):
-        raise ValueError(
+        raise IncompatibleStateError(
             "tokenizer: its vocabulary differs from the engine's; omit tokenizer (the engine supplies it) "
             "or pass the checkpoint's own tokenizer"
         )
@@ -51,42 +60,42 @@ def completion_ids(generation: Any, vocab: int) -> tuple[torch.Tensor, int]:
     """
     if isinstance(generation, Sequence) and not isinstance(generation, (str, bytes)):
         if len(generation) != 1:
-            raise ValueError(
+            raise RclcError(
                 f"generation: expected the output of llm.generate(**inputs) for one prompt, got {len(generation)} results"
             )
         generation = generation[0]
     outputs = getattr(generation, "outputs", None)
     if not isinstance(outputs, list) or not hasattr(generation, "finished"):
-        raise ValueError(
+        raise RclcError(
             f"generation: expected a vllm RequestOutput from llm.generate(**inputs), got {type(generation).__name__}"
         )
     if not generation.finished:
-        raise ValueError("generation: the request is not finished; pass the final output of llm.generate(**inputs)")
+        raise RclcError("generation: the request is not finished; pass the final output of llm.generate(**inputs)")
     if len(outputs) != 1:
-        raise ValueError(f"generation: expected exactly one completion (n=1), got {len(outputs)}")
+        raise RclcError(f"generation: expected exactly one completion (n=1), got {len(outputs)}")
     tokens = list(getattr(outputs[0], "token_ids", None) or [])
     if not all(is_exact_int(token) and 0 <= token < vocab for token in tokens):
-        raise ValueError(f"generation: the completion's token_ids must be ints in [0, {vocab})")
+        raise RclcError(f"generation: the completion's token_ids must be ints in [0, {vocab})")
     prompt = getattr(generation, "prompt_token_ids", None)
     prompt_length = -1 if prompt is None else len(prompt)
     return torch.tensor(tokens, dtype=torch.int64), prompt_length
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """Model work for an agent bound to an in-process `vllm.LLM` (see the module docs)."""
 
     name = "vllm"
+    records_by_prefill = True  # every continuation is a fresh capture prefill of its rows
 
     def __init__(self, llm: Any, tokenizer: Any, *, allow_unstable: bool) -> None:
-        if type(allow_unstable) is not bool:
-            raise ValueError(f"allow_unstable: expected True or False, got {allow_unstable!r}")
+        require_bool("allow_unstable", allow_unstable)
         check_version(allow_unstable=allow_unstable)  # RuntimeError: untested release
-        # Every configuration problem, an out-of-process engine included, is a ValueError
-        # (api.md: unsupported configuration raises ValueError at the binding check);
-        # a busy engine is a condition of the moment and stays a RuntimeError.
+        # Every configuration problem, an out-of-process engine included, is an
+        # UnsupportedModelError (a ValueError: api.md says unsupported configuration fails
+        # the binding check); a busy engine is a condition of the moment (EngineBusyError).
         problems = check_engine(llm, allow_unstable=allow_unstable)
         if problems:
-            raise ValueError("llm: " + "; ".join(problems))
+            raise UnsupportedModelError("llm: " + "; ".join(problems))
         require_idle(llm)
         view = shared_view(llm, allow_unstable=allow_unstable)
         supplied_by_engine = engine_tokenizer(llm)
@@ -95,25 +104,21 @@ class VLLMBackend:
         self.model = view
         self.tokenizer = supplied_by_engine
 
-    @property
-    def weight(self) -> torch.Tensor:
-        return embedding_weight(self.model)
-
     def context_limit(self, requested: int | None) -> int:
         """min(max_model_len, max_position_embeddings), or a smaller `requested` limit."""
         limit = min(engine_context_limit(self.engine), context_limit_of(self.model))
+        optional_int("context_limit", requested, minimum=1)
         if requested is None:
             return limit
-        if not is_exact_int(requested) or requested < 1:
-            raise ValueError(f"context_limit: expected an int >= 1, got {requested!r}")
         if requested > limit:
-            raise ValueError(
+            raise RclcError(
                 f"context_limit: {requested} exceeds the engine's limit of {limit} "
                 "(min of max_model_len and max_position_embeddings)"
             )
         return requested
 
     def require_idle(self) -> None:
+        """Raise `EngineBusyError` while the engine has unfinished requests."""
         require_idle(self.engine)
 
     # -- captures ----------------------------------------------------------------------
@@ -145,37 +150,30 @@ class VLLMBackend:
 
     def explicit(self, prompt: Any, past_key_values: Any, generation: Any, request_id: Any) -> SenderState:
         if past_key_values is not None:
-            raise ValueError(
+            raise RclcError(
                 "past_key_values: vLLM agents hold no HF cache; pass prompt= (captured now) or prompt= with "
                 "request_id= (a capture your loop already made)"
             )
         if generation is not None:
-            raise ValueError(
+            raise RclcError(
                 "generation: a vLLM generation is recorded only with update(inputs=..., generation=...); "
                 "for a token generation pass the complete prompt and output IDs as prompt="
             )
         if prompt is None:
-            raise ValueError("prompt: request_id needs the exact captured prompt; pass prompt=exact_ids as well")
+            raise RclcError("prompt: request_id needs the exact captured prompt; pass prompt=exact_ids as well")
         ids = prompt_ids(self.model, self.tokenizer, prompt)
         limit = engine_context_limit(self.engine)
         if ids.shape[1] > limit:
-            raise ValueError(f"prompt: {ids.shape[1]} positions exceed the engine's context limit of {limit}")
+            raise ContextLimitError(f"prompt: {ids.shape[1]} positions exceed the engine's context limit of {limit}")
         if request_id is None:
             return self._capture(ids[0], None, 0)
         if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id: expected the engine's request ID (a non-empty str), got {request_id!r}")
+            raise RclcError(f"request_id: expected the engine's request ID (a non-empty str), got {request_id!r}")
         return state_from_capture(self.model, self.tokenizer, request_id, ids[0].cpu())
 
     def extend(self, state: SenderState, new_ids: torch.Tensor) -> SenderState:
         """Old rows + embeddings of new IDs, re-prefilled through the engine; latent tail reset."""
-        weight = self.weight
-        with torch.no_grad():
-            new_rows = weight[new_ids[0].to(weight.device)]
-        old_ids = state.token_ids if state.token_ids is not None else torch.full(
-            (state.positions,), -1, dtype=torch.int64, device=weight.device
-        )
-        rows = torch.cat([state.input_embeds, new_rows], dim=0)
-        ids = torch.cat([old_ids.to(weight.device), new_ids[0].to(weight.device)])
+        rows, ids, _ = appended_rows(state, new_ids)
         return self._capture(ids, rows, state.inherited_positions)
 
     # -- native generation -------------------------------------------------------------
@@ -194,29 +192,90 @@ class VLLMBackend:
             "use_tqdm": False,
         }
 
-    def prefix_rows(self, inputs: dict[str, Any]) -> torch.Tensor:
+    def prompt_inputs(self, ids: torch.Tensor, output: int) -> dict[str, Any]:
+        """Keyword arguments of `llm.generate` for a token prompt `[1, n]` (engine-default sampling)."""
+        params = self.engine.get_default_sampling_params()
+        params.max_tokens = int(output)
+        return {"prompts": {"prompt_token_ids": ids[0].tolist()}, "sampling_params": params, "use_tqdm": False}
+
+    def prefix_rows(self, inputs: dict[str, Any], positions: int) -> torch.Tensor:
+        """The exact rows generation started from; refuse a dictionary whose rows were replaced."""
+        prompts = inputs.get("prompts") if isinstance(inputs, dict) else None
+        rows = prompts.get("prompt_embeds") if isinstance(prompts, dict) else None
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] != positions:
+            raise RclcError(
+                f"inputs: expected prompts={{'prompt_embeds': [{positions}, hidden]}} as pop()/inputs() returned "
+                "them; generate from the dictionary without replacing its rows"
+            )
         weight = self.weight
-        return inputs["prompts"]["prompt_embeds"].to(device=weight.device, dtype=weight.dtype)
+        return rows.to(device=weight.device, dtype=weight.dtype)
+
+    def _sampling_params(self, sampling: Sampling, max_tokens: int) -> Any:
+        """`sampling` as vLLM settings: greedy is temperature 0 (and draws nothing, so no seed)."""
+        import vllm  # the optional extra: only an agent bound to an engine gets here
+
+        if sampling.greedy:
+            return vllm.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        options: dict[str, Any] = {"temperature": sampling.temperature, "seed": sampling.seed}
+        if sampling.top_p is not None:
+            options["top_p"] = sampling.top_p
+        return vllm.SamplingParams(max_tokens=max_tokens, **options)
+
+    def generate(
+        self, inputs: dict[str, Any], sampling: Sampling, *, on_token: TokenCallback | None, stop: threading.Event | None
+    ) -> NativeGeneration:
+        """`llm.generate` with the core's locks held; tokens are reported once it returns.
+
+        The output is capped at `max_model_len - prompt - 1`: recording the continuation
+        re-prefills prompt and output, and the capture needs one spare position. `stop` is
+        not consulted: `llm.generate` offers no per-step hook, so it always runs to its end.
+        """
+        prompts = inputs["prompts"]
+        if "prompt_embeds" in prompts:
+            prompt_length = int(prompts["prompt_embeds"].shape[0])
+        else:
+            prompt_length = len(prompts["prompt_token_ids"])
+        limit = engine_context_limit(self.engine)
+        cap = min(int(inputs["sampling_params"].max_tokens), limit - prompt_length - 1)
+        if cap < 1:
+            raise ContextLimitError(
+                f"context space: the prompt holds {prompt_length} positions; the engine's limit {limit} leaves no "
+                "room to generate and record a continuation"
+            )
+        arguments = {**inputs, "sampling_params": self._sampling_params(sampling, cap)}
+        with preparation_lock, attention_lock:
+            require_idle(self.engine)
+            output = self.engine.generate(**arguments)
+        generated, _ = completion_ids(output, int(self.weight.shape[0]))
+        if on_token is not None:
+            for index, token in enumerate(generated.tolist()):
+                on_token(index, self.tokenizer.decode([token], skip_special_tokens=False))
+        return NativeGeneration(generated, output)
 
     def continuation(
         self, inputs: dict[str, Any], known_ids: torch.Tensor, inherited: int, generation: Any
     ) -> SenderState:
-        """The state after `llm.generate(**inputs)`: prefix rows + completion, re-prefilled."""
+        """The state after `llm.generate(**inputs)`: prefix rows + completion, re-prefilled.
+
+        For a token prompt (`prompt_inputs`) that is prompt IDs + completion, captured by IDs.
+        """
         weight = self.weight
         generated, prompt_length = completion_ids(generation, int(weight.shape[0]))
         params = inputs.get("sampling_params")
         if getattr(params, "n", 1) != 1:
-            raise ValueError("inputs: sampling_params.n must be 1; one continuation is recorded")
-        prefix = self.prefix_rows(inputs)
+            raise RclcError("inputs: sampling_params.n must be 1; one continuation is recorded")
+        if "prompt_token_ids" in inputs["prompts"]:
+            return self.explicit(torch.cat([known_ids.cpu(), generated])[None], None, None, None)
+        prefix = self.prefix_rows(inputs, int(known_ids.shape[0]))
         if prompt_length >= 0 and prompt_length != prefix.shape[0]:
-            raise ValueError(
+            raise IncompatibleStateError(
                 f"generation: its prompt has {prompt_length} positions but the inputs hold {prefix.shape[0]}; "
                 "pass the output of llm.generate(**inputs) for these inputs"
             )
         total = prefix.shape[0] + generated.shape[0]
         limit = engine_context_limit(self.engine)
         if total + 1 > limit:
-            raise ValueError(
+            raise ContextLimitError(
                 f"generation: {total} positions plus one spare position for the re-prefill exceed the engine's "
                 f"context limit of {limit}; reserve fewer output tokens"
             )
@@ -226,7 +285,9 @@ class VLLMBackend:
         ids = torch.cat([known_ids.to(weight.device), generated])
         return self._capture(ids, rows, inherited)
 
-    def restore(self, rows: torch.Tensor, ids: torch.Tensor | None, latent_steps: int, inherited: int) -> SenderState:
+    def restore(
+        self, rows: torch.Tensor, ids: torch.Tensor | None, latent_steps: int, inherited: int
+    ) -> SenderState:
         """Re-prefill validated rows as prompt embeddings; the latent/inherited counts come back."""
         weight = self.weight
         if ids is None:

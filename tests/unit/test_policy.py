@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, strategies as st
 
-from rclc.budget import BudgetPolicy, fit, floor
+import rclc
+from rclc import policy, selectors
+from rclc.errors import ContextLimitError, RclcError
+from rclc.pipeline import reasoning_options
+from rclc.policy import BudgetPolicy, fit, floor, policy_label
 
 
 def test_relative_and_bounded_formulas():
@@ -77,3 +83,41 @@ def test_fit_properties(pairs, available):
         if count < cap:
             assert all(other <= added[i] + 1 for other in added)
             assert all(added[j] >= added[i] or counts[j] == caps[j] for j in range(i))
+
+
+# -- names, defaults and labels shared with the graph layer ------------------------------
+
+
+def test_labels():
+    assert policy_label("state", ratio=4) == "r4" == BudgetPolicy.from_options().label
+    assert policy_label("state", budget=128) == "b128" == BudgetPolicy.from_options(budget=128).label
+    assert policy_label("full") == "full" and policy_label("text") == "text"
+    with pytest.raises(RclcError, match="mode"):
+        policy_label("stat", ratio=4)
+    with pytest.raises(RclcError, match="ratio, budget"):
+        policy_label("state", ratio=4, budget=8)
+    with pytest.raises(RclcError, match="ratio, budget"):
+        policy_label("state")
+
+
+def test_names_match_what_the_core_runs():
+    assert tuple(selectors.BUILTIN) == policy.ATTENTION_SELECTORS
+    assert policy.DEFAULT_SELECTOR in policy.ATTENTION_SELECTORS
+    assert set(policy.BUILTIN_SELECTORS) == set(policy.ATTENTION_SELECTORS) | {"recent", "random"}
+    assert all(selectors.is_builtin(selectors.BUILTIN[name]) for name in policy.ATTENTION_SELECTORS)
+    assert not selectors.is_builtin(selectors.recent), "baselines reserve no protected positions"
+    assert [getattr(rclc, name) for name in policy.BUILTIN_REASONING] == [rclc.latent_mass]
+    assert policy.DEFAULT_REPRESENTATION == policy.REPRESENTATIONS[0]
+    assert policy.BACKENDS == rclc.backends.BACKENDS
+    # transfer refuses what these tuples do not list, and accepts what they do
+    for context in policy.REASONING_CONTEXTS:
+        assert reasoning_options(functools.partial(rclc.latent_mass, steps=1), context, 1).context == context
+    with pytest.raises(RclcError, match="reasoning_context"):
+        reasoning_options(rclc.latent_mass, "partial", 1)
+
+
+def test_policy_arithmetic_errors_are_rclc_errors():
+    with pytest.raises(RclcError):
+        BudgetPolicy.from_options(ratio=0)
+    with pytest.raises(ContextLimitError, match="handoff positions"):
+        fit([10, 10], [3, 3], 5)

@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from ...errors import RclcError, UnsupportedModelError
 from . import registry
 from .engine_checks import (
     BACKEND_LAYOUTS,
@@ -67,7 +68,7 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         extra = dict(getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {})
         allow_unstable = extra.get("allow_unstable", False)
         if type(allow_unstable) is not bool:
-            raise ValueError(f"kv_connector_extra_config['allow_unstable']: expected a bool, got {allow_unstable!r}")
+            raise RclcError(f"kv_connector_extra_config['allow_unstable']: expected a bool, got {allow_unstable!r}")
         check_version(allow_unstable=allow_unstable)
         problems = config_problems(vllm_config)
         if kv_cache_config is not None:
@@ -174,16 +175,18 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
             names.add(backend.get_name() if backend is not None else None)
             kernels.add(getattr(layer, "isa", None))
         if len(names) != 1:
-            raise ValueError(f"RCLCCaptureConnector: layers use several attention backends {sorted(map(str, names))}")
+            raise UnsupportedModelError(
+                f"RCLCCaptureConnector: layers use several attention backends {sorted(map(str, names))}"
+            )
         (backend_name,) = names
         layout = BACKEND_LAYOUTS.get(backend_name)
         if layout is None:
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"RCLCCaptureConnector: attention backend {backend_name!r} is unsupported; "
                 f"use one of {', '.join(BACKEND_LAYOUTS)}"
             )
         if layout == "cpu" and not kernels <= set(CPU_KERNELS):
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"RCLCCaptureConnector: CPU attention kernel {sorted(map(str, kernels))} stores pages in a layout "
                 f"rclc has not verified (verified: {', '.join(CPU_KERNELS)}); use float32 or a CPU without AMX"
             )
@@ -199,15 +202,23 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         for name in kv_caches:
             match = _LAYER_NAME.search(name)
             if match is None:
-                raise ValueError(f"RCLCCaptureConnector: KV cache layer {name!r} is not a decoder self-attention layer")
+                raise UnsupportedModelError(
+                    f"RCLCCaptureConnector: KV cache layer {name!r} is not a decoder self-attention layer"
+                )
             if name not in members:
-                raise ValueError(f"RCLCCaptureConnector: KV cache layer {name!r} is outside the single cache group")
+                raise UnsupportedModelError(
+                    f"RCLCCaptureConnector: KV cache layer {name!r} is outside the single cache group"
+                )
             index = int(match.group(1))
             if index in indexed:
-                raise ValueError(f"RCLCCaptureConnector: layer {index} has two KV caches ({indexed[index]!r}, {name!r})")
+                raise UnsupportedModelError(
+                    f"RCLCCaptureConnector: layer {index} has two KV caches ({indexed[index]!r}, {name!r})"
+                )
             indexed[index] = name
         if sorted(indexed) != list(range(len(indexed))) or not indexed:
-            raise ValueError(f"RCLCCaptureConnector: KV cache layers {sorted(indexed)} are not contiguous from 0")
+            raise UnsupportedModelError(
+                f"RCLCCaptureConnector: KV cache layers {sorted(indexed)} are not contiguous from 0"
+            )
         names = [indexed[i] for i in range(len(indexed))]
         geometry = PageGeometry(
             layout=self._layout(names),
@@ -220,13 +231,13 @@ class RCLCCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         if self._pages is not None and [p.data_ptr() for p in self._pages] != [p.data_ptr() for p in pages]:
             # vLLM keeps the worker connector in a process global until its engine shuts
             # down; a second engine would otherwise reuse this one with stale settings.
-            raise ValueError(
+            raise UnsupportedModelError(
                 "RCLCCaptureConnector: another engine's KV pages are already registered in this process; "
                 "shut the previous engine down first (llm.llm_engine.engine_core.shutdown())"
             )
         for name, tensor in zip(names, pages):
             if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
-                raise ValueError(f"RCLCCaptureConnector: layer {name!r} has no KV pages")
+                raise UnsupportedModelError(f"RCLCCaptureConnector: layer {name!r} has no KV pages")
             kernel_block_size(tensor, geometry)
         self._pages, self._geometry = pages, geometry
 

@@ -1,0 +1,88 @@
+"""What a native generation is asked to do (`Sampling`) and what it returns (`GenerationResult`).
+
+Backend-neutral values for `Agent.generate`: each backend turns `Sampling` into its own
+settings (HF `GenerationConfig`, vLLM `SamplingParams`). Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ._arguments import is_exact_int, optional_int, require_bool
+from .errors import RclcError
+
+__all__ = ["GenerationResult", "Sampling", "check_generate_options"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings: greedy when `temperature` is None, else sampling with `top_p` and `seed`.
+
+    The seed also fixes HF's generation when it is greedy (the RNG is seeded either way,
+    inside a forked RNG so the caller's random state is untouched); vLLM uses it only when
+    sampling, as its greedy decoding draws nothing.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None:
+            if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+                raise RclcError(f"temperature: expected a number > 0 or None (greedy), got {self.temperature!r}")
+            if not (math.isfinite(self.temperature) and self.temperature > 0):
+                raise RclcError(f"temperature: expected a finite number > 0 or None (greedy), got {self.temperature!r}")
+        if self.top_p is not None:
+            if self.temperature is None:
+                raise RclcError("top_p: it needs sampling; set temperature as well, or drop top_p")
+            if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+                raise RclcError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if not is_exact_int(self.seed) or self.seed < 0:
+            raise RclcError(f"seed: expected an int >= 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding picks the most likely token at every step (no temperature)."""
+        return self.temperature is None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One native generation, already recorded in the agent.
+
+    `token_ids` are the generated tokens only; `text` is their decoding without special
+    tokens, stripped; `seconds` is the wall time of the generation itself (waiting for the
+    model included, recording excluded); `stopped` is True when the `stop` event ended it
+    before its natural end (HF only: a vLLM generation always runs to its end).
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    seconds: float
+    stopped: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """How many tokens were generated."""
+        return len(self.token_ids)
+
+
+def check_generate_options(
+    sampling: Any, deliveries: Any, max_new_tokens: Any, on_token: Any, stop: Any, refresh: Any
+) -> Sampling:
+    """Check `Agent.generate`'s options before anything is taken from the queue; return the sampling."""
+    sampling = Sampling() if sampling is None else sampling
+    if not isinstance(sampling, Sampling):
+        raise RclcError(f"sampling: expected rclc.Sampling or None (greedy), got {type(sampling).__name__}")
+    optional_int("deliveries", deliveries, minimum=0)
+    optional_int("max_new_tokens", max_new_tokens, minimum=1)
+    require_bool("refresh", refresh)
+    if on_token is not None and not callable(on_token):
+        raise RclcError(f"on_token: expected a callable on_token(index, text), got {type(on_token).__name__}")
+    if stop is not None and not isinstance(stop, threading.Event):
+        raise RclcError(f"stop: expected a threading.Event or None, got {type(stop).__name__}")
+    return sampling

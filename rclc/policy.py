@@ -1,0 +1,156 @@
+"""Handoff policy: budgets, fitting, and the names and defaults both packages share.
+
+Pure integers and strings, no tensors and no torch: graph planning (which must not import
+torch) reads the same constants and labels the transfer core runs on, instead of keeping
+copies of them, and the budget arithmetic is property-tested directly.
+
+Relative rX keeps `I + ceil((L - I) / r)`: inherited rows stay affordable and new rows are
+compressed r-fold, so chain memory grows by one compressed chunk per hop. Bounded B keeps
+`min(B, L)`, so chain memory stops growing once the cap binds. `L = T + reserve`, where
+`reserve` are rows reserved for post-selection reasoning (see docs/api.md#budgets-and-chains).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._arguments import require_int
+from .errors import ContextLimitError, RclcError
+
+__all__ = [
+    "ATTENTION_SELECTORS",
+    "BACKENDS",
+    "BASELINE_SELECTORS",
+    "BUILTIN_REASONING",
+    "BUILTIN_SELECTORS",
+    "BudgetPolicy",
+    "DEFAULT_RATIO",
+    "DEFAULT_REPRESENTATION",
+    "DEFAULT_SELECTOR",
+    "MODES",
+    "REASONING_CONTEXTS",
+    "REPRESENTATIONS",
+    "check_caps",
+    "fit",
+    "floor",
+    "policy_label",
+]
+
+DEFAULT_RATIO = 4
+"""The relative budget when a transfer names neither `ratio` nor `budget` (r4)."""
+
+ATTENTION_SELECTORS = ("cacheback", "qsnap", "chunkkv")
+"""Built-in selectors that score with the model's attention and reserve protected positions."""
+BASELINE_SELECTORS = ("recent", "random")
+"""Built-in baselines for experiments; budget fitting treats them as custom selectors."""
+BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
+"""Every selector name a graph may use without importing code."""
+DEFAULT_SELECTOR = "cacheback"
+
+BUILTIN_REASONING = ("latent_mass",)
+"""Reasoning methods known by name (`rclc.latent_mass`)."""
+REASONING_CONTEXTS = ("full", "full_with_request", "selected", "selected_with_request")
+"""What a reasoning method sees: before selection (`full*`) or after it (`selected*`)."""
+
+REPRESENTATIONS = ("embeddings", "token_ids+continuous")
+"""How a message carries its rows: all as embeddings, or token IDs plus continuous rows."""
+DEFAULT_REPRESENTATION = "embeddings"
+
+MODES = ("state", "full", "text")
+"""Edge modes: selected state, the whole state, or the sender's text."""
+
+BACKENDS = ("hf", "vllm")
+"""Where an agent's model runs: a Hugging Face model in this process, or an in-process vLLM engine."""
+
+
+def policy_label(mode: str, ratio: int | None = None, budget: int | None = None) -> str:
+    """The short tag tables and records use: `r4`, `b128`, `full` or `text`.
+
+    A `state` policy is labelled by its budget (exactly one of `ratio`/`budget`); the other
+    modes are labelled by name.
+    """
+    if mode not in MODES:
+        raise RclcError(f"mode: {mode!r} is not one of {MODES}")
+    if mode != "state":
+        return mode
+    if (ratio is None) == (budget is None):
+        raise RclcError("ratio, budget: a state policy has exactly one of them")
+    return f"r{ratio}" if ratio is not None else f"b{budget}"
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """Either relative (`ratio`) or bounded (`budget`), never both."""
+
+    ratio: int | None = None
+    budget: int | None = None
+
+    @classmethod
+    def from_options(cls, ratio: object = None, budget: object = None) -> BudgetPolicy:
+        """The policy of a transfer's `ratio=`/`budget=` arguments (neither: r4)."""
+        if ratio is not None and budget is not None:
+            raise RclcError("ratio, budget: pass one of them, not both (ratio is relative rX, budget is bounded)")
+        if budget is not None:
+            return cls(budget=require_int("budget", budget, minimum=1))
+        if ratio is not None:
+            return cls(ratio=require_int("ratio", ratio, minimum=1))
+        return cls(ratio=DEFAULT_RATIO)
+
+    @property
+    def label(self) -> str:
+        """`r4` or `b128` (see `policy_label`)."""
+        if self.budget is not None:
+            return policy_label("state", budget=self.budget)
+        return policy_label("state", ratio=self.ratio if self.ratio is not None else DEFAULT_RATIO)
+
+    def cap(self, total: int, inherited: int = 0, reserve: int = 0) -> int:
+        """Positions transmitted for a sender of `total` rows, `inherited` of them carried."""
+        length = total + reserve
+        if self.budget is not None:
+            return min(self.budget, length)
+        ratio = self.ratio if self.ratio is not None else DEFAULT_RATIO
+        return inherited + (length - inherited + ratio - 1) // ratio
+
+
+def floor(*, builtin: bool, latent_steps: int, reserve: int) -> int:
+    """The least a cap may be: built-ins must keep position 0 and the latent tail."""
+    return latent_steps + reserve + 1 if builtin else reserve + 1
+
+
+def check_caps(caps: list[int], floors: list[int]) -> None:
+    """Refuse a sender whose cap is below its floor (the budget cannot hold what it must keep)."""
+    for index, (cap, least) in enumerate(zip(caps, floors)):
+        if cap < least:
+            raise RclcError(
+                f"budget: sender {index} may send {cap} positions but needs at least {least} "
+                "(its first position, latent tail and reserved reasoning rows); raise budget or lower ratio"
+            )
+
+
+def fit(caps: list[int], floors: list[int], available: int | None) -> list[int]:
+    """Share `available` receiver positions among senders without exceeding any cap.
+
+    If every cap fits, caps stand. Otherwise each sender starts at its floor and the rest
+    is water-filled in equal shares; what short senders cannot use goes to the others and
+    the last few positions go one each to the earliest senders.
+    """
+    check_caps(caps, floors)
+    total = sum(caps)
+    if available is None or total <= available:
+        return list(caps)
+    counts = list(floors)
+    if sum(counts) > available:
+        raise ContextLimitError(
+            f"receiver: it has {max(available, 0)} handoff positions but the senders need at least {sum(counts)}; "
+            "shorten its history, reserve fewer output tokens, use fewer senders or less reasoning"
+        )
+    remaining = available - sum(counts)
+    active = [i for i, (count, cap) in enumerate(zip(counts, caps)) if count < cap]
+    while remaining > 0 and active:
+        share = max(1, remaining // len(active))
+        for index in active:
+            grant = min(share, caps[index] - counts[index], remaining)
+            counts[index] += grant
+            remaining -= grant
+        active = [i for i in active if counts[i] < caps[i]]
+    return counts

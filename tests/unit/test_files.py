@@ -1,0 +1,69 @@
+"""rclc.files: the one atomic write (snapshots, and in phase 2 run records and experiment rows)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+
+import pytest
+
+from rclc.files import file_sha256, sync_directory, write_atomic, write_json_atomic
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_write_atomic_replaces_creates_parents_and_leaves_no_temporaries(tmp_path):
+    target = tmp_path / "sub" / "deeper" / "file.bin"
+    write_atomic(target, b"one")
+    write_atomic(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert sorted(os.listdir(target.parent)) == ["file.bin"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
+
+
+def test_write_atomic_mode_keeps_private_files_private(tmp_path):
+    target = tmp_path / "private.bin"
+    write_atomic(target, b"secret", mode=0o600)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600 & ~_umask()
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch, failing):
+    target = tmp_path / "file.bin"
+    write_atomic(target, b"old")
+
+    def fail(*args):
+        raise OSError(f"{failing} failed")
+
+    monkeypatch.setattr(os, failing, fail)
+    with pytest.raises(OSError, match=f"{failing} failed"):
+        write_atomic(target, b"new")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["file.bin"]
+
+
+def test_write_json_is_strict_and_atomic(tmp_path):
+    target = tmp_path / "r.json"
+    record = {"name": "Åsa", "n": [1, 2]}
+    write_json_atomic(target, record)
+    assert target.read_text(encoding="utf-8") == json.dumps(record, indent=1, ensure_ascii=False) + "\n"
+    with pytest.raises(ValueError):
+        write_json_atomic(target, {"bad": float("nan")})
+    assert json.loads(target.read_text()) == {"name": "Åsa", "n": [1, 2]}
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_file_sha256_and_sync_directory(tmp_path):
+    target = tmp_path / "big.bin"
+    data = os.urandom(3 * (1 << 20) + 5)  # spans several read blocks
+    target.write_bytes(data)
+    assert file_sha256(target) == hashlib.sha256(data).hexdigest()
+    sync_directory(tmp_path)
+    sync_directory(tmp_path / "missing")  # best effort: nothing to sync is not an error
