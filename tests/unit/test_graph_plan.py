@@ -416,7 +416,7 @@ def test_planning_imports_no_torch(modules):
 
 
 def test_template_syntax():
-    from rclc_graph import templates
+    from rclc_graph.spec import templates
 
     assert [str(field) for field in templates.fields("{a} {{literal}} {b[2]}")] == ["a", "b[2]"]
     for bad in ("{a.b}", "{0}", "{}", "{a!r}", "{a:>3}", "{a[x]}", "{a"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rclc import testing
-from rclc_graph import vllm_runtime
+from rclc_graph.executors import vllm_engine as vllm_runtime
 
 
 def test_engine_arguments_size_the_kv_pool_from_the_checkpoint(tmp_path):
