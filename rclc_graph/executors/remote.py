@@ -29,7 +29,8 @@ from typing import Any, Mapping, Protocol
 
 import anyio
 
-from .._files import write_atomic
+from rclc.files import write_atomic
+
 from ..errors import HostDied, NodeFailed, RemoteNodeFailure
 from ..plan.compile import Plan, PlanEdge, PlanNode
 from ..results.lineage import HopRecord

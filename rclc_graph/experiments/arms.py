@@ -47,6 +47,8 @@ from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import ValidationError
 
+from rclc.policy import MODES as POLICY_MODES
+
 from ..errors import FieldPath, GraphError, Location, PlanError, Problem, SpecError
 from ..plan.validate import Blueprint, validate
 from ..spec import safe_yaml, templates
@@ -55,7 +57,6 @@ from ..spec.models import GraphSpec, TransferPolicy
 from .inputs import InputMapping, resolve_mapping
 
 Kind = Literal["policy", "question_only", "single_context"]
-POLICY_MODES = ("state", "full", "text")
 SPECIAL = ("question_only", "single_context")
 MODES = POLICY_MODES + SPECIAL
 INT_KEYS = ("ratio", "budget", "span_size", "seed", "reasoning_steps", "reasoning_budget", "max_new_tokens")

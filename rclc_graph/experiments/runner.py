@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .._files import file_sha256, write_json_atomic
+from rclc.files import file_sha256, write_json_atomic
+
 from ..errors import GraphError, PlanError, Problem
 from ..plan.compile import expand
 from ..spec.load import read_graph

@@ -22,7 +22,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .._files import write_text_atomic
+from rclc.files import write_atomic
+
 from ..errors import ExecutorUnavailable, GraphError, format_path
 from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
 from ..experiments import commands as experiment_commands
@@ -432,7 +433,7 @@ def draw(
             sys.stdout.write(text)
             return
         try:
-            write_text_atomic(out, text)
+            write_atomic(out, text.encode("utf-8"))
         except OSError as error:
             _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
     else:
