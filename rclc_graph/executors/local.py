@@ -28,7 +28,7 @@ import anyio.from_thread
 import rclc
 
 from ..errors import NodeFailed, RunStopped
-from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext

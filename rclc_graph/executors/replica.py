@@ -24,7 +24,7 @@ import anyio
 import rclc
 
 from ..errors import NodeFailed
-from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 from .contract import Publish, RunContext
 from .fitting import SenderShape, shape_of, with_count

@@ -14,7 +14,7 @@ from typing import Any
 import rclc
 from rclc.policy import DEFAULT_REPRESENTATION, DEFAULT_SELECTOR
 
-from ..plan.compile import PlanEdge
+from ..plan.dag import PlanEdge
 from ..plan.policy import ResolvedPolicy
 from .trusted_code import import_callable
 

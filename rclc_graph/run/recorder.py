@@ -18,7 +18,7 @@ import anyio
 from rclc.files import write_atomic, write_json_atomic
 
 from ..executors import model_key
-from ..plan.compile import Plan
+from ..plan.dag import Plan
 from ..render.html_report import render_report
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult

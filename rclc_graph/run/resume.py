@@ -35,7 +35,8 @@ from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
 from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
-from ..plan.compile import Plan, compile_plan
+from ..plan.compile import compile_plan
+from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from ..spec.models import GraphSpec
