@@ -33,7 +33,8 @@ from ..errors import GraphError, PlanError, Problem
 from ..plan.compile import expand
 from ..spec.load import read_graph
 from . import stats
-from .arms import Arm, apply_arm, parse_arm, spec_fingerprint, validate_arms
+from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
+from .arms import Arm, parse_arm
 from .case_result import CaseResult, RunCase, failed_result, hop_totals, scheduler_run_case
 from .datasets import Case, read_dataset
 from .figures import write_report
