@@ -24,23 +24,27 @@ def read_inputs(path: Path) -> list[tuple[str, dict[str, Any]]]:
         raise ValueError(f"--input: {str(path)!r} is not UTF-8 text") from None
     runs: list[tuple[str, dict[str, Any]]] = []
     if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--input: {path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
+        data = _parse(text, path, line=None)
         if not isinstance(data, dict):
             raise ValueError(f"--input: {path} holds a {type(data).__name__}; it must be one JSON object of input values")
         return [(str(path), data)]
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--input: {path}:{number}:{error.colno}: not valid JSON ({error.msg})") from None
+        data = _parse(line, path, line=number)
         if not isinstance(data, dict):
             raise ValueError(f"--input: {path}:{number} is not a JSON object; each line holds one run's inputs")
         runs.append((f"{path}:{number}", data))
     if not runs:
         raise ValueError(f"--input: {path} holds no runs; write one JSON object per line")
     return runs
+
+
+def _parse(text: str, path: Path, *, line: int | None) -> Any:
+    """JSON, or a ValueError naming the file, the line (of the file, or `line` for one line
+    of a .jsonl file) and the column where it stops parsing."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        row = error.lineno if line is None else line
+        raise ValueError(f"--input: {path}:{row}:{error.colno}: not valid JSON ({error.msg})") from None
