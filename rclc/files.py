@@ -63,9 +63,9 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o666
             os.remove(temporary)
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write strict JSON (no NaN or Infinity: ValueError), UTF-8, one space indent, atomically."""
-    text = json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False, sort_keys=False)
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int = 1) -> None:
+    """Write strict JSON (no NaN or Infinity: ValueError), UTF-8, `indent` spaces (default one), atomically."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False, sort_keys=False)
     write_atomic(path, (text + "\n").encode("utf-8"))
 
 

@@ -8,6 +8,7 @@
     ├── StoreError             an experiment's results.jsonl is damaged or locked (a ValueError)
     ├── NodeFailed             a node failed; names the node, the edge and the cause
     ├── ObserverFailed         a run observer's callback raised after a node finished
+    ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
     └── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
@@ -221,6 +222,11 @@ class NodeFailed(RclcGraphError):
 
 class ObserverFailed(RclcGraphError):
     """The run's observer callback raised after a node finished (the node itself is done)."""
+
+
+class RunStopped(RclcGraphError):
+    """Raised inside a node's generation once its run is stopped; ends it before anything is
+    recorded. Never reaches callers: the executor raises the run's cancellation instead."""
 
 
 class RemoteNodeFailure(RclcGraphError):

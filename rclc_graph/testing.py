@@ -32,7 +32,7 @@ from .executors.pool import ModelPool
 from .executors.prompts import compose_content
 from .executors.remote import RemoteExecutor, ReplicaHandle
 from .executors.replica import Replica
-from .plan.compile import Plan, PlanEdge, PlanNode
+from .plan.dag import Plan, PlanEdge, PlanNode
 from .results.lineage import Hop, Lineage, compose_hop
 from .results.run_result import NodeResult
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]

@@ -1,7 +1,7 @@
 """Budgets of a transfer whose senders live on different hosts, fitted exactly as the core does.
 
 `rclc.transfer` fits a call's senders jointly against the receiver's free positions
-(`rclc.budget.fit`, pure integers) and then selects each sender with its fitted count. When
+(`rclc.policy.fit`, pure integers) and then selects each sender with its fitted count. When
 the senders sit on other hosts, the scheduler's process does the same arithmetic from small
 metadata (each sender's T, I and latent tail, the receiver's free positions) and each
 sender's host selects with `budget=count`, which keeps exactly `count` positions because a
@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import rclc
+from rclc.policy import BudgetPolicy, fit, floor
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,9 @@ def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:
 def fit_counts(options: dict[str, Any], senders: Sequence[SenderShape], available: int) -> list[int]:
     """The positions each sender keeps in one transfer call with `options` (transfer keyword
     arguments) into a receiver with `available` free positions; ValueError as the core raises."""
-    # lazy: rclc.selectors imports torch; phase 2 of issue 12 hoists it
-    from rclc.policy import BudgetPolicy, fit, floor
-    from rclc.selectors import cacheback, is_builtin
-
     policy = BudgetPolicy.from_options(options.get("ratio"), options.get("budget"))
-    selector = options.get("selector") or cacheback
-    builtin = is_builtin(selector)
+    selector = options.get("selector") or rclc.selectors.cacheback  # rclc.transfer's default
+    builtin = rclc.selectors.is_builtin(selector)
     context = options.get("reasoning_context")
     reserve = 0
     if options.get("reasoning") is not None and context is not None and not str(context).startswith("full"):

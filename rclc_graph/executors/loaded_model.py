@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import rclc
+
 from ..spec.models import ModelSpec
 
 
@@ -36,12 +38,10 @@ class LoadedModel:
 
     @property
     def fingerprint(self) -> str:
-        """SHA-256 identity of weights, forward configuration and vocabulary (rclc.snapshot)."""
+        """SHA-256 identity of weights, forward configuration and vocabulary (`rclc.model_identity`)."""
         with self._lock:
             if self._fingerprint is None:
-                from rclc.snapshot import model_identity  # lazy: rclc imports torch; phase 2 hoists it
-
-                self._fingerprint = model_identity(self.model, self.tokenizer)
+                self._fingerprint = rclc.model_identity(self.model, self.tokenizer)
             return self._fingerprint
 
 

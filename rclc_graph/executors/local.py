@@ -5,19 +5,18 @@ This is where the graph meets the transfer core, through rclc's public API only:
 - consecutive `state`/`full` edges with the same policy go through one `rclc.transfer`
   call (so budgets are fitted across those senders), each call leaving one delivery
   (transfer_options.py);
-- a `generate: true` node pops all deliveries plus its prompt and runs native generation,
-  then records the continuation; a `generate: false` node absorbs them without decoding.
+- a `generate: true` node generates with `Agent.generate` from all its deliveries plus its
+  prompt (HF or vLLM: the agent's backend decides how), which records the continuation; a
+  `generate: false` node absorbs them without decoding.
 The executor keeps each run's bound agents so later nodes can send from them.
 
-rclc, torch and transformers are imported inside the functions that use them: `import
-rclc_graph` and planning must not load torch. Phase 2 of issue 12 hoists the rclc imports
-(rclc becomes torch-free to import) and moves native generation into rclc's backends.
+`import rclc` is cheap and torch-free; torch-backed names (`rclc.bind`, `rclc.transfer`, ...)
+load on first use, so `import rclc_graph` still imports no torch.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,52 +25,47 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
-from ..errors import NodeFailed
-from ..plan.compile import Plan, PlanEdge, PlanNode
+import rclc
+
+from ..errors import NodeFailed, RunStopped
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
 from ..results.run_result import NodeResult
-from . import vllm_engine
-from .contract import Executor, Inbound, Publish, RunContext
+from .contract import Executor, Inbound, RunContext
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
 from .transfer_options import state_groups, transfer_options
 
 
-class _TokenStreamer:
-    """Publishes each generated token as an event from the generation thread (backpressure-aware)."""
+class _TokenEvents:
+    """`on_token` for `Agent.generate`: one node's token events, and the run's stop flag.
 
-    def __init__(self, tokenizer: Any, publish: Publish, node: str, skip_prompt: bool) -> None:
-        self.tokenizer, self.publish, self.node = tokenizer, publish, node
-        self.skip_prompt = skip_prompt
-        self.index = 0
+    The HF backend reports each token from the worker thread as it is generated; it is
+    published at once (through the event loop, so a slow event consumer slows generation).
+    The vLLM backend reports every token only once `llm.generate` has returned; those are
+    held and published on the event loop after the continuation is recorded
+    (`publish_held`), so waiting for consumers is not counted as generation time.
 
-    def put(self, value: Any) -> None:
-        if self.skip_prompt:
-            self.skip_prompt = False
-            return
-        for token in value.reshape(-1).tolist():
-            piece = self.tokenizer.decode([token], skip_special_tokens=False)
-            anyio.from_thread.run(self.publish, "token", {"node": self.node, "index": self.index, "text": piece})
-            self.index += 1
+    Once the run's stop flag is set the callback raises `RunStopped` instead: `Agent.generate`
+    keeps the agent's old state on any error, so a stopped run records no continuation,
+    re-prefills nothing and publishes no further token.
+    """
 
-    def end(self) -> None:
-        pass
+    def __init__(self, ctx: RunContext, node: str, *, live: bool) -> None:
+        self.ctx, self.node, self.live = ctx, node, live
+        self.held: list[tuple[int, str]] = []
 
+    def __call__(self, index: int, text: str) -> None:
+        if self.ctx.stop.is_set():
+            raise RunStopped(f"run {self.ctx.run_id!r} was stopped while node {self.node!r} generated")
+        if self.live:
+            anyio.from_thread.run(self.ctx.publish, "token", {"node": self.node, "index": index, "text": text})
+        else:
+            self.held.append((index, text))
 
-class _StopOnCancel:
-    """A stopping criterion that ends generation at the next step once the run is cancelled."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch  # lazy: see the module docstring
-
-        from rclc._worker import stop_requested  # lazy: see the module docstring
-
-        # The run's stop flag, or the worker's own (set when this node's task alone is cancelled).
-        stopped = self.stop.is_set() or stop_requested()
-        return torch.full((input_ids.shape[0],), stopped, dtype=torch.bool, device=input_ids.device)
+    async def publish_held(self) -> None:
+        for index, text in self.held:
+            await self.ctx.publish("token", {"node": self.node, "index": index, "text": text})
 
 
 class LocalExecutor(Executor):
@@ -116,8 +110,6 @@ class LocalExecutor(Executor):
 
     def bind(self, ctx: RunContext, node: PlanNode) -> Any:
         """A fresh agent for `node` on its model from the pool (what `run_node` starts from)."""
-        import rclc  # lazy: see the module docstring
-
         loaded = self.pool.get(node.model, ctx.base_dir)
         spec = node.agent
         messages = [{"role": "system", "content": spec.system}] if spec.system else None
@@ -166,9 +158,7 @@ class LocalExecutor(Executor):
         # In a worker: sender_state takes the preparation lock, which another run's update may
         # hold while it waits for the attention lock of a generation that is itself waiting for
         # this event loop to publish its next token (a deadlock if the loop blocked here).
-        from rclc._worker import run_in_worker  # lazy: see the module docstring
-
-        state = await run_in_worker(agent.sender_state)
+        state = await rclc.run_in_worker(agent.sender_state)
         lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
         prompt_positions = state.positions - inherited - generated
         lineage = lineage.extend(node.name, prompt_positions, "prompt").extend(node.name, generated, "token")
@@ -203,8 +193,6 @@ class LocalExecutor(Executor):
         budgets are fitted across the senders). Returns seconds spent elsewhere on it (selection
         that ran before this call, e.g. on another replica); 0 here. Executors that place
         senders elsewhere override this."""
-        import rclc  # lazy: see the module docstring
-
         options = transfer_options(group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
         sending = [self.agent(ctx.run_id, edge.source) for edge in group]
         await rclc.transfer(sending, agent, request, **options)
@@ -241,102 +229,38 @@ class LocalExecutor(Executor):
                 if deliveries:
                     await agent.absorb(prompt=prompt_text, deliveries=deliveries)
                 else:
-                    from rclc._worker import run_in_worker  # lazy: see the module docstring
-
-                    await run_in_worker(functools.partial(agent.update, prompt_text))
+                    await rclc.run_in_worker(functools.partial(agent.update, prompt_text))
             except Exception as error:
                 raise NodeFailed(node.name, error) from error
             return 0, 0.0, None
-        if agent.backend == "vllm":
-            return await self._finish_vllm(ctx, node, agent, prompt_text, deliveries)
+        if ctx.stop.is_set():  # the run was stopped before this node generated: start no model work
+            raise anyio.get_cancelled_exc_class()()
+        spec = node.agent
+        sampling = rclc.Sampling(temperature=spec.temperature, top_p=spec.top_p, seed=node.sampling_seed(ctx.seed))
+        tokens = _TokenEvents(ctx, node.name, live=agent.backend == "hf")
         try:
-            if deliveries:
-                inputs = agent.pop(prompt=prompt_text, deliveries=deliveries)
-            else:
-                ids = agent.tokenizer(prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-                inputs = {"input_ids": ids.to(agent.model.device), "max_new_tokens": node.agent.max_new_tokens}
-            began = time.perf_counter()
-            output = await self._generate(ctx, node, agent, inputs)
-            seconds = time.perf_counter() - began
-            if ctx.stop.is_set():
-                raise anyio.get_cancelled_exc_class()()
-            from rclc._worker import run_in_worker  # lazy: see the module docstring
-
-            if deliveries:
-                await run_in_worker(functools.partial(agent.update, inputs=inputs, generation=output))
-                new_tokens = output.sequences[0]
-            else:
-                await run_in_worker(functools.partial(agent.update, generation=output))
-                new_tokens = output.sequences[0, inputs["input_ids"].shape[1]:]
-            if sends_state(ctx.plan, node):
-                # Generation built the cache token by token; a snapshot restores it in one
-                # prefill. Re-prefill now so the KV receivers select from is a pure function
-                # of the rows, and a resumed run selects exactly what this run selects.
-                await agent.refresh()
-        except NodeFailed:
-            raise
+            # With deliveries: their rows, then the prompt; without: the prompt alone. A node whose
+            # state a receiver selects from is re-prefilled after generation (`refresh`): generation
+            # built the cache token by token, a snapshot restores it in one prefill, and a resumed
+            # run must select exactly what this run selects.
+            result = await agent.generate(
+                prompt_text,
+                deliveries=deliveries,
+                sampling=sampling,
+                on_token=tokens,
+                stop=ctx.stop,
+                refresh=sends_state(ctx.plan, node),
+            )
+        except RunStopped:
+            raise anyio.get_cancelled_exc_class()() from None
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as error:
             raise NodeFailed(node.name, error) from error
-        text = agent.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
-        return int(new_tokens.shape[0]), seconds, text
-
-    async def _finish_vllm(
-        self, ctx: RunContext, node: PlanNode, agent: Any, prompt_text: str, deliveries: int
-    ) -> tuple[int, float, str | None]:
-        """`llm.generate` instead of `model.generate` (see vllm_engine), with the same error wrapping."""
-        seed = node.sampling_seed(ctx.seed)
-        try:
-            return await vllm_engine.finish_with_vllm(ctx, node, agent, prompt_text, deliveries, seed)
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as error:
-            raise NodeFailed(node.name, error) from error
-
-    async def _generate(self, ctx: RunContext, node: PlanNode, agent: Any, inputs: dict[str, Any]) -> Any:
-        # lazy: see the module docstring
-        import torch
-        from transformers import GenerationConfig, StoppingCriteriaList
-
-        from rclc._locks import attention_lock
-        from rclc._worker import WorkCancelled, check_stop, run_in_worker
-
-        model, tokenizer, spec = agent.model, agent.tokenizer, node.agent
-        eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
-        settings: dict[str, Any] = {
-            "max_new_tokens": inputs.get("max_new_tokens", spec.max_new_tokens),
-            "do_sample": not spec.greedy,
-            "eos_token_id": eos,
-            "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
-            "return_dict_in_generate": True,
-        }
-        if not spec.greedy:
-            settings["temperature"] = spec.temperature
-            if spec.top_p is not None:
-                settings["top_p"] = spec.top_p
-        config = GenerationConfig(**settings)
-        arguments = {key: value for key, value in inputs.items() if key != "max_new_tokens"}
-        if "input_ids" in arguments:
-            arguments["attention_mask"] = torch.ones_like(arguments["input_ids"])
-        streamer = _TokenStreamer(tokenizer, ctx.publish, node.name, skip_prompt="input_ids" in arguments)
-        seed = node.sampling_seed(ctx.seed)
-
-        def generate() -> Any:
-            # Native generation must not overlap a capture on the same model (global dispatch).
-            with attention_lock, torch.no_grad(), torch.random.fork_rng(devices=[]):
-                if ctx.stop.is_set():  # cancelled while waiting for the lock: start no model work
-                    raise WorkCancelled("the run was cancelled before generation started")
-                check_stop()
-                torch.manual_seed(seed)
-                return model.generate(
-                    **arguments,
-                    generation_config=config,
-                    streamer=streamer,
-                    stopping_criteria=StoppingCriteriaList([_StopOnCancel(ctx.stop)]),
-                )
-
-        return await run_in_worker(generate)
+        if ctx.stop.is_set():  # stopped during the last step: the run records nothing of this node
+            raise anyio.get_cancelled_exc_class()()
+        await tokens.publish_held()
+        return result.tokens, result.seconds, result.text
 
 
 def sends_state(plan: Plan, node: PlanNode) -> bool:

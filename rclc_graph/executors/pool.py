@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rclc.models import EMBEDDED_NAME, load, local_dir
+
 from ..spec.models import ModelSpec
 from . import vllm_engine
 from .loaded_model import LoadedModel, ModelKey, model_key
@@ -56,10 +58,8 @@ class ModelPool:
 
     @staticmethod
     def _read_profile(key: ModelKey) -> ModelProfile:
-        # lazy: transformers and rclc import torch, which planning and `import rclc_graph` must not load
+        # lazy: transformers imports torch, which `import rclc_graph` must not load
         from transformers import AutoConfig, AutoTokenizer
-
-        from rclc.models import EMBEDDED_NAME, local_dir
 
         path = str(local_dir(key.source)) if key.source == EMBEDDED_NAME else key.source
         try:
@@ -103,8 +103,6 @@ class ModelPool:
     def _load(key: ModelKey) -> LoadedModel:
         if key.backend == "vllm":
             return vllm_engine.load_model(key)
-        from rclc.models import load  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
         model, tokenizer = load(key.source, dtype=key.dtype, device=key.device)
         return LoadedModel(key, model, tokenizer)
 

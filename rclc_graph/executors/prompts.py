@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan.compile import PlanEdge, PlanNode
+from ..plan.dag import PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 
 

@@ -29,9 +29,10 @@ from typing import Any, Mapping, Protocol
 
 import anyio
 
-from .._files import write_atomic
+from rclc.files import write_atomic
+
 from ..errors import HostDied, NodeFailed, RemoteNodeFailure
-from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, Publish, RunContext

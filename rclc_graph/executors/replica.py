@@ -21,8 +21,10 @@ from typing import Any
 
 import anyio
 
+import rclc
+
 from ..errors import NodeFailed
-from ..plan.compile import Plan, PlanEdge, PlanNode
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 from .contract import Publish, RunContext
 from .fitting import SenderShape, shape_of, with_count
@@ -61,12 +63,10 @@ class _ReplicaExecutor(LocalExecutor):
         refs = self.replica.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
         if refs is None:
             return await super()._deliver_group(ctx, node, agent, group, request)
-        from rclc.state import Delivery  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
         messages: list[Any] = []
         for ref in refs:
             messages.extend(await self.replica.transport(ref).receive(ref))
-        agent(Delivery(request, tuple(messages)))  # the receiver prepares its prompt for the request
+        agent(rclc.Delivery(request, tuple(messages)))  # the receiver prepares its prompt for the request
         return max(ref.seconds for ref in refs)
 
 
@@ -144,8 +144,6 @@ class Replica:
         self, ticket: RunTicket, edge_id: int, request: str, count: int, same_host: bool
     ) -> PayloadRef:
         """Select `count` positions of the edge's sender for `request` and hand back a ref."""
-        import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
         ctx = await self.context(ticket)
         edge = ctx.plan.edges[edge_id]
         try:

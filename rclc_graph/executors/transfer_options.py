@@ -11,16 +11,18 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..plan.compile import PlanEdge
+import rclc
+from rclc.policy import DEFAULT_REPRESENTATION, DEFAULT_SELECTOR
+
+from ..plan.dag import PlanEdge
 from ..plan.policy import ResolvedPolicy
 from .trusted_code import import_callable
 
 
 def resolve_selector(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> Any:
     """The callable for a policy's selector name, with its options bound."""
-    from rclc import selectors  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
-    name = policy.selector or "cacheback"
+    selectors = rclc.selectors  # imports torch: on first use, not when rclc_graph is imported
+    name = policy.selector or DEFAULT_SELECTOR
     options = policy.options
     if name in selectors.BUILTIN:
         base = selectors.BUILTIN[name]
@@ -35,8 +37,6 @@ def resolve_selector(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> 
 
 def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, Any]:
     """The reasoning keyword arguments of `rclc.transfer` for a policy ({} without reasoning)."""
-    import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
     reasoning = policy.reasoning
     if reasoning is None:
         return {}
@@ -52,7 +52,7 @@ def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, 
 
 def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> dict[str, Any]:
     """Keyword arguments of `rclc.transfer` for a state/full edge policy."""
-    options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or "embeddings"}
+    options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or DEFAULT_REPRESENTATION}
     if policy.mode == "full":
         options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
     else:

@@ -33,6 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+import rclc
+
 
 @dataclass(frozen=True)
 class PayloadRef:
@@ -83,23 +85,19 @@ def pack_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
 
 def unpack_messages(packed: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
     """The inverse of `pack_messages` (Message validates the tensors again)."""
-    # lazy: rclc imports torch, which `import rclc_graph` must not load; phase 2 hoists it
-    from rclc.selection import Selection, Span
-    from rclc.state import Message
-
     messages = []
     for item in packed:
         record = item.get("selection")
         selection = None
         if record is not None:
-            selection = Selection(
+            selection = rclc.Selection(
                 source_positions=int(record["source_positions"]),
                 budget=int(record["budget"]),
                 indices=tuple(int(index) for index in record["indices"]),
-                spans=tuple(Span(int(a), int(b), bool(kept), str(kind), text) for a, b, kept, kind, text in record["spans"]),
+                spans=tuple(rclc.Span(int(a), int(b), bool(kept), str(kind), text) for a, b, kept, kind, text in record["spans"]),
                 added_latent_positions=int(record["added_latent_positions"]),
             )
-        messages.append(Message(item["rows"], item["token_ids"], selection))
+        messages.append(rclc.Message(item["rows"], item["token_ids"], selection))
     return tuple(messages)
 
 

@@ -2,14 +2,15 @@
 
     run_experiment(topology, data, arms, out_dir)     the loop (runner.py)
     read_dataset / write_jsonl / make_dataset         JSONL datasets, synthetic data
-    parse_arm / load_arms / apply_arm                 arms and the graphs they run
+    parse_arm / load_arms / apply_arm                 arms (arms.py) and the graphs they run (arm_graphs.py)
     compare_runs                                      did a rerun reproduce the answers?
 
 The CLI pieces (`experiment`, `data make`, `compare-runs`) are the typer app in `commands.py`;
 plots and report.md are `figures.py`. Nothing here imports torch until a case runs a model.
 """
 
-from .arms import Arm, apply_arm, load_arms, parse_arm, parse_arms, validate_arms
+from .arm_graphs import apply_arm, validate_arms
+from .arms import Arm, load_arms, parse_arm, parse_arms
 from .case_result import CaseResult, HopFigures, case_result_from_run, scheduler_run_case
 from .datasets import Case, make_case, read_dataset, write_jsonl
 from .evidence import EvidenceSurvival, evidence_survival

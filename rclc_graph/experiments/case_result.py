@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..executors import ModelPool
-from ..plan.compile import Plan, compile_plan
+from ..plan.compile import compile_plan
+from ..plan.dag import Plan
 from ..run.scheduler import run_plan_sync
 from ..spec.models import GraphSpec
 from .datasets import Case

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._files import write_text_atomic
+from rclc.files import write_atomic
+
 from ..errors import FieldPath, Location, Problem, SpecError
 from .scoring import normalise
 
@@ -177,7 +178,7 @@ def write_jsonl(path: str | os.PathLike[str], cases: Iterable[Case | Mapping[str
             except TypeError as exc:
                 raise ValueError(f"cases[{index}]: {exc}") from None
         rows.append(json.dumps(case.as_json(), ensure_ascii=False))
-    write_text_atomic(target, "".join(row + "\n" for row in rows))
+    write_atomic(target, "".join(row + "\n" for row in rows).encode("utf-8"))
     return len(rows)
 
 

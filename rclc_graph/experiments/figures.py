@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .._files import write_atomic, write_text_atomic
+from rclc.files import write_atomic
+
 from .summary import format_accuracy, format_bytes
 
 COMPRESSION_PLOT = "accuracy_vs_compression.png"
@@ -158,7 +159,7 @@ Rerun the same command into another directory and compare the answers with
 fingerprints and the same graphs, every answer must match.
 """
     paths["report"] = directory / REPORT
-    write_text_atomic(paths["report"], text)
+    write_atomic(paths["report"], text.encode("utf-8"))
     return paths
 
 

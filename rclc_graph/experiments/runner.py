@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .._files import file_sha256, write_json_atomic
+from rclc.files import file_sha256, write_json_atomic
+
 from ..errors import GraphError, PlanError, Problem
 from ..plan.compile import expand
 from ..spec.load import read_graph
 from . import stats
-from .arms import Arm, apply_arm, parse_arm, spec_fingerprint, validate_arms
+from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
+from .arms import Arm, parse_arm
 from .case_result import CaseResult, RunCase, failed_result, hop_totals, scheduler_run_case
 from .datasets import Case, read_dataset
 from .figures import write_report

@@ -7,7 +7,7 @@ many) and carries on, so a resumed experiment recomputes exactly that one (case,
 complete row that only lacks its newline is kept. Any other malformed line means the file
 was edited or damaged; that is an error naming the line, never silently skipped.
 
-A lock file (`DIR/.lock`, `_files.DirectoryLock`) keeps two processes from appending to one store at once.
+A lock file (`DIR/.lock`, `run.directory_lock.DirectoryLock`) keeps two processes from appending to one store at once.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .._files import LOCK_FILE, DirectoryLock, sync_directory
+from rclc.files import sync_directory
+
 from ..errors import StoreError
+from ..run.directory_lock import LOCK_FILE, DirectoryLock
 
 RESULTS = "results.jsonl"
 

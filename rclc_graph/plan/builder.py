@@ -35,7 +35,8 @@ from ..spec.models import (
     RoundsSpec,
     TransferPolicy,
 )
-from .compile import Plan, compile_plan
+from .compile import compile_plan
+from .dag import Plan
 from .validate import Blueprint, validate
 
 

@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 from ..errors import PlanError
 from ..spec.load import DEFAULT_MAX_BYTES, read_graph
-from .compile import Plan, compile_plan
+from .compile import compile_plan
+from .dag import Plan
 from .validate import Blueprint, validate
 
 

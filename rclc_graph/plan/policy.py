@@ -2,7 +2,8 @@
 
 `TransferPolicy` (spec) keeps None for "the default of this mode" so YAML stays minimal and
 the spec can refuse options a mode does not use. `ResolvedPolicy` is the frozen, complete
-value a plan carries; the scheduler reads it without knowing any defaults.
+value a plan carries; the scheduler reads it without knowing any defaults. The defaults and
+labels are the transfer core's own (`rclc.policy`, which imports no torch).
 """
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..spec.models import BUILTIN_REASONING, BUILTIN_SELECTORS, TransferPolicy
+from rclc.policy import (
+    BUILTIN_REASONING,
+    BUILTIN_SELECTORS,
+    DEFAULT_RATIO,
+    DEFAULT_REPRESENTATION,
+    DEFAULT_SELECTOR,
+    MODES,
+    policy_label,
+)
 
-# Must equal rclc.budget.DEFAULT_RATIO (a test checks); not imported so planning stays torch-free.
-DEFAULT_RATIO = 4
-DEFAULT_SELECTOR = "cacheback"
-DEFAULT_REPRESENTATION = "embeddings"
+from ..spec.models import TransferPolicy
 
-Mode = Literal["state", "full", "text"]
+Mode = Literal[MODES]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,8 @@ class ResolvedPolicy:
 
     @property
     def label(self) -> str:
-        """Short tag for tables: r4, b128, full or text."""
-        if self.mode != "state":
-            return self.mode
-        return f"r{self.ratio}" if self.ratio is not None else f"b{self.budget}"
+        """Short tag for tables: r4, b128, full or text (`rclc.policy.policy_label`)."""
+        return policy_label(self.mode, self.ratio, self.budget)
 
     @property
     def options(self) -> dict[str, Any]:

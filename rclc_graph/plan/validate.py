@@ -2,7 +2,7 @@
 
 `validate(spec)` needs no run inputs and returns a `Blueprint`: the checked graph with its
 loops unrolled into "steps" (a declared node in one round). A `Plan` is a blueprint expanded
-over one run's inputs (foreach copies), see `compile.py`; loop semantics are in `loops.py`.
+over one run's inputs (foreach copies), see `compile.py` (which builds dag.py's `Plan`); loop semantics are in `loops.py`.
 Everything here is pure: no model, no torch, no I/O.
 
 Checks run in phases (names and references, then policies and models, then loops, then

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._files import write_atomic
+from rclc.files import write_atomic
+
 
 # A palette that stays readable on white (Tableau 10, darker variants first).
 PALETTE = (

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import PlanError, Problem
 from ..executors.prompts import render_prompt
 from ..executors.trusted_code import import_callable
-from ..plan.compile import Plan
+from ..plan.dag import Plan
 
 
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:

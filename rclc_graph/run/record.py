@@ -7,7 +7,7 @@ Layout of `runs/<run_id>/`:
     report.html               a self-contained page of the same (render/html_report.py)
     nodes/<safe>.json         one finished node: NodeResult.to_dict() plus its snapshot's identity
     nodes/<safe>.safetensors  that node's agent state (rclc snapshot: tensors + metadata only)
-    .lock                     empty; locked while a process writes the directory (_files.DirectoryLock)
+    .lock                     empty; locked while a process writes the directory (directory_lock.DirectoryLock)
 
 Every file is written to a temporary name in the same directory, flushed, fsynced and renamed
 over its destination (then the directory is fsynced), so a reader sees the old file or the
@@ -37,7 +37,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .._files import file_sha256
+import rclc
+from rclc.files import file_sha256
+
 from ..results.run_result import NodeResult
 
 RECORD_FORMAT = "rclc-graph-run"
@@ -76,8 +78,6 @@ def _version(distribution: str) -> str | None:
 
 def versions() -> dict[str, str | None]:
     """Versions that decide what a run computes (read from package metadata, no imports)."""
-    import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
     return {
         "rclc": rclc.__version__,
         "rclc_graph": _version("rclc-graph"),
@@ -96,8 +96,6 @@ def code_fingerprint() -> str:
     any edit may change what a node computes; a resume compares this to refuse finishing a
     run with different code than started it.
     """
-    import rclc  # lazy: rclc imports torch; phase 2 of issue 12 hoists it
-
     digest = hashlib.sha256()
     for package in (Path(rclc.__file__).parent, _PACKAGE):
         for path in sorted(package.rglob("*.py")):

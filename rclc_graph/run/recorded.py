@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from ..executors import DelegatingExecutor, Executor, LocalExecutor, ModelPool, RunContext, default_pool, make_executor
-from ..plan.compile import Plan, PlanNode
+from ..plan.dag import Plan, PlanNode
 from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from .preflight import check_code, check_context

@@ -2,7 +2,7 @@
 
 `RunRecorder` creates `runs/<run_id>/`, writes a "running" record.json at once, saves each
 finished node (snapshot first, node JSON second) and writes the final record.json and
-report.html when the run ends. Every file goes through `_files.write_atomic`; the directory
+report.html when the run ends. Every file goes through `rclc.files.write_atomic`; the directory
 is locked against a second writer for as long as the recorder works in it.
 """
 
@@ -15,12 +15,14 @@ from typing import Any, Mapping
 
 import anyio
 
-from .._files import DirectoryLock, write_atomic, write_json_atomic
+from rclc.files import write_atomic, write_json_atomic
+
 from ..executors import model_key
-from ..plan.compile import Plan
+from ..plan.dag import Plan
 from ..render.html_report import render_report
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
+from .directory_lock import DirectoryLock
 from .record import (
     NODE_FORMAT,
     NODES_DIR,

@@ -31,13 +31,16 @@ from typing import Any, Mapping
 
 import anyio
 
-from .._files import DirectoryLock, file_sha256
+from rclc.files import file_sha256
+
 from ..errors import GraphError, ResumeError
 from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
-from ..plan.compile import Plan, compile_plan
+from ..plan.compile import compile_plan
+from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from ..spec.models import GraphSpec
+from .directory_lock import DirectoryLock
 from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, versions
 from .recorded import prepare_models, record_run
 from .recorder import RunRecorder

@@ -24,7 +24,7 @@ from ..executors import make_executor
 from ..executors.contract import Executor, RunContext, require_executor
 from ..executors.local import LocalExecutor
 from ..executors.pool import ModelPool, default_pool
-from ..plan.compile import Plan
+from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult

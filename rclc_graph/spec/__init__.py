@@ -1,8 +1,9 @@
 """What users write: the pydantic models of topologies, agents and models, the safe YAML
 reader, the loader from files to specs, and prompt templates.
 
-The bottom layer of the graph package: pure Python and pydantic, no torch, no rclc (an
-import-linter contract in pyproject.toml checks it).
+The bottom layer of the graph package: pure Python and pydantic, no torch, nothing of rclc
+but its torch-free policy names (`rclc.policy`); import-linter contracts in pyproject.toml
+check it.
 """
 
 from .load import LoadedGraph, load_agent, load_graph, load_graph_text, load_model, read_graph

@@ -9,6 +9,10 @@ Mode-specific policy options default to None, meaning "the default for this mode
 resolves them (`selector` -> cacheback, neither `ratio` nor `budget` -> ratio 4,
 `representation` -> embeddings). Keeping None here lets the spec refuse options that make no
 sense for a mode (a `selector` on a `text` edge) and keeps dumped YAML minimal.
+
+The closed sets of names (modes, representations, reasoning contexts, backends, built-in
+selectors and reasoning methods) are `rclc.policy`'s tuples, the ones the transfer core runs
+on, so a spec cannot accept a name the core refuses. `rclc.policy` imports no torch.
 """
 
 from __future__ import annotations
@@ -32,12 +36,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from rclc.policy import BACKENDS, BUILTIN_REASONING, BUILTIN_SELECTORS, MODES, REASONING_CONTEXTS, REPRESENTATIONS
+
 from . import templates
 
 SCHEMA_VERSION = 1
-BUILTIN_SELECTORS = ("cacheback", "qsnap", "chunkkv", "recent", "random")
-BUILTIN_REASONING = ("latent_mass",)
-REASONING_CONTEXTS = ("full", "full_with_request", "selected", "selected_with_request")
 RESERVED_VARIABLES = ("index", "round")  # node variables the plan provides
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -121,7 +124,7 @@ class ModelSpec(_Spec):
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     device: str = Field("auto", description="auto, cpu, mps, cuda or cuda:N")
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal[BACKENDS] = "hf"  # type: ignore[valid-type]
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="what each replica holds on Ray ({CPU: 1} by default, {GPU: 1}, custom resources); unused in-process",
@@ -206,7 +209,7 @@ class ReasoningSpec(_Spec):
 
     method: str = Field("latent_mass", description="'latent_mass' or module:callable (needs trust_code)")
     steps: NonNegativeInt = 40
-    context: Literal["full", "full_with_request", "selected", "selected_with_request"] = "full"
+    context: Literal[REASONING_CONTEXTS] = "full"  # type: ignore[valid-type]
     budget: PositiveInt | None = Field(None, description="rows reserved; required for selected contexts")
 
     @field_validator("method")
@@ -238,13 +241,13 @@ class TransferPolicy(_Spec):
     receiver reads in its prompt (no state options).
     """
 
-    mode: Literal["state", "full", "text"] = "state"
+    mode: Literal[MODES] = "state"  # type: ignore[valid-type]
     ratio: PositiveInt | None = Field(None, description="relative budget rX: keep I + ceil((T - I) / X)")
     budget: PositiveInt | None = Field(None, description="bounded budget B: keep min(B, T)")
     selector: str | None = Field(None, description=f"{', '.join(BUILTIN_SELECTORS)} or module:callable")
     selector_options: dict[str, OptionValue] = Field(default_factory=dict, description="e.g. span_size: 4")
     reasoning: ReasoningSpec | None = None
-    representation: Literal["embeddings", "token_ids+continuous"] | None = None
+    representation: Literal[REPRESENTATIONS] | None = None  # type: ignore[valid-type]
     request: Template | None = Field(
         None, description="what the receiver needs (conditions selection); default: the receiver's prompt"
     )

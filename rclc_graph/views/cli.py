@@ -11,19 +11,19 @@ the fix. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Optional
 
 import anyio
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from .._files import write_text_atomic
-from ..errors import ExecutorUnavailable, GraphError, format_path
+from rclc.files import write_atomic
+
+from ..errors import ExecutorUnavailable, GraphError
 from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
 from ..experiments import commands as experiment_commands
 from ..plan import plan_file, validate_file
@@ -31,12 +31,19 @@ from ..render import save_png, sketch_blueprint, sketch_plan, to_mermaid
 from ..run import read_record, read_resume_point
 from ..run.preflight import check_code, check_context
 from ..spec import json_schema, read_graph
+from .console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    fail,
+    print_graph_error,
+    stderr_console,
+    stdout_console,
+    usage_error,
+    write_json,
+)
 from .interactive import execute, execute_resume
+from .run_inputs import read_inputs
 from .terminal import render_record
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     name="rclc-graph",
@@ -51,96 +58,7 @@ app = typer.Typer(
 app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
 
 
-def _stdout() -> Console:
-    console = Console(highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, width=120)  # logs and pipes: wide enough for the tables
-    return console
-
-
-def _stderr() -> Console:
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=True, highlight=False, width=120)
-    return console
-
-
-def _write_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
-
-
-# -- errors ------------------------------------------------------------------------------------
-
-
-def _print_graph_error(console: Console, error: GraphError) -> None:
-    count = len(error.problems)
-    if count > 1:
-        console.print(Text(f"{count} problems:", style="bold red"))
-    for problem in error.problems:
-        line = Text()
-        if problem.location is not None:
-            line.append(f"{problem.location}: ", style="bold")
-        if problem.path:
-            line.append(f"{format_path(problem.path)}: ", style="cyan")
-        line.append(problem.message)
-        line.append(f"  [{problem.code}]", style="dim")
-        console.print(Text("error: ", style="bold red") + line, soft_wrap=True)
-        console.print(Text("  fix: ", style="green") + Text(problem.fix), soft_wrap=True)
-
-
-def _fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoReturn:
-    console = _stderr()
-    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
-    if fix:
-        console.print(Text("  fix: ", style="green") + Text(fix), soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _usage_error(error: Exception, code: int = EXIT_USAGE) -> NoReturn:
-    if isinstance(error, GraphError):
-        _print_graph_error(_stderr(), error)
-        raise typer.Exit(code)
-    message = str(error)
-    _fail(message)
-
-
 # -- inputs ------------------------------------------------------------------------------------
-
-
-def read_inputs(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(label, inputs) per run: a .json file is one run, each non-blank line of a .jsonl one run."""
-    if not path.is_file():
-        raise ValueError(f"--input: {str(path)!r} is not a file; pass a .json or .jsonl file of run inputs")
-    suffix = path.suffix.lower()
-    if suffix not in (".json", ".jsonl"):
-        raise ValueError(f"--input: {str(path)!r} must end in .json (one run) or .jsonl (one run per line)")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise ValueError(f"--input: {str(path)!r} is not UTF-8 text") from None
-    runs: list[tuple[str, dict[str, Any]]] = []
-    if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--input: {path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"--input: {path} holds a {type(data).__name__}; it must be one JSON object of input values")
-        return [(str(path), data)]
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--input: {path}:{number}:{error.colno}: not valid JSON ({error.msg})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"--input: {path}:{number} is not a JSON object; each line holds one run's inputs")
-        runs.append((f"{path}:{number}", data))
-    if not runs:
-        raise ValueError(f"--input: {path} holds no runs; write one JSON object per line")
-    return runs
 
 
 def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool) -> list[Any]:
@@ -150,7 +68,7 @@ def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: b
             plans.append(plan_file(topology, inputs, trust_code=trust_code))
         except GraphError as error:
             if len(runs) > 1:
-                _stderr().print(Text(f"in the inputs of {label}:", style="bold"))
+                stderr_console().print(Text(f"in the inputs of {label}:", style="bold"))
             raise error
     return plans
 
@@ -256,7 +174,7 @@ def run(
     ),
 ) -> None:
     """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
-    console = _stdout()
+    console = stdout_console()
     try:
         runs = read_inputs(input)
         plans = _plans(topology, runs, trust_code)
@@ -267,14 +185,14 @@ def run(
                 "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
             )
     except (GraphError, ValueError) as error:
-        _usage_error(error)
+        usage_error(error)
     pool = default_pool()
     base_dir = topology.resolve().parent
     status = 0
     try:
         _preflight(topology, plans, pool, base_dir)
     except (GraphError, ValueError, OSError) as error:
-        _usage_error(error)
+        usage_error(error)
     executor = None
     if not json_output:
         _introduce(console, plans, input, out)
@@ -285,7 +203,7 @@ def run(
             try:
                 executor = make_executor(executor_name, pool=pool, address=address, pins=pins, replicas=counts)
             except ExecutorUnavailable as error:
-                _fail(error.reason, f"install it: {error.install}")
+                fail(error.reason, f"install it: {error.install}")
             _start_hosts(executor, plans[0], base_dir, console, json_output)
         for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
             if len(plans) > 1 and not json_output:
@@ -298,10 +216,10 @@ def run(
             )
             status = max(status, _show_result(console, record, run_dir, interrupted, json_output))
     except KeyboardInterrupt:  # Ctrl-C outside a run (model loading): nothing to record
-        _stderr().print(Text("interrupted", style="yellow"))
+        stderr_console().print(Text("interrupted", style="yellow"))
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except (GraphError, ValueError, NotImplementedError, OSError) as error:
-        _usage_error(error)
+        usage_error(error)
     finally:
         if executor is not None:
             executor.close()
@@ -336,11 +254,11 @@ def resume(
     trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
 ) -> None:
     """Continue a crashed, cancelled or failed run: finished nodes are kept, the rest runs."""
-    console = _stdout()
+    console = stdout_console()
     try:
         point = read_resume_point(run_dir, trust_code=trust_code)
     except ValueError as error:
-        _usage_error(error)
+        usage_error(error)
     pool = default_pool()
     if not json_output:
         remaining = ", ".join(point.remaining) or "none"
@@ -351,10 +269,10 @@ def resume(
             lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code)
         )
     except KeyboardInterrupt:  # Ctrl-C while models load: nothing was written
-        _stderr().print(Text("interrupted", style="yellow"))
+        stderr_console().print(Text("interrupted", style="yellow"))
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except (GraphError, ValueError, NotImplementedError, OSError) as error:
-        _usage_error(error)
+        usage_error(error)
     status = _show_result(console, record, directory, interrupted, json_output)
     if status:
         raise typer.Exit(status)
@@ -371,22 +289,22 @@ def validate(
     json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
 ) -> None:
     """Check a topology (and optionally inputs) without running anything. Exit 1 on problems."""
-    console = _stdout()
+    console = stdout_console()
     try:
         blueprint = validate_file(topology, trust_code=trust_code)
         runs = read_inputs(input) if input is not None else []
         plans = _plans(topology, runs, trust_code) if runs else []
     except GraphError as error:
         if json_output:
-            _write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
+            write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
         else:
-            _print_graph_error(_stderr(), error)
+            print_graph_error(stderr_console(), error)
         raise typer.Exit(EXIT_FAILED) from None
     except ValueError as error:
-        _usage_error(error)
+        usage_error(error)
     spec = blueprint.spec
     if json_output:
-        _write_json({"valid": True, "graph": spec.name, "plans": [plan.describe() for plan in plans]})
+        write_json({"valid": True, "graph": spec.name, "plans": [plan.describe() for plan in plans]})
         return
     outputs = [node.name for node in spec.nodes if node.output]
     line = Text("✓ ", style="green")
@@ -425,23 +343,23 @@ def draw(
         else:
             sketch = sketch_blueprint(validate_file(topology, trust_code=trust_code))
     except (GraphError, ValueError) as error:
-        _usage_error(error)
+        usage_error(error)
     if format is DrawFormat.mermaid:
         text = to_mermaid(sketch)
         if out is None:
             sys.stdout.write(text)
             return
         try:
-            write_text_atomic(out, text)
+            write_atomic(out, text.encode("utf-8"))
         except OSError as error:
-            _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
+            fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
     else:
         out = out if out is not None else Path(topology.stem + ".png")
         try:
             save_png(sketch, out)
         except OSError as error:
-            _fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
-    _stderr().print(Text(f"wrote {out}"))
+            fail(f"--out: cannot write {str(out)!r}: {error.strerror}", "pass a writable path")
+    stderr_console().print(Text(f"wrote {out}"))
 
 
 # -- inspect -----------------------------------------------------------------------------------
@@ -458,11 +376,11 @@ def inspect(
     try:
         record = read_record(run_dir)
         if json_output:
-            _write_json(record)
+            write_json(record)
             return
-        render_record(_stdout(), record, str(run_dir), every_node=True, node=node)
+        render_record(stdout_console(), record, str(run_dir), every_node=True, node=node)
     except ValueError as error:
-        _usage_error(error)
+        usage_error(error)
 
 
 # -- schema ------------------------------------------------------------------------------------
@@ -479,7 +397,7 @@ def schema(
     kind: SchemaKind = typer.Option(SchemaKind.topology, "--kind", "-k", help="which file's schema"),
 ) -> None:
     """Print the JSON Schema of topology, agent or model files (for editor completion)."""
-    _write_json(json_schema(kind.value))
+    write_json(json_schema(kind.value))
 
 
 

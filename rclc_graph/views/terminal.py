@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..plan.compile import Plan
+from ..plan.dag import Plan
 from ..render.html_report import hops_text
 from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream

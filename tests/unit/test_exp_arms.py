@@ -10,7 +10,8 @@ import pytest
 
 from rclc_graph import compile_plan, load_graph, load_graph_text
 from rclc_graph.errors import PlanError, SpecError
-from rclc_graph.experiments.arms import Arm, apply_arm, load_arms, parse_arm, parse_arms, spec_fingerprint, validate_arms
+from rclc_graph.experiments.arm_graphs import apply_arm, spec_fingerprint, validate_arms
+from rclc_graph.experiments.arms import Arm, load_arms, parse_arm, parse_arms
 from rclc_graph.experiments.datasets import make_case
 from rclc_graph.experiments.inputs import check_case_fits, documents_read, parse_mapping, resolve_mapping
 from rclc_graph.experiments.synthetic import make_dataset

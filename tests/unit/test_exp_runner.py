@@ -13,7 +13,8 @@ from _exp_fakes import FakeRunCase, simulate
 from rclc_graph import compile_plan, load_graph
 from rclc_graph.errors import PlanError, SpecError
 from rclc_graph.experiments import commands, runner
-from rclc_graph.experiments.arms import apply_arm, parse_arm
+from rclc_graph.experiments.arm_graphs import apply_arm
+from rclc_graph.experiments.arms import parse_arm
 from rclc_graph.experiments.case_result import CaseResult, case_result_from_run
 from rclc_graph.experiments.inputs import resolve_mapping
 from rclc_graph.experiments.reproduce import compare_runs

@@ -1,4 +1,4 @@
-"""rclc.files: the one atomic write (snapshots, and in phase 2 run records and experiment rows)."""
+"""rclc.files: the one atomic write (snapshots, run records, reports, experiment rows and plots)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def test_write_json_is_strict_and_atomic(tmp_path):
         write_json_atomic(target, {"bad": float("nan")})
     assert json.loads(target.read_text()) == {"name": "Åsa", "n": [1, 2]}
     assert sorted(os.listdir(tmp_path)) == ["r.json"]
+    write_json_atomic(target, record, indent=2)  # e.g. an experiment's summary.json
+    assert target.read_text(encoding="utf-8") == json.dumps(record, indent=2, ensure_ascii=False) + "\n"
 
 
 def test_file_sha256_and_sync_directory(tmp_path):

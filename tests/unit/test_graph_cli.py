@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rclc_graph import ModelPool, ModelSpec, compile_plan, json_schema, load_graph_text
-from rclc_graph.views.cli import app, execute, main, read_inputs
+from rclc_graph.views.cli import app, execute, main
+from rclc_graph.views.run_inputs import read_inputs
 from rclc_graph.run.record import read_record
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor

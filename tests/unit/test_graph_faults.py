@@ -82,7 +82,9 @@ def _raise_in_generation(world, node):
     original = world["model"].generate
 
     def generate(*args, **kwargs):
-        if getattr(kwargs.get("streamer"), "node", None) == node:
+        # rclc's HF backend streams tokens to the graph's on_token callback, which names its node
+        on_token = getattr(kwargs.get("streamer"), "on_token", None)
+        if getattr(on_token, "node", None) == node:
             raise RuntimeError("generation fault injected")
         return original(*args, **kwargs)
 

@@ -53,10 +53,13 @@ def test_simple_plan():
     assert [model.name for model in plan.models()] == ["base"]
 
 
-def test_default_ratio_matches_the_core():
-    from rclc.policy import DEFAULT_RATIO as core_default
+def test_a_policy_left_to_defaults_is_what_the_core_does_without_options():
+    from rclc import policy as core
 
-    assert DEFAULT_RATIO == core_default
+    edge = simple().plan({"question": "Q"}).edges[0]
+    assert (edge.policy.ratio, edge.policy.selector, edge.policy.representation) == (
+        core.DEFAULT_RATIO, core.DEFAULT_SELECTOR, core.DEFAULT_REPRESENTATION)
+    assert edge.policy.label == core.BudgetPolicy.from_options().label == f"r{DEFAULT_RATIO}"
 
 
 # -- one test per error class --------------------------------------------------------------------

@@ -69,6 +69,9 @@ def test_every_export_and_its_public_methods_have_a_docstring():
 
 def test_py_typed_marker_ships():
     assert (PACKAGE / "py.typed").is_file()
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["rclc_graph"]  # in the wheel, not only here
 
 
 CONTRACT = sorted(Executor.__abstractmethods__)

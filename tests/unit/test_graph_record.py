@@ -1,10 +1,8 @@
-"""Run directories: atomic writes, record contents, node files, read_record and finished_nodes."""
+"""Run directories: record contents, node files, read_record and finished_nodes (atomic writes: test_files.py)."""
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 
 import anyio
 import pytest
@@ -12,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rclc_graph import ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
-from rclc_graph._files import write_atomic, write_json_atomic
 from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_record, safe_name
 from rclc_graph.run.recorded import RecordingExecutor, run_recorded, run_recorded_sync
 from rclc_graph.run.recorder import RunRecorder
@@ -58,26 +55,6 @@ def test_safe_name_is_injective_and_path_free(values):
     for name in encoded:
         assert "/" not in name and "\\" not in name and name not in ("", ".", "..")
         assert all(char.isalnum() or char in "._-" for char in name)
-
-
-def test_write_atomic_replaces_and_leaves_no_temporaries(tmp_path):
-    target = tmp_path / "sub" / "file.json"
-    write_atomic(target, b"one")
-    write_atomic(target, b"two")
-    assert target.read_bytes() == b"two"
-    assert sorted(os.listdir(target.parent)) == ["file.json"]
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
-
-
-def test_write_json_refuses_nan_and_keeps_the_old_file(tmp_path):
-    target = tmp_path / "r.json"
-    write_json_atomic(target, {"ok": 1})
-    with pytest.raises(ValueError):
-        write_json_atomic(target, {"bad": float("nan")})
-    assert json.loads(target.read_text()) == {"ok": 1}
-    assert sorted(os.listdir(tmp_path)) == ["r.json"]
 
 
 # -- records from a fake run -------------------------------------------------------------------

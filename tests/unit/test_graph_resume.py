@@ -19,7 +19,7 @@ import torch
 
 from rclc import testing
 from rclc_graph import ModelPool, plan_file, read_resume_point, resume_run_sync, run_recorded_sync
-from rclc_graph._files import DirectoryLock
+from rclc_graph.run.directory_lock import DirectoryLock
 from rclc_graph.run.record import RECORD_FILE
 from rclc_graph.errors import ResumeError
 from rclc_graph.testing import FakeExecutor

@@ -9,7 +9,7 @@ import time
 import anyio
 import pytest
 
-from rclc_graph import EventStream, Graph, ModelPool, Policy
+from rclc_graph import EventStream, Graph, LocalExecutor, ModelPool, Policy, RunContext
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.spec.models import ModelSpec
 
@@ -161,3 +161,40 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
     assert model.config._attn_implementation == "sdpa"
     assert stats.retired_epochs
     assert threading.active_count() <= before + 1  # the idle worker at most; nothing left computing
+
+
+def test_a_run_stopped_mid_generation_records_nothing_and_publishes_no_more_tokens(pool):
+    # The run's stop flag alone (what a replica's `stop` sets, and what the scheduler sets when
+    # a run is cancelled): generation ends, the node raises the run's cancellation, its agent
+    # keeps the state it had before generating, and no token event follows the stop.
+    graph = Graph("stopped").input("question")
+    graph.model("base").agent("talker", model="base", max_new_tokens=40)
+    graph.node("a", agent="talker", prompt="{question}", output=True)
+    plan = graph.plan({"question": "Say a lot."})
+    executor = LocalExecutor(pool)
+    bound = []
+    original_bind = executor.bind
+    executor.bind = lambda ctx, node: bound.append(original_bind(ctx, node)) or bound[-1]
+    events = []
+
+    async def main():
+        async def publish(kind, payload):
+            events.append((kind, payload))
+            if kind == "token" and payload["index"] == 1:
+                ctx.stop.set()  # after the second token
+
+        ctx = RunContext(run_id="stopped-run", plan=plan, publish=publish)
+        with pytest.raises(anyio.get_cancelled_exc_class()):
+            await executor.run_node(ctx, plan.node("a"), [])
+        with pytest.raises(anyio.get_cancelled_exc_class()):  # stopped before it starts: no model work
+            await executor.run_node(ctx, plan.node("a"), [])
+
+    anyio.run(main)
+    assert [payload["index"] for kind, payload in events if kind == "token"] == [0, 1]
+    assert len(bound) == 2
+    for agent in bound:
+        report = agent.inspect()
+        assert report["state_source"] == "messages" and report["cached_positions"] == 0
+        assert not report["pending_generation"]
+    with pytest.raises(KeyError):
+        executor.agent("stopped-run", "a")

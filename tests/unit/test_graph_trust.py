@@ -215,7 +215,7 @@ def assert_data_only(run_dir: Path) -> int:
             assert not re.search(r"<[^>]*\son[a-z]+\s*=", page, re.I), path  # no event handler attributes
             assert "javascript:" not in page.lower(), path
         elif path.name == ".lock":
-            assert data == b"", path  # the directory lock (rclc_graph._files.DirectoryLock) holds nothing
+            assert data == b"", path  # the directory lock (rclc_graph.run.directory_lock.DirectoryLock) holds nothing
         else:
             raise AssertionError(f"unexpected file in a run directory: {path}")
     return len(files)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 pytest.importorskip("importlinter")  # the dev extra installs it (make install)
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LINT_IMPORTS = pathlib.Path(sys.executable).parent / "lint-imports"
@@ -26,8 +27,9 @@ def test_every_contract_is_kept():
     result = lint_imports()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
-    for contract in ("rclc never imports rclc_graph", "spec and plan import no torch", "views use the executors'",
-                     "the graph layer's layers", "render imports no other part", "never imports rclc_graph.testing"):
+    for contract in ("rclc never imports rclc_graph", "spec and plan import no torch", "spec and plan use only rclc's",
+                     "imports rclc's public names only", "views use the executors'", "the graph layer's layers",
+                     "render imports no other part", "errors sits below", "never imports rclc_graph.testing"):
         assert contract in result.stdout, contract
 
 
@@ -45,3 +47,27 @@ def test_a_contract_the_code_breaks_fails(tmp_path):
     result = lint_imports(str(config))
     assert result.returncode == 1
     assert "1 broken" in result.stdout and "rclc_graph.views.interactive -> rclc_graph.run" in result.stdout
+
+
+def test_the_public_names_contract_reads_the_graph_layers_imports_of_rclc(tmp_path):
+    # The real contract, minus one public module: the graph's imports of rclc.policy then break it.
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    contract = next(item for item in contracts if "public names only" in item["name"])
+    allowed = [line for line in contract["ignore_imports"] if not line.endswith("-> rclc.policy")]
+    assert len(allowed) == len(contract["ignore_imports"]) - 1
+    config = tmp_path / "public.toml"
+    config.write_text(
+        "[tool.importlinter]\n"
+        'root_packages = ["rclc", "rclc_graph"]\n\n'
+        "[[tool.importlinter.contracts]]\n"
+        'name = "public names, rclc.policy left out"\n'
+        'type = "forbidden"\n'
+        f"source_modules = {contract['source_modules']!r}\n"
+        f"forbidden_modules = {contract['forbidden_modules']!r}\n"
+        "allow_indirect_imports = true\n"
+        f"ignore_imports = {allowed!r}\n"
+        'unmatched_ignore_imports_alerting = "none"\n'
+    )
+    result = lint_imports(str(config))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "rclc_graph.plan.policy -> rclc.policy" in result.stdout

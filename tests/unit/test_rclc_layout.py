@@ -110,6 +110,9 @@ def test_public_functions_have_type_hints_and_docstrings():
 
 def test_package_ships_a_typed_marker():
     assert (PACKAGE / "py.typed").is_file()
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["rclc"]  # in the wheel, not only here
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Every shipped topology runs with its model on vLLM (`backend: vllm`), through the scheduler.
+"""Every shipped topology runs with its model on vLLM (`backend: vllm`), through the scheduler;
+its token events and a stopped run behave as on HF.
 
 The pool loads one engine for the module (the real loader, not a test engine). Output
 lengths are cut to keep CPU time down; the graph structure, policies and inputs are the
@@ -10,13 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 
 from rclc.vllm.capture import registry
-from rclc_graph import ModelPool
+from rclc_graph import EventStream, Graph, LocalExecutor, ModelPool, RunContext
 from rclc_graph.spec.load import read_graph
 from rclc_graph.plan.compile import compile_plan
-from rclc_graph.run.scheduler import run_plan_sync
+from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.executors.vllm_engine import shutdown
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
@@ -94,3 +96,60 @@ def test_one_engine_per_process(pool):
     pool.get(ModelSpec(name="base", source="embedded", backend="vllm"))
     with pytest.raises(ValueError, match="one capture engine per process"):
         pool.get(ModelSpec(name="half", source="embedded", backend="vllm", dtype="bfloat16"))
+
+
+def test_vllm_token_events_follow_generation_in_order(pool):
+    # vLLM reports tokens once llm.generate returns; the graph publishes them after recording
+    # the continuation, one event per generated token, before the node's finished event.
+    path = ROOT / "topologies" / "chain_of_agents.yaml"
+    plan = _plan(path, "vllm")
+    events = EventStream(max_events=10_000)
+
+    async def main():
+        result = await run_plan(plan, pool=pool, base_dir=path.parent, events=events)
+        events.close()
+        return result, [event async for event in events]
+
+    result, seen = anyio.run(main)
+    _check(result, plan)
+    for name, node in result.nodes.items():
+        tokens = [event.payload for event in seen if event.kind == "token" and event.payload["node"] == name]
+        assert [token["index"] for token in tokens] == list(range(node.generated_tokens)), name
+        if tokens:
+            last_token = max(i for i, event in enumerate(seen) if event.kind == "token" and event.payload["node"] == name)
+            finished = next(i for i, event in enumerate(seen) if event.kind == "node" and event.payload["node"] == name
+                            and event.payload["status"] == "finished")
+            assert last_token < finished, name
+
+
+def test_a_run_stopped_during_vllm_generation_records_nothing(pool, monkeypatch):
+    plan = Graph("stopped").input("question").model("base", backend="vllm").agent(
+        "talker", model="base", max_new_tokens=MAX_NEW_TOKENS
+    ).node("a", agent="talker", prompt="{question}", output=True).plan({"question": "Say something."})
+    llm = pool.get(plan.node("a").model).model
+    executor = LocalExecutor(pool)
+    bound, published = [], []
+    original_bind, original_generate = executor.bind, llm.generate
+    executor.bind = lambda ctx, node: bound.append(original_bind(ctx, node)) or bound[-1]
+
+    async def publish(kind, payload):
+        published.append((kind, payload))
+
+    ctx = RunContext(run_id="stopped-run", plan=plan, publish=publish)
+
+    def generate(*args, **kwargs):  # the run is cancelled while the engine generates
+        output = original_generate(*args, **kwargs)
+        ctx.stop.set()
+        return output
+
+    monkeypatch.setattr(llm, "generate", generate)
+
+    async def main():
+        with pytest.raises(anyio.get_cancelled_exc_class()):
+            await executor.run_node(ctx, plan.node("a"), [])
+
+    anyio.run(main)
+    assert published == []  # no token event: they are published only after recording
+    report = bound[0].inspect()
+    assert report["state_source"] == "messages" and report["cached_positions"] == 0  # nothing recorded
+    assert registry.entries() == {}  # no capture prefill was started for the continuation

@@ -1,0 +1,63 @@
+"""Directories that only one process writes at a time: `DirectoryLock`, the `filelock`
+library's lock on `DIR/.lock`.
+
+Run directories (a run, or a resume of it) and experiment stores (rows appended to one
+results file) are each written by one process; the lock is how a second one is refused.
+Files themselves are written atomically by `rclc.files`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import filelock
+
+LOCK_FILE = ".lock"
+
+
+def _run_dir_busy(directory: Path) -> Exception:
+    return ValueError(
+        f"run_dir: {str(directory)!r} is being written by another process (a run or a resume of it); "
+        "wait for it to end, or stop it first"
+    )
+
+
+class DirectoryLock:
+    """An exclusive, non-blocking lock on a directory (`DIR/.lock`), held while one process writes it.
+
+    Two processes writing one run directory (a run still going and a resume of it, or two
+    resumes) would record some nodes twice; two experiments appending to one results file
+    would interleave rows. The lock is an OS lock on the lock file (flock on POSIX), so the
+    kernel drops it when its holder dies: a SIGKILLed run leaves its directory free to resume.
+    `acquire` raises `busy(directory)` (a ValueError naming the run directory by default)
+    when another holder has it, and does nothing when this object holds it already;
+    `release` may run on another thread than `acquire` (records finish in a worker thread).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, busy: Callable[[Path], Exception] = _run_dir_busy) -> None:
+        self.directory = Path(directory)
+        self._busy = busy
+        # thread_local=False: released from the worker thread that finishes a record.
+        # preserve_lock_file: the file stays, so a refused resume leaves the directory as it was.
+        self._lock = filelock.FileLock(self.directory / LOCK_FILE, thread_local=False, preserve_lock_file=True)
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock now."""
+        return self._lock.is_locked
+
+    def acquire(self) -> None:
+        """Take the lock, or raise `busy(directory)` when another holder has it."""
+        if self._lock.is_locked:
+            return
+        try:
+            self._lock.acquire(blocking=False)
+        except filelock.Timeout:
+            raise self._busy(self.directory) from None
+
+    def release(self) -> None:
+        """Let the lock go (nothing happens when this object does not hold it)."""
+        if self._lock.is_locked:
+            self._lock.release(force=True)

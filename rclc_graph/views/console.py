@@ -1,0 +1,81 @@
+"""How the `rclc-graph` commands talk to a terminal: consoles, JSON output, errors, exit codes.
+
+User mistakes never print a traceback: a GraphError prints each problem with its location,
+field path, code and fix; any other ValueError prints its message; both exit with
+EXIT_USAGE. Consoles that are not terminals (logs, pipes) are 120 columns wide, so tables
+stay readable there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from ..errors import GraphError, format_path
+
+EXIT_FAILED = 1  # a run failed, or `validate` found problems
+EXIT_USAGE = 2  # a usage error: bad option, missing or malformed file, invalid topology or inputs
+EXIT_INTERRUPTED = 130  # Ctrl-C (the nodes that finished are recorded)
+
+
+def stdout_console() -> Console:
+    """The console commands print results to (stdout)."""
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=120)  # logs and pipes: wide enough for the tables
+    return console
+
+
+def stderr_console() -> Console:
+    """The console errors and notices go to (stderr), so stdout stays clean for `--json`."""
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=True, highlight=False, width=120)
+    return console
+
+
+def write_json(data: Any) -> None:
+    """`--json` output: one indented UTF-8 JSON document on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def print_graph_error(console: Console, error: GraphError) -> None:
+    """Every problem of `error`: where (file:line, field path), what, its code, and the fix."""
+    count = len(error.problems)
+    if count > 1:
+        console.print(Text(f"{count} problems:", style="bold red"))
+    for problem in error.problems:
+        line = Text()
+        if problem.location is not None:
+            line.append(f"{problem.location}: ", style="bold")
+        if problem.path:
+            line.append(f"{format_path(problem.path)}: ", style="cyan")
+        line.append(problem.message)
+        line.append(f"  [{problem.code}]", style="dim")
+        console.print(Text("error: ", style="bold red") + line, soft_wrap=True)
+        console.print(Text("  fix: ", style="green") + Text(problem.fix), soft_wrap=True)
+
+
+def fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoReturn:
+    """Print `message` (and `fix`) on stderr and exit with `code`."""
+    console = stderr_console()
+    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    if fix:
+        console.print(Text("  fix: ", style="green") + Text(fix), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def usage_error(error: Exception, code: int = EXIT_USAGE) -> NoReturn:
+    """A user's mistake as one message plus the fix (no traceback), then exit with `code`."""
+    if isinstance(error, GraphError):
+        print_graph_error(stderr_console(), error)
+        raise typer.Exit(code)
+    message = str(error)
+    fail(message)
