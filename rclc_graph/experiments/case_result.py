@@ -9,6 +9,7 @@ it with `rclc_graph.run.run_plan_sync` and converts the scheduler's RunResult wi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -79,6 +80,7 @@ class CaseResult:
     model_fingerprints: Mapping[str, str] = field(default_factory=dict)
     plan_fingerprint: str | None = None
     greedy: bool | None = None  # every agent decodes greedily: a rerun must give the same answer
+    warmup: bool = False  # the run loaded a model: its latency includes one-time costs
 
     def __post_init__(self) -> None:
         if self.status not in ("finished", "failed", "cancelled"):
@@ -132,9 +134,11 @@ def scheduler_run_case(*, trust_code: bool = False, seed: int = 0, pool: ModelPo
         if state["pool"] is None:
             state["pool"] = ModelPool()
         plan = compile_plan(spec, inputs, trust_code=trust_code)
+        loads = state["pool"].loads
         run = run_plan_sync(plan, pool=state["pool"], seed=seed)
         fingerprints = {model.name: state["pool"].get(model).fingerprint for model in plan.models()}
-        return case_result_from_run(run, plan, case, model_fingerprints=fingerprints)
+        result = case_result_from_run(run, plan, case, model_fingerprints=fingerprints)
+        return dataclasses.replace(result, warmup=state["pool"].loads > loads)
 
     return run_case
 

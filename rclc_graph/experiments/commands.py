@@ -4,6 +4,7 @@
 
     rclc-graph experiment --topology T --data D.jsonl --arm NAME=POLICY ... [--arms-file F.yaml]
                           --out DIR [--limit N] [--json] [--trust-code] [--scorer module:fn]
+                          [--compare-to ARM]
     rclc-graph data make --size N --seed S --out FILE [--documents K]
     rclc-graph compare-runs DIR_A DIR_B [--json]
 
@@ -28,7 +29,7 @@ from . import runner
 from .arms import load_arms, parse_arms
 from .inputs import parse_mapping
 from .reproduce import compare_runs
-from .summary import TABLE_WIDTH, table
+from .summary import TABLE_WIDTH, format_p, table
 from .synthetic import write_dataset
 
 app = typer.Typer(help="Experiments: compare handoff policies on a dataset.", no_args_is_help=True)
@@ -61,6 +62,10 @@ def experiment(
     seed: int = typer.Option(0, "--seed", min=0, help="run seed handed to the scheduler"),
     input_map: List[str] = typer.Option([], "--map", help="FIELD=INPUT: which topology input gets the case's question/documents"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="recompute rows whose run failed"),
+    compare_to: Optional[str] = typer.Option(
+        None, "--compare-to", metavar="ARM",
+        help="arm every other arm is tested against (exact McNemar on the shared cases); default: the first arm",
+    ),
 ) -> None:
     """Run TOPOLOGY over DATA under every arm; write results.jsonl, summary.json, plots, report.md."""
     try:
@@ -75,6 +80,8 @@ def experiment(
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"arm names given twice (command line and --arms-file?): {', '.join(duplicates)}")
+        if compare_to is not None and compare_to not in names:
+            raise ValueError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
         mapping = parse_mapping(input_map)
     except (GraphError, ValueError) as exc:
         _fail(exc, as_json)
@@ -92,7 +99,7 @@ def experiment(
         try:
             summary = runner.run_experiment(
                 topology, data, arms, out, limit=limit, progress=report, trust_code=trust_code, scorer=scorer,
-                seed=seed, input_map=mapping, retry_failed=retry_failed,
+                seed=seed, input_map=mapping, retry_failed=retry_failed, compare_to=compare_to,
             )
         except KeyboardInterrupt:
             console.print(f"interrupted; finished rows are in {out}/results.jsonl; run the same command to resume")
@@ -139,7 +146,8 @@ def compare(
     second: Path = typer.Argument(..., help="another one, from a rerun of the same command"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Check that a rerun reproduced the answers (greedy decoding, same graphs and models)."""
+    """Check that a rerun reproduced the answers (greedy decoding, same graphs and models), and
+    test per arm whether the two runs are right on the same cases (exact McNemar)."""
     try:
         result = compare_runs(first, second)
     except ValueError as exc:
@@ -154,6 +162,11 @@ def compare(
             typer.echo(f"  differs: case {item['case']} arm {item['arm']}: {item['first']!r} != {item['second']!r}")
         for item in result.not_comparable[:5]:
             typer.echo(f"  not comparable: case {item['case']} arm {item['arm']}: {item['reason']}")
+        for arm, pair in result.paired.items():
+            typer.echo(
+                f"  arm {arm}: right in both {pair.both_correct}, only first {pair.only_first}, only second "
+                f"{pair.only_second}, neither {pair.both_wrong}; exact McNemar p={format_p(pair.p_value)}"
+            )
     if not result.reproduced:
         raise typer.Exit(1)
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 from rclc.files import write_atomic
 
-from .summary import format_accuracy, format_bytes
+from .summary import format_accuracy, format_bytes, format_p, format_versus
 
 COMPRESSION_PLOT = "accuracy_vs_compression.png"
 LATENCY_PLOT = "accuracy_vs_latency.png"
@@ -48,7 +48,7 @@ def _accuracy_figure(summary: Mapping[str, Any], path: str | os.PathLike[str], w
     try:
         yield axes
         axes.set_xlabel(x_label)
-        axes.set_ylabel("accuracy (95% bootstrap interval)")
+        axes.set_ylabel("accuracy (95% Wilson interval)")
         axes.set_ylim(-0.02, 1.02)
         axes.set_title(_title(summary, what))
         axes.grid(True, alpha=0.3)
@@ -103,16 +103,37 @@ def plot_accuracy_vs_latency(summary: Mapping[str, Any], path: str | os.PathLike
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
+    reference = (summary.get("paired") or {}).get("reference")
     lines = [
-        "| arm | mode | n | accuracy [95% CI] | median latency (s) | positions kept | compression | payload | evidence kept | failed |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| arm | mode | n | accuracy [95% CI] | "
+        + (f"vs {reference} (McNemar) | " if reference else "")
+        + "median latency (s) | positions kept | compression | payload | evidence kept | failed |",
+        "| --- | --- | ---: | ---: | " + ("---: | " if reference else "") + "---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, arm in summary["arms"].items():
         lines.append(
             f"| {name} | {arm['label']} | {arm['cases']} | {format_accuracy(arm['accuracy'], arm['accuracy_ci'])} | "
-            f"{_num(arm['median_latency_s'], '{:.2f}')} | {_num(arm['positions'], '{:.0f}')} | "
+            + (f"{format_versus(summary, name)} | " if reference else "")
+            + f"{_num(arm['median_latency_s'], '{:.2f}')} | {_num(arm['positions'], '{:.0f}')} | "
             f"{_num(arm['compression'], '{:.1f}x')} | {format_bytes(arm['payload_bytes'])} | "
             f"{_num(arm['evidence_survival'], '{:.0%}')} | {arm['failed']} |"
+        )
+    return "\n".join(lines)
+
+
+def paired_table(summary: Mapping[str, Any]) -> str:
+    """Every pair of arms: the 2x2 counts on their shared cases and McNemar's exact p."""
+    pairs = (summary.get("paired") or {}).get("pairs") or []
+    if not pairs:
+        return "Only one arm: no paired tests."
+    lines = [
+        "| arm A | arm B | cases | both right | only A | only B | both wrong | p (exact McNemar) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for pair in pairs:
+        lines.append(
+            f"| {pair['first']} | {pair['second']} | {pair['cases']} | {pair['both_correct']} | {pair['only_first']} | "
+            f"{pair['only_second']} | {pair['both_wrong']} | {format_p(pair['p_value'])} |"
         )
     return "\n".join(lines)
 
@@ -135,10 +156,16 @@ Topology `{topology.get('path', '?')}` over {summary.get('cases', '?')} cases of
 
 {markdown_table(summary)}
 
-Accuracy intervals: percentile bootstrap, {summary['bootstrap']['resamples']} resamples, seed {summary['bootstrap']['seed']}.
-A failed run counts as wrong. Positions and payload are per case, summed over hops. "Evidence kept"
-is the mean share of the gold evidence tokens present in the answering node's state ("-" when
-not measurable, e.g. over text hops).
+Accuracy intervals: 95% Wilson score intervals. "vs" compares each arm with the reference arm on
+the cases both ran: McNemar's exact two-sided p, then (+cases only this arm got right/-cases only
+the reference got right). A failed run counts as wrong. Median latency leaves out warm-up runs
+(those that loaded a model, and the first run of each process). Positions and payload are per
+case, summed over hops. "Evidence kept" is the mean share of the gold evidence tokens present in
+the answering node's state ("-" when not measurable, e.g. over text hops).
+
+## Paired tests
+
+{paired_table(summary)}
 
 ![accuracy vs compression]({COMPRESSION_PLOT})
 

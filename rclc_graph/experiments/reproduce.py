@@ -5,14 +5,19 @@ which covers prompts, agents, sampling settings and policies), the case (`case_f
 the models' fingerprints, the run seed and whether every agent decoded greedily. Two rows of
 the same (case, arm) are comparable when all of those agree; with greedy decoding their
 answers must then be identical, and any difference is a reproducibility bug.
+
+The comparison also tests, arm by arm, whether the two runs are right on the same cases:
+McNemar's exact paired test over the cases both directories hold for that arm (stats.py).
+Rows scored by different scorers are left out of it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .stats import PairedComparison, paired_comparison
 from .store import read_rows
 
 _SAME = ("arm_fingerprint", "case_fingerprint", "model_fingerprints", "seed")
@@ -24,6 +29,7 @@ class Reproduction:
     identical: int
     differing: tuple[dict[str, Any], ...]  # {case, arm, first, second}
     not_comparable: tuple[dict[str, Any], ...]  # {case, arm, reason}
+    paired: Mapping[str, PairedComparison] = field(default_factory=dict)  # arm -> first directory vs second
 
     @property
     def reproduced(self) -> bool:
@@ -36,6 +42,7 @@ class Reproduction:
             "identical": self.identical,
             "differing": list(self.differing),
             "not_comparable": list(self.not_comparable),
+            "paired": {arm: pair.to_dict() for arm, pair in self.paired.items()},
         }
 
 
@@ -70,4 +77,16 @@ def compare_runs(first_dir: str | os.PathLike[str], second_dir: str | os.PathLik
             identical += 1
         else:
             differing.append({"case": key[0], "arm": key[1], "first": first[key].get("answer"), "second": second[key].get("answer")})
-    return Reproduction(compared, identical, tuple(differing), tuple(not_comparable))
+    return Reproduction(compared, identical, tuple(differing), tuple(not_comparable), _paired(first, second))
+
+
+def _paired(first: Mapping[tuple[str, str], Mapping[str, Any]],
+            second: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, PairedComparison]:
+    """Per arm, McNemar's exact test of the first directory's outcomes against the second's."""
+    by_arm: dict[str, list[tuple[bool, bool]]] = {}
+    for key in sorted(first.keys() & second.keys()):
+        a, b = first[key], second[key]
+        if a.get("scorer") != b.get("scorer"):
+            continue
+        by_arm.setdefault(key[1], []).append((bool(a.get("correct")), bool(b.get("correct"))))
+    return {arm: paired_comparison("first", "second", pairs) for arm, pairs in sorted(by_arm.items())}

@@ -32,7 +32,6 @@ from rclc.files import file_sha256, write_json_atomic
 from ..errors import GraphError, PlanError, Problem
 from ..plan.compile import expand
 from ..spec.load import read_graph
-from . import stats
 from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
 from .arms import Arm, parse_arm
 from .case_result import CaseResult, RunCase, failed_result, hop_totals, scheduler_run_case
@@ -89,16 +88,19 @@ def run_experiment(
     seed: int = 0,
     input_map: Mapping[str, str] | None = None,
     retry_failed: bool = False,
-    resamples: int = stats.DEFAULT_RESAMPLES,
-    bootstrap_seed: int = stats.DEFAULT_SEED,
+    compare_to: str | None = None,
 ) -> Summary:
     """Run (or resume) an experiment and write its summary, plots and report into `out_dir`.
 
     `run_case(spec, inputs, case) -> CaseResult` runs one arm's graph on one case; the
     default plans it and runs the scheduler with `seed`. An exception from `run_case` is
     recorded as a failed row (counted as wrong), except ImportError, which stops the
-    experiment; `retry_failed` recomputes failed rows, which are otherwise kept. ValueError
+    experiment; `retry_failed` recomputes failed rows, which are otherwise kept. `compare_to`
+    names the arm the table tests every other arm against (default: the first). ValueError
     (GraphError, StoreError) for any problem found before the runs start.
+
+    A row is marked `warmup` when its run loaded a model or was the first this call computed;
+    latency medians leave warm-up rows out (summary.py).
     """
     arm_list = [parse_arm(arm) if isinstance(arm, str) else arm for arm in arms]
     if not arm_list:
@@ -106,6 +108,8 @@ def run_experiment(
     names = [arm.name for arm in arm_list]
     if len(set(names)) != len(names):
         raise ValueError(f"arms: names must be unique, got {names}")
+    if compare_to is not None and compare_to not in names:
+        raise ValueError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
     score = load_scorer(scorer, trust_code=trust_code)
     loaded = read_graph(topology_path)
     spec = loaded.spec
@@ -139,7 +143,8 @@ def run_experiment(
                         progress(Progress(done, total, case.id, arm.name, True, previous))
                     continue
                 result = _run_one(run_case, arm_specs[arm.name], inputs, case)
-                row = result_row(case, arm, result, score, arm_fingerprint=arm_fingerprints[arm.name], seed=seed)
+                row = result_row(case, arm, result, score, arm_fingerprint=arm_fingerprints[arm.name], seed=seed,
+                                 warmup=result.warmup or computed == 0)
                 store.append(row)
                 finished[(case.id, arm.name)] = row
                 done += 1
@@ -152,11 +157,11 @@ def run_experiment(
 
     keys = {(case.id, arm.name) for case in cases for arm in arm_list}
     metadata = _metadata(
-        loaded.spec, topology_path, dataset_path, cases, limit, score, seed, bootstrap_seed, mapping.to_dict(),
+        loaded.spec, topology_path, dataset_path, cases, limit, score, seed, mapping.to_dict(),
         [row for row in rows if (row["case"], row["arm"]) in keys],
     )
     metadata["rows"] = {"computed": computed, "resumed": resumed, "recovered_bytes": recovered}
-    data = summarise(rows, arm_list, [case.id for case in cases], resamples=resamples, bootstrap_seed=bootstrap_seed, metadata=metadata)
+    data = summarise(rows, arm_list, [case.id for case in cases], reference=compare_to, metadata=metadata)
     files = write_summary(data, directory)
     return Summary(directory, data, files, computed, resumed, recovered)
 
@@ -171,8 +176,10 @@ def write_summary(data: Mapping[str, Any], directory: str | os.PathLike[str]) ->
     return files
 
 
-def result_row(case: Case, arm: Arm, result: CaseResult, scorer: Scorer, *, arm_fingerprint: str, seed: int) -> dict[str, Any]:
-    """The JSON row recorded for one (case, arm)."""
+def result_row(case: Case, arm: Arm, result: CaseResult, scorer: Scorer, *, arm_fingerprint: str, seed: int,
+               warmup: bool = False) -> dict[str, Any]:
+    """The JSON row recorded for one (case, arm); `warmup` marks a run whose latency includes
+    one-time costs (model loading, first forwards), which latency medians leave out."""
     correct = result.status == "finished" and result.answer is not None and scorer(result.answer, case.answers)
     evidence = dict(result.evidence) if result.evidence is not None else None
     return {
@@ -184,6 +191,7 @@ def result_row(case: Case, arm: Arm, result: CaseResult, scorer: Scorer, *, arm_
         "correct": bool(correct),
         "scorer": scorer.name,
         "latency_s": result.latency_s,
+        "warmup": bool(warmup),
         "selection_s": result.selection_s,
         "generation_s": result.generation_s,
         **hop_totals(result.hops),
@@ -272,7 +280,7 @@ def _rescored(row: dict[str, Any], scorer: Scorer, answers: Mapping[str, Sequenc
 
 
 def _metadata(spec, topology_path, dataset_path, cases: Sequence[Case], limit, score: Scorer, seed: int,
-              bootstrap_seed: int, mapping: Mapping[str, str], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+              mapping: Mapping[str, str], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     fingerprints: dict[str, set[str]] = {}
     for row in rows:
         for model, fingerprint in (row.get("model_fingerprints") or {}).items():
@@ -283,7 +291,7 @@ def _metadata(spec, topology_path, dataset_path, cases: Sequence[Case], limit, s
         "dataset": {"path": str(dataset_path), "sha256": file_sha256(dataset_path), "limit": limit, "cases": len(cases)},
         "input_mapping": dict(mapping),
         "scorer": score.name,
-        "seeds": {"run": seed, "bootstrap": bootstrap_seed},
+        "seeds": {"run": seed},
         "greedy": greedy_flags.pop() if len(greedy_flags) == 1 else (None if not greedy_flags else False),
         # one fingerprint per model when every row ran the same weights; several mean mixed rows
         "model_fingerprints": {model: sorted(values) for model, values in sorted(fingerprints.items())},

@@ -44,6 +44,10 @@ def test_data_make_then_experiment_resume_and_rerun(tmp_path, embedded):
 
     rows = [json.loads(line) for line in (tmp_path / "first" / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * len(ARMS) and all(row.get("error") is None for row in rows)
+    # issue 16 item 20: only the run that loaded the model is the warm-up, and the medians leave it out
+    assert [row["warmup"] for row in rows] == [True] + [False] * (len(rows) - 1)
+    assert arms[ARMS[0].split("=")[0]]["latency_runs"] == 1 and arms["full"]["latency_runs"] == 2
+    assert len(summary["paired"]["pairs"]) == len(ARMS) * (len(ARMS) - 1) // 2
     for name, measures in arms.items():
         mine = [row for row in rows if row["arm"] == name]
         assert measures["failed"] == 0 and measures["finished"] == 2

@@ -61,8 +61,7 @@ def test_case_result_from_a_simulated_run():
 def test_run_experiment_end_to_end(tmp_path, data, topology):
     fake = FakeRunCase()
     steps = []
-    summary = runner.run_experiment(topology, data, ARMS, tmp_path / "out", run_case=fake, progress=steps.append,
-                                    resamples=500)
+    summary = runner.run_experiment(topology, data, ARMS, tmp_path / "out", run_case=fake, progress=steps.append)
     assert len(fake.calls) == 6 * len(ARMS) and summary.computed == 6 * len(ARMS) and summary.resumed == 0
     assert [step.done for step in steps] == list(range(1, 6 * len(ARMS) + 1)) and steps[-1].total == 6 * len(ARMS)
     assert [step.arm for step in steps[: len(ARMS)]] == [parse_arm(a).name for a in ARMS]  # arms inner
@@ -85,7 +84,7 @@ def test_run_experiment_end_to_end(tmp_path, data, topology):
     assert 0 < arms["r4"]["evidence_survival"] < 1
     assert saved["cases"] == 6 and saved["topology"]["name"] == load_graph(topology).name
     assert saved["model_fingerprints"] == {"base": ["fake-fingerprint"]} and saved["greedy"] is True
-    assert saved["seeds"] == {"run": 0, "bootstrap": 0} and saved["versions"]["python"]
+    assert saved["seeds"] == {"run": 0} and saved["versions"]["python"]
     assert saved["dataset"]["sha256"] and saved["scorer"] == "containment"
     rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
     row = rows[0]
@@ -94,26 +93,31 @@ def test_run_experiment_end_to_end(tmp_path, data, topology):
                 "plan_fingerprint", "model_fingerprints", "greedy", "seed"):
         assert key in row, key
     assert row["hops"][0]["sent_positions"] >= row["hops"][0]["kept_positions"]
+    # issue 16 item 20: the first run of the process is the warm-up; the latency median leaves it out
+    assert [r["warmup"] for r in rows] == [True] + [False] * (len(rows) - 1)
+    assert arms[rows[0]["arm"]]["latency_runs"] == 5 and arms[rows[1]["arm"]]["latency_runs"] == 6
+    assert len(saved["paired"]["pairs"]) == len(ARMS) * (len(ARMS) - 1) // 2 and saved["paired"]["reference"] == "r4"
     report = (out / "report.md").read_text()
     assert "accuracy_vs_compression.png" in report and "| single | single_context | 6 |" in report
 
 
 def test_resume_recomputes_nothing_and_a_torn_row_once(tmp_path, data):
     out = tmp_path / "out"
-    runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=FakeRunCase(), resamples=200)
+    runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=FakeRunCase())
     again = FakeRunCase()
-    summary = runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=again, resamples=200)
+    summary = runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=again)
     assert again.calls == [] and summary.computed == 0 and summary.resumed == 18
     path = out / RESULTS
     before = path.read_bytes()
     path.write_bytes(before[:-20])  # a crash while writing the last row
     third = FakeRunCase()
-    summary = runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=third, resamples=200)
+    summary = runner.run_experiment(FANOUT, data, ARMS[:3], out, run_case=third)
     assert len(third.calls) == 1 and summary.computed == 1 and summary.recovered_bytes > 0
     assert len(path.read_text().splitlines()) == 18
+    assert json.loads(path.read_text().splitlines()[-1])["warmup"] is True  # the resuming process warmed up on it
     # adding an arm computes only that arm; --limit restricts the summary to the first cases
     fourth = FakeRunCase()
-    summary = runner.run_experiment(FANOUT, data, ARMS[:4], out, run_case=fourth, limit=2, resamples=200)
+    summary = runner.run_experiment(FANOUT, data, ARMS[:4], out, run_case=fourth, limit=2)
     assert len(fourth.calls) == 2 and summary.data["cases"] == 2 and summary.arms["full"]["cases"] == 2
 
 
@@ -121,19 +125,18 @@ def test_failures_are_rows_counted_wrong_and_retried_on_request(tmp_path, data):
     out = tmp_path / "out"
     first_case = json.loads(data.read_text().splitlines()[0])["id"]
     crashing = FakeRunCase(raise_on=first_case)
-    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=crashing, resamples=200)
+    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=crashing)
     assert summary.arms["full"]["failed"] == 1 and summary.arms["full"]["accuracy"] == pytest.approx(5 / 6)
     row = json.loads((out / RESULTS).read_text().splitlines()[0])
     assert row["status"] == "failed" and row["error"] == "RuntimeError: simulated crash" and row["correct"] is False
     kept = FakeRunCase()
-    runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=kept, resamples=200)
+    runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=kept)
     assert kept.calls == []  # failed rows are finished rows unless asked
     retried = FakeRunCase()
-    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=retried, retry_failed=True, resamples=200)
+    summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=retried, retry_failed=True)
     assert len(retried.calls) == 1 and summary.arms["full"]["failed"] == 0 and summary.arms["full"]["accuracy"] == 1.0
     # a run the scheduler reports as failed (not raised) is recorded the same way
-    scheduler_failed = runner.run_experiment(FANOUT, data, ["f2=full"], tmp_path / "o2", run_case=FakeRunCase(fail_on="Answer"),
-                                             resamples=200)
+    scheduler_failed = runner.run_experiment(FANOUT, data, ["f2=full"], tmp_path / "o2", run_case=FakeRunCase(fail_on="Answer"))
     assert scheduler_failed.arms["f2"]["failed"] == 6 and scheduler_failed.arms["f2"]["accuracy"] == 0.0
 
 
@@ -142,7 +145,7 @@ def test_an_import_error_stops_the_experiment_without_rows(tmp_path, data):
         raise ImportError("no module named 'torch'")
 
     with pytest.raises(ImportError):
-        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out", run_case=broken, resamples=100)
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out", run_case=broken)
     assert (tmp_path / "out" / RESULTS).exists() is False
 
 
@@ -158,15 +161,15 @@ def test_a_missing_scheduler_is_reported_before_any_run(tmp_path, data, monkeypa
 
 def test_stale_rows_are_refused(tmp_path, data):
     out = tmp_path / "out"
-    runner.run_experiment(FANOUT, data, ["a=state:ratio=4"], out, run_case=FakeRunCase(), resamples=100)
+    runner.run_experiment(FANOUT, data, ["a=state:ratio=4"], out, run_case=FakeRunCase())
     with pytest.raises(ValueError, match="different graph"):
-        runner.run_experiment(FANOUT, data, ["a=state:ratio=8"], out, run_case=FakeRunCase(), resamples=100)
+        runner.run_experiment(FANOUT, data, ["a=state:ratio=8"], out, run_case=FakeRunCase())
     lines = data.read_text().splitlines()
     changed = json.loads(lines[0])
     changed["question"] += " Please."
     data.write_text("\n".join([json.dumps(changed)] + lines[1:]) + "\n")
     with pytest.raises(ValueError, match="has changed"):
-        runner.run_experiment(FANOUT, data, ["a=state:ratio=4"], out, run_case=FakeRunCase(), resamples=100)
+        runner.run_experiment(FANOUT, data, ["a=state:ratio=4"], out, run_case=FakeRunCase())
 
 
 def test_problems_are_found_before_any_run(tmp_path):
@@ -188,7 +191,7 @@ def test_problems_are_found_before_any_run(tmp_path):
         runner.run_experiment(FANOUT, three, [parse_arm("a=full"), parse_arm("a=text")], tmp_path / "out", run_case=fake)
     assert fake.calls == [] and not (tmp_path / "out" / RESULTS).exists()
     # question_only and single_context alone read the whole list: any number of documents works
-    summary = runner.run_experiment(CHAIN, three, ["floor=question_only"], tmp_path / "ok", run_case=fake, resamples=100)
+    summary = runner.run_experiment(CHAIN, three, ["floor=question_only"], tmp_path / "ok", run_case=fake)
     assert summary.arms["floor"]["cases"] == 3
 
 
@@ -197,19 +200,19 @@ def test_rescoring_with_another_scorer_keeps_the_file(tmp_path, data, monkeypatc
     import types
 
     out = tmp_path / "out"
-    runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=FakeRunCase(), resamples=100)
+    runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=FakeRunCase())
     module = types.ModuleType("exp_never")
     module.never = lambda output, answers: False
     monkeypatch.setitem(sys.modules, "exp_never", module)
     summary = runner.run_experiment(FANOUT, data, ["full=full"], out, run_case=FakeRunCase(), scorer="exp_never:never",
-                                    trust_code=True, resamples=100)
+                                    trust_code=True)
     assert summary.arms["full"]["accuracy"] == 0.0 and summary.data["scorer"] == "exp_never:never"
     assert all(json.loads(line)["correct"] for line in (out / RESULTS).read_text().splitlines())
 
 
 def test_reruns_reproduce(tmp_path, data):
     for name in ("a", "b"):
-        runner.run_experiment(FANOUT, data, ARMS[:2], tmp_path / name, run_case=FakeRunCase(), resamples=100)
+        runner.run_experiment(FANOUT, data, ARMS[:2], tmp_path / name, run_case=FakeRunCase())
     same = compare_runs(tmp_path / "a", tmp_path / "b")
     assert same.reproduced and same.compared == 12 and same.identical == 12 and not same.not_comparable
     path = tmp_path / "b" / RESULTS
@@ -220,6 +223,41 @@ def test_reruns_reproduce(tmp_path, data):
     changed = compare_runs(tmp_path / "a", tmp_path / "b")
     assert not changed.reproduced and len(changed.differing) == 1 and changed.compared == 11
     assert changed.not_comparable[0]["reason"] == "model_fingerprints differs"
+
+
+# issue 16 item 20: compare-runs tests, per arm, whether two runs are right on the same cases
+def test_compare_runs_reports_the_paired_test_per_arm(tmp_path, data):
+    arms = ["full=full", "r4=state:ratio=4"]
+    for name in ("a", "b"):
+        runner.run_experiment(FANOUT, data, arms, tmp_path / name, run_case=FakeRunCase())
+    path = tmp_path / "b" / RESULTS
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(row["correct"] for row in rows if row["arm"] == "full")
+    for row in rows:
+        if row["arm"] == "full":
+            row["correct"] = False  # the second run got every case of `full` wrong
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert set(result.paired) == {"full", "r4"}
+    full = result.paired["full"]
+    assert (full.only_first, full.only_second, full.both_correct, full.both_wrong) == (6, 0, 0, 0)
+    assert full.p_value == pytest.approx(2 / 2**6)
+    r4 = result.paired["r4"]
+    assert r4.only_first == r4.only_second == 0 and r4.p_value == 1.0 and r4.cases == 6
+    assert result.to_dict()["paired"]["full"]["only_first"] == 6
+    cli = CliRunner().invoke(commands.app, ["compare-runs", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "arm full: right in both 0, only first 6, only second 0, neither 0; exact McNemar p=0.031" in cli.output
+    cli = CliRunner().invoke(commands.app, ["compare-runs", str(tmp_path / "a"), str(tmp_path / "b"), "--json"])
+    assert json.loads(cli.output)["paired"]["r4"]["p_value"] == 1.0
+
+
+# issue 16 item 20: --compare-to names the reference arm of the table
+def test_compare_to_names_the_reference_arm(tmp_path, data):
+    summary = runner.run_experiment(FANOUT, data, ARMS[:3], tmp_path / "out", run_case=FakeRunCase(), compare_to="b24")
+    assert summary.data["paired"]["reference"] == "b24"
+    assert "vs b24 (McNemar)" in (tmp_path / "out" / "report.md").read_text()
+    with pytest.raises(ValueError, match="--compare-to: no arm named 'zz'"):
+        runner.run_experiment(FANOUT, data, ARMS[:3], tmp_path / "o2", run_case=FakeRunCase(), compare_to="zz")
 
 
 def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
@@ -249,6 +287,10 @@ def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
     result = invoke(commands.app, ["experiment", "--topology", str(CHAIN), "--data", str(data), "--arm", "full=full",
                               "--arms-file", str(arms_file), "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and "given twice" in result.output
+    result = invoke(commands.app, args + ["--compare-to", "floor"])
+    assert result.exit_code == 0 and "vs floor" in result.output, result.output
+    result = invoke(commands.app, args + ["--compare-to", "nope"])
+    assert result.exit_code == 2 and "no arm named 'nope'" in result.output
     invoke(commands.app, args[:-1] + [str(tmp_path / "again")])
     result = invoke(commands.app, ["compare-runs", str(tmp_path / "out"), str(tmp_path / "again")])
     assert result.exit_code == 0 and "12/12 comparable answers identical" in result.output
