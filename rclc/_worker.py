@@ -51,7 +51,15 @@ def check_stop() -> None:
 
 async def run_in_worker(function: Callable[..., T], *args: object) -> T:
     """Await `function(*args)` in a thread; on cancellation stop it at its next model step,
-    wait for it, then raise the cancellation."""
+    wait for it, then raise the cancellation.
+
+    Both kinds of cancellation wait: a cancel scope's (anyio, trio) and plain asyncio's
+    (`task.cancel()`, `asyncio.wait_for` timing out). The thread is awaited by a child task,
+    never by the caller itself: anyio's shield holds against cancel scopes but not against
+    native asyncio cancellation, which would otherwise raise out of the caller's await while
+    the thread still held the model in its capture dispatch. The task group's exit waits for
+    its children through any cancellation and raises it only once they are done.
+    """
     stop = threading.Event()
 
     def call() -> T:
@@ -62,20 +70,29 @@ async def run_in_worker(function: Callable[..., T], *args: object) -> T:
         finally:
             _current.stop = outer
 
+    outcome: tuple[bool, object] | None = None
+
+    async def work() -> None:
+        nonlocal outcome
+        try:
+            outcome = (True, await anyio.to_thread.run_sync(call, abandon_on_cancel=False))
+        except Exception as error:  # raised below, outside the task group (never as a group)
+            outcome = (False, error)
+        finally:
+            stop.set()  # ends stop_on_cancel's wait (and, if cancelled, was set already)
+            group.cancel_scope.cancel()
+
     async def stop_on_cancel() -> None:
         try:
             await anyio.sleep_forever()
         finally:
             stop.set()
 
-    outcome: tuple[bool, object] | None = None
     async with anyio.create_task_group() as group:
         group.start_soon(stop_on_cancel)
-        try:
-            outcome = (True, await anyio.to_thread.run_sync(call, abandon_on_cancel=False))
-        except Exception as error:  # raised below, outside the task group (never as a group)
-            outcome = (False, error)
-        group.cancel_scope.cancel()
+        group.start_soon(work)
+    # a native cancellation of the caller was raised by the task group's exit above; a
+    # cancel scope's (which the group's own cancel above does not count as) is raised here
     await anyio.lowlevel.checkpoint_if_cancelled()
     assert outcome is not None
     succeeded, value = outcome
