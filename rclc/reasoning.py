@@ -348,9 +348,8 @@ async def apply_reasoning(
         )
     builtin = is_builtin_reasoning(method)
     given = state if builtin else await run_in_worker(private_copy, state)
-    keywords: dict[str, Any] = {"max_positions": allowance}
-    if request_ids is not None:
-        keywords["request"] = request_ids.clone()
+    # api.md's signature: `request` is always passed, None when the context has no request
+    keywords: dict[str, Any] = {"max_positions": allowance, "request": None if request_ids is None else request_ids.clone()}
     if _is_async_callable(method):
         result = method(given, **keywords)
     else:

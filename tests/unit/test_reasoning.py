@@ -9,7 +9,7 @@ import anyio
 import pytest
 import torch
 
-from rclc import testing
+from rclc import sender_from_hf, testing, transfer_sync
 from rclc._cache import backbone, cache_from_layers, cache_layers, prefill
 from rclc.reasoning import (
     apply_reasoning,
@@ -672,3 +672,20 @@ def test_rollout_on_the_embedded_model(embedded):
     expected = reference_rollout(model, rows, request_rows, 4)
     torch.testing.assert_close(result.input_embeds[rows.shape[0] :], expected, atol=1e-3, rtol=1e-3)
     assert_cache_close(result.past_key_values, prefill(model, result.input_embeds), atol=1e-4)
+
+
+# issue 16 item 3: custom methods get request=None when there is no request (api.md's signature)
+@pytest.mark.parametrize("context", ["full", "selected"])
+def test_custom_methods_always_get_the_request_keyword(tiny_qwen3, context):
+    model, tokenizer = tiny_qwen3
+    sender = sender_from_hf(model, tokenizer, "The Cedar project is owned by Alice.")
+    seen = []
+
+    def method(state, *, max_positions, request):  # no default: the keyword must be passed
+        seen.append(request)
+        return state
+
+    options = {"reasoning_budget": 2} if context == "selected" else {}
+    transfer_sync(sender, lambda delivery: None, "Who owns Cedar?", reasoning=method, reasoning_context=context,
+                  budget=8, **options)
+    assert seen == [None]
