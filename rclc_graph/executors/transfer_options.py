@@ -50,11 +50,31 @@ def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, 
     return options
 
 
+def keep_everything(sender: Any, request_ids: Any, budget: int) -> list[int]:
+    """The selector of `full` edges: every position of the sender, or an error.
+
+    A full edge asks for r1 (the whole state), but the core fits every transfer into the
+    receiver's free context and would compress a sender that does not fit. A full edge must
+    never be compressed silently, so a budget below the sender's size fails the transfer
+    before anything is delivered. (Planning refuses the cases it can know in advance:
+    run/capacity.py.)
+    """
+    total = int(sender.positions)
+    if budget < total:
+        raise rclc.ContextLimitError(
+            f"full edge: the receiver has room for {budget} of this sender's {total} positions, and a full edge "
+            "hands over the whole state or nothing; raise the receiver's context_limit, give it fewer or shorter "
+            "senders, or use mode: state to compress"
+        )
+    return list(range(total))
+
+
 def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> dict[str, Any]:
     """Keyword arguments of `rclc.transfer` for a state/full edge policy."""
     options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or DEFAULT_REPRESENTATION}
     if policy.mode == "full":
         options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
+        options["selector"] = keep_everything  # ... and never fewer (the core would fit it to the receiver)
     else:
         options["selector"] = resolve_selector(policy, trust_code=trust_code, seed=seed)
         if policy.budget is not None:

@@ -25,6 +25,7 @@ from ..errors import PlanError, Problem
 from ..executors.prompts import render_prompt
 from ..executors.trusted_code import import_callable
 from ..plan.dag import Plan
+from .capacity import fan_in_problems, prompt_counter
 
 
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
@@ -38,12 +39,14 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
     """Raise PlanError (E_CONTEXT) for every node whose prompt and output cannot fit its context.
 
     Also refuses an agent `context_limit` above its model's own limit (the agent would
-    refuse it when bound, i.e. after earlier nodes already ran).
+    refuse it when bound, i.e. after earlier nodes already ran), and receivers that cannot
+    hold what their edges must deliver (capacity.py).
     """
     declared = {node.name: index for index, node in enumerate(plan.spec.nodes)}
     agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
     problems: list[Problem] = []
     reported_agents: set[str] = set()
+    limits: dict[str, int] = {}
     for node in plan.nodes:
         profile = pool.profile(node.model, base_dir)
         limit = profile.context_limit
@@ -61,6 +64,7 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
             continue
         if spec.context_limit is not None:
             limit = spec.context_limit
+        limits[node.name] = limit
         try:
             tokens = prompt_tokens(profile.tokenizer, plan, node.name)
         except Exception as error:  # the chat template comes with the model's files and may raise anything
@@ -83,6 +87,8 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
                 + (", or lower max_new_tokens" if output else ""),
                 ("nodes", declared.get(node.declared, 0), "prompt"),
             ))
+    if not problems:
+        problems = fan_in_problems(plan, limits, prompt_counter(pool, base_dir))
     if problems:
         raise PlanError(problems)
 
