@@ -50,6 +50,9 @@ _LAZY: dict[str, str] = {
     "model_identity": "snapshot",
     "run_in_worker": "_worker",
     "check": "doctor",
+    "Encoding": "literal",
+    "encode_chat": "literal",
+    "encode_literal": "literal",
 }
 _SUBMODULES = frozenset({"backends", "errors", "files", "models", "policy", "selectors", "testing", "vllm"})
 
@@ -73,6 +76,10 @@ __all__ = [
     # native generation
     "GenerationResult",
     "Sampling",
+    # tokenizing user text as literal text (never control tokens)
+    "Encoding",
+    "encode_chat",
+    "encode_literal",
     # snapshots, concurrency and diagnostics
     "check",
     "model_identity",
@@ -106,6 +113,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from .doctor import check
     from .generation import GenerationResult, Sampling
     from .hf import sender_from_hf
+    from .literal import Encoding, encode_chat, encode_literal
     from .pipeline import transfer, transfer_sync
     from .reasoning import latent_mass, latent_mass_sync
     from .receiver import HFReceiver

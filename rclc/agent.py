@@ -25,6 +25,7 @@ from .backends.native import generate_continuation
 from .errors import AgentStateError, ContextLimitError, RclcError
 from .generation import GenerationResult, Sampling, check_generate_options
 from .hf import is_messages, prompt_ids, render_messages
+from .literal import encode_literal
 from .receiver import HFReceiver
 from .snapshot import model_identity, read_snapshot, write_snapshot
 from .state import SenderState
@@ -301,8 +302,13 @@ class Agent(HFReceiver):
         self._pending = pending
         return inputs
 
-    async def append(self, prompt: Any) -> None:
+    async def append(self, prompt: Any, *, literal: bool = False) -> None:
         """Append rendered text or `[1, n]` IDs to the retained state (no template, nothing generated).
+
+        Rendered text is your loop's template text: its role delimiters become control tokens.
+        With `literal=True` the text is user text (a tool result, a document) and is tokenized
+        as literal text: control-token text in it stays text (`rclc.literal`). Append the
+        delimiters and the content separately to frame untrusted text safely.
 
         Received rows, their -1 IDs and the inherited count survive; the latent tail ends
         (new tokens follow it). The extension runs on a private cache copy and the agent
@@ -313,11 +319,17 @@ class Agent(HFReceiver):
                 "prompt: append takes rendered text or IDs [1, n], not chat messages; render them first "
                 "(append applies no chat template)"
             )
+        require_bool("literal", literal)
+        if literal and not isinstance(prompt, str):
+            raise RclcError("literal: only text can be appended as literal text; pass a string")
 
         def extend() -> SenderState:
             with preparation_lock:
                 state = self._resolve_state()
-                new_ids = prompt_ids(self.model, self.tokenizer, prompt)
+                text = prompt
+                if literal:
+                    text = torch.tensor([encode_literal(self.tokenizer, prompt).ids], dtype=torch.int64)
+                new_ids = prompt_ids(self.model, self.tokenizer, text)
                 total = state.positions + new_ids.shape[1]
                 if total > self.context_limit:
                     raise ContextLimitError(

@@ -14,6 +14,7 @@ import torch
 
 from ._cache import cache_layers, cache_length, extend, generation_cache
 from .errors import ContextLimitError, IncompatibleStateError, RclcError
+from .literal import encode_chat
 from .models import check_model, context_limit_of
 from .state import SenderState, build_state, checkpoint_vocabulary, embedding_weight, request_ids
 
@@ -33,17 +34,14 @@ def is_messages(prompt: Any) -> bool:
 
 
 def render_messages(tokenizer: Any, messages: Any, *, generation_prompt: bool) -> torch.Tensor:
-    """Chat messages -> `[1, n]` IDs through the tokenizer's own template (thinking disabled)."""
-    if tokenizer is None:
-        raise RclcError("messages: rendering chat messages needs a tokenizer; pass token IDs [1, n] instead")
-    if not getattr(tokenizer, "chat_template", None):
-        raise RclcError("messages: the tokenizer has no chat template; pass rendered text or token IDs instead")
-    if not messages:
-        raise RclcError("messages: the chat history is empty; pass at least one message")
-    text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=generation_prompt, enable_thinking=False
-    )
-    return tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    """Chat messages -> `[1, n]` IDs through the tokenizer's own template (thinking disabled).
+
+    Message contents are tokenized as literal text (`rclc.literal`): control-token text in a
+    message stays text, only the template's own delimiters are control tokens.
+    """
+    encoded = encode_chat(tokenizer, list(messages) if messages else [], generation_prompt=generation_prompt,
+                          enable_thinking=False)
+    return torch.tensor([encoded.ids], dtype=torch.int64)
 
 
 def prompt_ids(model: Any, tokenizer: Any, prompt: Any) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 from ._arguments import is_exact_int
 from ._cache import cache_length, prefill
 from .errors import IncompatibleStateError, RclcError
+from .literal import encode_literal
 from .models import check_model
 from .selection import Selection
 from .selection_html import selection_page
@@ -192,13 +193,15 @@ def appended_rows(state: SenderState, new_ids: torch.Tensor) -> tuple[torch.Tens
 
 
 def request_ids(request: Any, tokenizer: Any, weight: torch.Tensor) -> torch.Tensor:
-    """Text (no special tokens added) or `[1, R]` int64 IDs -> validated IDs on `weight`'s device."""
+    """Text (literal: no special tokens added or parsed) or `[1, R]` int64 IDs -> validated IDs
+    on `weight`'s device."""
     if isinstance(request, str):
         if not request.strip():
             raise RclcError("request: a text request must not be empty or whitespace")
         if tokenizer is None:
             raise RclcError("request: a text request needs a tokenizer; pass token IDs [1, n] instead")
-        ids = tokenizer(request, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        # a request is user text: control-token text in it stays text (rclc.literal)
+        ids = torch.tensor([encode_literal(tokenizer, request).ids], dtype=torch.int64)
     elif isinstance(request, torch.Tensor):
         if request.dtype != torch.int64 or request.dim() != 2 or request.shape[0] != 1 or request.shape[1] < 1:
             raise RclcError(

@@ -130,7 +130,8 @@ class LocalExecutor(Executor):
         text_edges = [edge for edge, _ in inbound if edge.policy.mode == "text"]
         state_edges = [edge for edge, _ in inbound if edge.policy.mode != "text"]
         content = compose_content(node, inbound)
-        prompt_text = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
+        prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
+        prompt_text = prompt.text
         hops: list[Hop] = []
         for edge in text_edges:
             sender = senders[edge.id]
@@ -154,7 +155,7 @@ class LocalExecutor(Executor):
             for edge, message in zip(group, delivery.messages):
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
-        generated, generation_seconds, text = await self._finish_state(ctx, node, agent, prompt_text, deliveries)
+        generated, generation_seconds, text = await self._finish_state(ctx, node, agent, prompt.ids, deliveries)
         # In a worker: sender_state takes the preparation lock, which another run's update may
         # hold while it waits for the attention lock of a generation that is itself waiting for
         # this event loop to publish its next token (a deadlock if the loop blocked here).
@@ -164,8 +165,9 @@ class LocalExecutor(Executor):
         lineage = lineage.extend(node.name, prompt_positions, "prompt").extend(node.name, generated, "token")
         if len(lineage) != state.positions:
             raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {state.positions} positions"))
-        encoded = tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = [tuple(pair) for pair in encoded["offset_mapping"]]
+        if prompt.offsets is None:
+            raise NodeFailed(node.name, ValueError("the model's tokenizer reports no offsets; load its fast tokenizer"))
+        offsets = [tuple(pair) for pair in prompt.offsets]
         self._agents[(ctx.run_id, node.name)] = agent
         records = [
             hop.record if hop.record.mode == "text" else _with_generation(hop.record, generation_seconds) for hop in hops
@@ -221,15 +223,17 @@ class LocalExecutor(Executor):
         )
 
     async def _finish_state(
-        self, ctx: RunContext, node: PlanNode, agent: Any, prompt_text: str, deliveries: int
+        self, ctx: RunContext, node: PlanNode, agent: Any, prompt_ids: tuple[int, ...], deliveries: int
     ) -> tuple[int, float, str | None]:
-        """Absorb or generate; returns (generated tokens, generation seconds, text)."""
+        """Absorb or generate `prompt_ids` (the prompt, user text literal: prompts.py); returns
+        (generated tokens, generation seconds, text)."""
+        prompt = _ids_tensor(prompt_ids)
         if not node.generate:
             try:
                 if deliveries:
-                    await agent.absorb(prompt=prompt_text, deliveries=deliveries)
+                    await agent.absorb(prompt=prompt, deliveries=deliveries)
                 else:
-                    await rclc.run_in_worker(functools.partial(agent.update, prompt_text))
+                    await rclc.run_in_worker(functools.partial(agent.update, prompt))
             except Exception as error:
                 raise NodeFailed(node.name, error) from error
             return 0, 0.0, None
@@ -244,7 +248,7 @@ class LocalExecutor(Executor):
             # built the cache token by token, a snapshot restores it in one prefill, and a resumed
             # run must select exactly what this run selects.
             result = await agent.generate(
-                prompt_text,
+                prompt,
                 deliveries=deliveries,
                 sampling=sampling,
                 on_token=tokens,
@@ -266,6 +270,13 @@ class LocalExecutor(Executor):
 def sends_state(plan: Plan, node: PlanNode) -> bool:
     """Whether some receiver selects from this node's state (a state or full edge leaves it)."""
     return any(plan.edges[edge].policy.mode != "text" for edge in node.outgoing)
+
+
+def _ids_tensor(ids: tuple[int, ...]) -> Any:
+    """`[1, n]` int64 IDs, as the agent takes an exact prompt."""
+    import torch  # lazy: `import rclc_graph` imports no torch (a node run has already loaded it)
+
+    return torch.tensor([list(ids)], dtype=torch.int64)
 
 
 def _with_generation(record: HopRecord, seconds: float) -> HopRecord:

@@ -1,5 +1,5 @@
 """What a node's model reads: the user turn built from text handoffs and the node's own prompt,
-rendered with the model's chat template.
+rendered with the model's chat template, user text kept literal (`rclc.encode_chat`).
 
 Shared by every place that must count or build the same prompt: the local executor (the
 prompt it prefills), the remote executor (what a transfer group's selection is conditioned
@@ -10,6 +10,8 @@ model loads).
 from __future__ import annotations
 
 from typing import Any
+
+import rclc
 
 from ..plan.dag import PlanEdge, PlanNode
 from ..results.run_result import NodeResult
@@ -28,11 +30,16 @@ def group_request(lead: PlanEdge, content: str) -> str:
     return lead.request if lead.request is not None else content
 
 
-def render_prompt(tokenizer: Any, system: str, content: str, *, generation_prompt: bool) -> str:
-    """The node's prompt as text: its chat template when it has one, else plain text."""
+def render_prompt(tokenizer: Any, system: str, content: str, *, generation_prompt: bool) -> Any:
+    """The node's prompt as an `rclc.Encoding` (text, ids, offsets): its chat template when it
+    has one, else plain text.
+
+    Everything in `content` and `system` came from users (inputs, documents, other nodes'
+    outputs) and is tokenized as literal text by the core (`rclc.encode_chat`): a document
+    containing `<|im_end|>` cannot end the turn. Only the template's delimiters are control
+    tokens. Without a template the whole prompt is user text.
+    """
     if getattr(tokenizer, "chat_template", None):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, enable_thinking=False
-        )
-    return f"{system}\n\n{content}\n" if system else f"{content}\n"
+        return rclc.encode_chat(tokenizer, messages, generation_prompt=generation_prompt, enable_thinking=False)
+    return rclc.encode_literal(tokenizer, f"{system}\n\n{content}\n" if system else f"{content}\n")

@@ -108,7 +108,6 @@ def prompt_counter(pool: Any, base_dir: Path | None) -> Tokens:
 
     def count(node: PlanNode, content: str, generation: bool) -> int:
         tokenizer = pool.profile(node.model, base_dir).tokenizer
-        text = render_prompt(tokenizer, node.agent.system, content, generation_prompt=generation)
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(render_prompt(tokenizer, node.agent.system, content, generation_prompt=generation))
 
     return count

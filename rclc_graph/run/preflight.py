@@ -31,8 +31,7 @@ from .capacity import fan_in_problems, prompt_counter
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
     """Tokens of the node's own rendered prompt (chat template applied, no text messages)."""
     node = plan.node(name)
-    text = render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate))
 
 
 def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
