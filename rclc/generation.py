@@ -17,6 +17,9 @@ from .errors import RclcError
 __all__ = ["GenerationResult", "Sampling", "check_generate_options"]
 
 
+MAX_SEED = 2**64 - 1  # torch.manual_seed refuses anything larger
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Decoding settings: greedy when `temperature` is None, else sampling with `top_p` and `seed`.
@@ -41,8 +44,8 @@ class Sampling:
                 raise RclcError("top_p: it needs sampling; set temperature as well, or drop top_p")
             if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
                 raise RclcError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
-        if not is_exact_int(self.seed) or self.seed < 0:
-            raise RclcError(f"seed: expected an int >= 0, got {self.seed!r}")
+        if not is_exact_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            raise RclcError(f"seed: expected an int in [0, 2**64 - 1] (what torch's generator takes), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

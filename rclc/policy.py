@@ -30,10 +30,12 @@ __all__ = [
     "MODES",
     "REASONING_CONTEXTS",
     "REPRESENTATIONS",
+    "SELECTOR_OPTIONS",
     "check_caps",
     "fit",
     "floor",
     "policy_label",
+    "selector_option_problems",
 ]
 
 DEFAULT_RATIO = 4
@@ -46,6 +48,43 @@ BASELINE_SELECTORS = ("recent", "random")
 BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
 """Every selector name a graph may use without importing code."""
 DEFAULT_SELECTOR = "cacheback"
+
+SELECTOR_OPTIONS: dict[str, dict[str, str]] = {
+    "cacheback": {"span_size": "positive_int", "span": "span"},
+    "qsnap": {"span_size": "positive_int", "span": "span"},
+    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", "span": "span"},
+    "recent": {},
+    "random": {"seed": "seed"},
+}
+"""The keyword options each built-in selector takes, and what each must be (checked without
+torch by `selector_option_problems`, so a graph refuses `span_size: 0` before any model
+loads; tests/unit/test_policy.py checks the table against the selectors' signatures)."""
+
+_OPTION_KINDS = {
+    "positive_int": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),
+    "odd_int": ("an odd whole number >= 1", lambda v: type(v) is int and v >= 1 and v % 2 == 1),
+    "span": ("'fixed' or 'sentence'", lambda v: v in ("fixed", "sentence")),
+    "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),
+}
+
+
+def selector_option_problems(selector: str, options: dict[str, object]) -> list[tuple[str, str, str]]:
+    """(option, problem, fix) for every option a built-in selector does not take or cannot use."""
+    allowed = SELECTOR_OPTIONS.get(selector)
+    if allowed is None:
+        return []  # user code: its own signature decides (checked where it is imported)
+    problems = []
+    for name, value in options.items():
+        kind = allowed.get(name)
+        if kind is None:
+            takes = ", ".join(allowed) if allowed else "no options"
+            problems.append((name, f"selector {selector!r} has no option {name!r}", f"{selector} takes {takes}"))
+            continue
+        wanted, accepts = _OPTION_KINDS[kind]
+        if isinstance(value, bool) or not accepts(value):
+            problems.append((name, f"{name} of selector {selector!r} must be {wanted}, got {value!r}", f"write {wanted}"))
+    return problems
+
 
 BUILTIN_REASONING = ("latent_mass",)
 """Reasoning methods known by name (`rclc.latent_mass`)."""

@@ -218,10 +218,15 @@ def _read_header(
     return header, tensors
 
 
+_MAX_HEADER = 4096  # our metadata is one flat object of ~200 bytes
+
+
 def _parse_header(path: Any, raw: str) -> dict[str, Any]:
+    if len(raw) > _MAX_HEADER:  # a huge or deeply nested header is not ours; never parse it
+        raise _not_a_snapshot(path, f"{METADATA_KEY!r} metadata is {len(raw)} characters, far more than a snapshot's")
     try:
         header = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _not_a_snapshot(path, f"{METADATA_KEY!r} metadata is not JSON") from None
     if not isinstance(header, dict):
         raise _not_a_snapshot(path, f"{METADATA_KEY!r} metadata is not a JSON object")

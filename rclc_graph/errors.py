@@ -6,6 +6,7 @@
     │   └── PlanError          the graph as a whole is wrong (references, shape, policies, inputs)
     ├── ResumeError            a run directory cannot be resumed to an uninterrupted run's outputs (a ValueError)
     ├── StoreError             an experiment's results.jsonl is damaged or locked (a ValueError)
+    ├── JSONLimitError         valid JSON nested too deeply or with a key given twice (a ValueError)
     ├── NodeFailed             a node failed; names the node, the edge and the cause
     ├── ObserverFailed         a run observer's callback raised after a node finished
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
@@ -54,7 +55,8 @@ class ErrorCode(str, Enum):
 
     E_FILE = "E_FILE", "A file is missing, unreadable or not a regular file."
     E_FILE_SIZE = "E_FILE_SIZE", "A file is larger than the size limit."
-    E_ENCODING = "E_ENCODING", "A file is not valid UTF-8."
+    E_ENCODING = "E_ENCODING", "A file is not valid UTF-8, or a text holds a lone surrogate (not valid Unicode)."
+    E_TOO_DEEP = "E_TOO_DEEP", "YAML or JSON nested deeper than the nesting limit (64 levels)."
     E_YAML_SYNTAX = "E_YAML_SYNTAX", "YAML that does not parse, a merge key, or too many nodes after alias expansion."
     E_YAML_DUPLICATE = "E_YAML_DUPLICATE", "The same key twice in one mapping."
     E_YAML_TAG = "E_YAML_TAG", "A YAML tag that would build a non-plain value."
@@ -63,7 +65,8 @@ class ErrorCode(str, Enum):
     E_UNKNOWN_REF = "E_UNKNOWN_REF", "A name that refers to nothing (model, agent, node, policy, input, profile file)."
     E_POLICY = "E_POLICY", (
         "A policy that cannot work: ratio with budget, options "
-        "the mode does not use, selected reasoning without budget."
+        "the mode does not use, selected reasoning without budget, a selector option the selector does not take "
+        "or cannot use."
     )
     E_TRUST_CODE = "E_TRUST_CODE", "A `module:callable` selector, reasoning method or scorer without trust_code."
     E_CROSS_MODEL = "E_CROSS_MODEL", "A state/full edge between agents on different models."
@@ -80,10 +83,16 @@ class ErrorCode(str, Enum):
     E_INPUT = "E_INPUT", (
         "Run inputs missing, unknown, of the wrong type, too short for `{x[i]}`, or an empty foreach list."
     )
-    E_TOO_LARGE = "E_TOO_LARGE", "A plan with more nodes than `rounds.max_nodes`."
+    E_TOO_LARGE = "E_TOO_LARGE", (
+        "A plan with more nodes than `rounds.max_nodes` (or more edges than 16 per allowed node), "
+        "found before anything is unrolled."
+    )
+    E_INPUT_SIZE = "E_INPUT_SIZE", "Run inputs larger than the input size limit (bytes), refused before tokenizing."
+    E_PATH = "E_PATH", "A profile path outside the topology's directory tree (without trust)."
     E_CONTEXT = "E_CONTEXT", (
         "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
-        "the tokenizer before any model is loaded), or an agent `context_limit` above its model's."
+        "the tokenizer before any model is loaded), an agent `context_limit` above its model's, a `full` edge "
+        "whose senders cannot fit the receiver, or a receiver whose deliveries cannot fit with its prompt."
     )
 
 
@@ -206,6 +215,11 @@ class ResumeError(RclcGraphError, ValueError):
 
 class StoreError(RclcGraphError, ValueError):
     """An experiment's results.jsonl cannot be used as it is (damaged line, locked by another process)."""
+
+
+class JSONLimitError(RclcGraphError, ValueError):
+    """Valid JSON that breaks a reading limit: nested too deeply, or a key given twice
+    (spec/bounded_json.py); the message says which."""
 
 
 class NodeFailed(RclcGraphError):

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from rclc.files import write_atomic
 
 from ..errors import FieldPath, Location, Problem, SpecError
+from ..spec.bounded_json import JSONLimitError, loads
 from .scoring import normalise
 
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB
@@ -225,7 +226,7 @@ def _parse_line(raw: bytes, file: str, line_number: int, problems: list[Problem]
     if not text.strip():
         return None
     try:
-        data = json.loads(text)
+        data = loads(text)
     except json.JSONDecodeError as exc:
         problems.append(
             Problem(
@@ -235,6 +236,10 @@ def _parse_line(raw: bytes, file: str, line_number: int, problems: list[Problem]
                 location=Location(file, line_number, exc.colno),
             )
         )
+        return None
+    except JSONLimitError as exc:
+        problems.append(Problem("E_TOO_DEEP" if "nested" in str(exc) else "E_FIELD", str(exc),
+                                "write one flat JSON object per line, each key once", location=Location(file, line_number)))
         return None
     if not isinstance(data, dict):
         problems.append(

@@ -111,7 +111,7 @@ def run_experiment(
     if compare_to is not None and compare_to not in names:
         raise ValueError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
     score = load_scorer(scorer, trust_code=trust_code)
-    loaded = read_graph(topology_path)
+    loaded = read_graph(topology_path, trusted=trust_code)
     spec = loaded.spec
     cases = read_dataset(dataset_path, limit=limit)
     mapping = resolve_mapping(spec, input_map)

@@ -21,6 +21,7 @@ from rclc.files import sync_directory
 
 from ..errors import StoreError
 from ..run.directory_lock import LOCK_FILE, DirectoryLock
+from ..spec.bounded_json import loads
 
 RESULTS = "results.jsonl"
 
@@ -123,8 +124,8 @@ class ResultStore:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                row = loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
                 raise StoreError(
                     f"{self.path}:{number}: not a JSON row ({exc}); the file was edited or damaged "
                     "(fix or delete that line; rows are only ever appended)"
@@ -147,8 +148,8 @@ def read_rows(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            row = loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
             raise StoreError(f"{path}:{number}: not a JSON row ({exc})") from None
         _check_row(row, f"{path}:{number}")
         rows.append(row)
@@ -157,8 +158,8 @@ def read_rows(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def _complete_row(tail: bytes) -> bool:
     try:
-        row = json.loads(tail.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        row = loads(tail.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
         return False
     return isinstance(row, dict) and isinstance(row.get("case"), str) and isinstance(row.get("arm"), str)
 

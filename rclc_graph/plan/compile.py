@@ -16,36 +16,44 @@ from ..errors import PlanError, Problem
 from ..spec import templates
 from ..spec.models import GraphSpec
 from .dag import Plan, PlanEdge, PlanNode
+from .input_checks import DEFAULT_MAX_INPUT_BYTES, input_text_problems
+from .size import expanded_size_problems
 from .validate import Blueprint, Step, validate
 
 
-def compile_plan(spec: GraphSpec | Blueprint, inputs: Mapping[str, Any], *, trust_code: bool = False) -> Plan:
-    """Validate (unless given a Blueprint) and expand over `inputs`; PlanError on any problem."""
+def compile_plan(
+    spec: GraphSpec | Blueprint,
+    inputs: Mapping[str, Any],
+    *,
+    trust_code: bool = False,
+    max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES,
+) -> Plan:
+    """Validate (unless given a Blueprint) and expand over `inputs`; PlanError on any problem.
+    `max_input_bytes` bounds the inputs' text (input_checks.py; None: no limit)."""
     if isinstance(spec, Blueprint):
         blueprint = spec if spec.trust_code or not trust_code else validate(spec.spec, trust_code=True)
     else:
         blueprint = validate(spec, trust_code=trust_code)
-    return expand(blueprint, inputs)
+    return expand(blueprint, inputs, max_input_bytes=max_input_bytes)
 
 
-def expand(blueprint: Blueprint, inputs: Mapping[str, Any]) -> Plan:
+def expand(
+    blueprint: Blueprint, inputs: Mapping[str, Any], *, max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES
+) -> Plan:
     """A validated blueprint over one run's inputs: foreach copies, loop rounds, rendered
-    prompts and requests; PlanError (E_INPUT, E_TOO_LARGE, ...) naming every problem."""
+    prompts and requests; PlanError (E_INPUT, E_INPUT_SIZE, E_TOO_LARGE, ...) naming every problem."""
     values = _check_inputs(blueprint, inputs)
+    text_problems = input_text_problems(values, max_input_bytes)
+    if text_problems:
+        raise PlanError(text_problems)
     _check_indexed_fields(blueprint, values)
     copies = _copies(blueprint, values)
-    total = sum(copies[step.node] for step in blueprint.steps)
-    if total > blueprint.spec.rounds.max_nodes:
-        raise PlanError(
-            [
-                Problem(
-                    "E_TOO_LARGE",
-                    f"the plan would hold {total} nodes, more than rounds.max_nodes = {blueprint.spec.rounds.max_nodes}",
-                    "use fewer list items or rounds, or raise rounds.max_nodes",
-                    ("rounds", "max_nodes"),
-                )
-            ]
-        )
+    size = expanded_size_problems(
+        blueprint.spec, [step.node for step in blueprint.steps],
+        [(edge.source.node, edge.target.node) for edge in blueprint.step_edges], copies,
+    )
+    if size:
+        raise PlanError(size)
 
     def name_of(step: Step, index: int | None) -> str:
         base = step.node if index is None else f"{step.node}[{index}]"

@@ -13,13 +13,14 @@ from typing import Any, Mapping
 from ..errors import PlanError
 from ..spec.load import DEFAULT_MAX_BYTES, read_graph
 from .compile import compile_plan
+from .input_checks import DEFAULT_MAX_INPUT_BYTES
 from .dag import Plan
 from .validate import Blueprint, validate
 
 
 def validate_file(path: str | os.PathLike[str], *, trust_code: bool = False, max_bytes: int = DEFAULT_MAX_BYTES) -> Blueprint:
     """Load and validate a topology; graph-level errors also name file and line."""
-    loaded = read_graph(path, max_bytes=max_bytes)
+    loaded = read_graph(path, max_bytes=max_bytes, trusted=trust_code)
     try:
         return validate(loaded.spec, trust_code=trust_code)
     except PlanError as exc:
@@ -32,10 +33,12 @@ def plan_file(
     *,
     trust_code: bool = False,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES,
 ) -> Plan:
-    """Load, validate and compile a topology for one run's inputs."""
-    loaded = read_graph(path, max_bytes=max_bytes)
+    """Load, validate and compile a topology for one run's inputs (`max_input_bytes`: the
+    inputs' text limit, see input_checks.py)."""
+    loaded = read_graph(path, max_bytes=max_bytes, trusted=trust_code)
     try:
-        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code)
+        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code, max_input_bytes=max_input_bytes)
     except PlanError as exc:
         raise exc.with_locations(loaded.locate) from None

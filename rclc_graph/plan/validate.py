@@ -24,6 +24,9 @@ from ..spec import templates
 from ..spec.models import AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
+from .option_checks import option_problems
+from .size import unrolled_size_problems
+from .text_checks import text_problems
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,9 @@ def validate(spec: GraphSpec, *, trust_code: bool = False) -> Blueprint:
     nodes = {node.name: node for node in spec.nodes}
     inputs = spec.input_specs()
     policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
-    _raise(_check_policies(spec, agents, nodes, policies, trust_code))
+    _raise(_check_policies(spec, agents, nodes, policies, trust_code) + option_problems(spec) + text_problems(spec))
     loops, loop_of = find_loops(spec, nodes)
+    _raise(unrolled_size_problems(spec, nodes, loops, loop_of))  # arithmetic first: never unroll a huge plan
     steps, step_edges = unroll(spec, nodes, loops, loop_of)
     blueprint = Blueprint(
         spec=spec,

@@ -18,8 +18,11 @@ module name is refused at once instead of when its edge is reached.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
+
+import rclc
 
 from ..errors import PlanError, Problem
 from ..executors.prompts import render_prompt
@@ -32,6 +35,29 @@ def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
     """Tokens of the node's own rendered prompt (chat template applied, no text messages)."""
     node = plan.node(name)
     return len(render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate))
+
+
+_FIRST_PREFIX = 4096  # characters of a long prompt tokenized first
+
+
+def least_prompt_tokens(tokenizer: Any, text: str, limit: int) -> int | None:
+    """A lower bound above `limit` on the tokens of `text` when a prefix already shows it
+    cannot fit, else None; tokenizes only as much as it needs.
+
+    Tokenizing a multi-megabyte document takes minutes; a prefix of a few times the limit in
+    characters usually has enough tokens to prove the point. The prefix is cut at a space or
+    newline, and 2 tokens are taken off its count for the cut (a token can merge across it),
+    so the bound holds for the whole text.
+    """
+    size = _FIRST_PREFIX + 4 * limit
+    while size < len(text):
+        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size))
+        prefix = text[: cut if cut > 0 else size]
+        least = len(rclc.encode_literal(tokenizer, prefix)) - 2
+        if least > limit:
+            return least
+        size *= 4
+    return None
 
 
 def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
@@ -64,6 +90,18 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
         if spec.context_limit is not None:
             limit = spec.context_limit
         limits[node.name] = limit
+        output = spec.max_new_tokens if node.generate else 0
+        least = least_prompt_tokens(profile.tokenizer, node.prompt, limit - output)
+        if least is not None:
+            problems.append(Problem(
+                "E_CONTEXT",
+                f"node {node.name!r} needs more than {least} prompt tokens (counted on a prefix of its prompt), "
+                f"more than the {limit - output} positions its context limit of {limit} leaves"
+                + (f" after {output} to generate (max_new_tokens)" if output else ""),
+                "shorten the inputs its prompt reads (split long documents across foreach copies)",
+                ("nodes", declared.get(node.declared, 0), "prompt"),
+            ))
+            continue
         try:
             tokens = prompt_tokens(profile.tokenizer, plan, node.name)
         except Exception as error:  # the chat template comes with the model's files and may raise anything
@@ -75,7 +113,6 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
                 ("nodes", declared.get(node.declared, 0), "prompt"),
             ))
             continue
-        output = spec.max_new_tokens if node.generate else 0
         if tokens + output > limit:
             needs = f"{tokens} prompt tokens" + (f" + {output} to generate (max_new_tokens)" if output else "")
             problems.append(Problem(
@@ -110,7 +147,7 @@ def check_code(plan: Plan) -> None:
                 continue
             seen.add((edge.declared, field_name))
             try:
-                import_callable(reference, trust_code=True, field_name=field_name)
+                function = import_callable(reference, trust_code=True, field_name=field_name)
             except Exception as error:  # an import runs the module's code, which may raise anything
                 problems.append(Problem(
                     "E_UNKNOWN_REF",
@@ -118,5 +155,26 @@ def check_code(plan: Plan) -> None:
                     "check the module is importable (on PYTHONPATH) and names a callable",
                     ("edges", edge.declared, "policy", *field_name.split(".")),
                 ))
+                continue
+            if field_name == "selector" and policy.selector_options:
+                problem = _unbound_options(function, policy.options)
+                if problem is not None:
+                    problems.append(Problem(
+                        "E_POLICY", f"selector {reference!r}: {problem}", "pass only options its signature takes",
+                        ("edges", edge.declared, "policy", "selector_options"),
+                    ))
     if problems:
         raise PlanError(problems)
+
+
+def _unbound_options(function: Any, options: dict[str, Any]) -> str | None:
+    """Why `function(sender, request_ids, budget, **options)` cannot be called, or None."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None  # a builtin without a signature: it decides at call time
+    try:
+        signature.bind(None, None, 0, **options)
+    except TypeError as error:
+        return str(error)
+    return None

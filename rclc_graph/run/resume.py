@@ -93,7 +93,8 @@ def _rebuild_plan(record: Mapping[str, Any], trust_code: bool) -> Plan:
         )
     try:
         spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
-        plan = compile_plan(spec, _field(record, "inputs"), trust_code=bool(recorded_trust))
+        # the inputs were accepted when the run started (and the fingerprint below pins them): no size limit
+        plan = compile_plan(spec, _field(record, "inputs"), trust_code=bool(recorded_trust), max_input_bytes=None)
     except GraphError as error:
         raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
     recorded = _field(record, "plan", "fingerprint")

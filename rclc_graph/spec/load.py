@@ -12,6 +12,12 @@ A profile file holds one AgentSpec (or ModelSpec) mapping; `name` defaults to th
 stem. Model sources that are relative paths are resolved against the file that declares
 them. Files are read as UTF-8 (a BOM is accepted), at most `max_bytes` each, with safe YAML
 only (see `safe_yaml.py`).
+
+Profile files stay inside the topology's tree: the topology's directory and its parent (where
+the default `agents/` and `models/` folders are looked up), symbolic links resolved. A
+reference outside it (`agents: ["/etc/shadow"]`, `../../elsewhere.yaml`) is refused with
+E_PATH before the file is opened, unless the caller trusts the topology (`trusted=True`; the
+CLI's --trust-code).
 """
 
 from __future__ import annotations
@@ -95,22 +101,28 @@ def read_text(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTE
         ) from None
 
 
-def read_graph(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> LoadedGraph:
-    """Load a topology file and the profiles it references."""
+def read_graph(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES, trusted: bool = False) -> LoadedGraph:
+    """Load a topology file and the profiles it references (`trusted`: profiles may live
+    outside the topology's tree)."""
     file = str(path)
-    return _load_graph(read_text(file, max_bytes=max_bytes), file, Path(file).resolve().parent, max_bytes)
+    return _load_graph(read_text(file, max_bytes=max_bytes), file, Path(file).resolve().parent, max_bytes, trusted)
 
 
-def load_graph(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> GraphSpec:
+def load_graph(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES, trusted: bool = False) -> GraphSpec:
     """The GraphSpec of a topology file (`read_graph` also keeps each value's file and line)."""
-    return read_graph(path, max_bytes=max_bytes).spec
+    return read_graph(path, max_bytes=max_bytes, trusted=trusted).spec
 
 
 def load_graph_text(
-    text: str, *, file: str = "<string>", base_dir: str | os.PathLike[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    text: str,
+    *,
+    file: str = "<string>",
+    base_dir: str | os.PathLike[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    trusted: bool = False,
 ) -> GraphSpec:
     """Load a topology from a string; profile references and relative model paths need `base_dir`."""
-    return _load_graph(text, file, None if base_dir is None else Path(base_dir).resolve(), max_bytes).spec
+    return _load_graph(text, file, None if base_dir is None else Path(base_dir).resolve(), max_bytes, trusted).spec
 
 
 def load_agent(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> AgentSpec:
@@ -126,7 +138,7 @@ def load_model(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
 # -- internals -------------------------------------------------------------------------------
 
 
-def _load_graph(text: str, file: str, base_dir: Path | None, max_bytes: int) -> LoadedGraph:
+def _load_graph(text: str, file: str, base_dir: Path | None, max_bytes: int, trusted: bool = False) -> LoadedGraph:
     sources: _yaml.SourceMap = {}
     data = _yaml.parse(text, file, sources)
     _require_mapping(data, file, "a topology")
@@ -137,7 +149,7 @@ def _load_graph(text: str, file: str, base_dir: Path | None, max_bytes: int) -> 
             continue
         for index, entry in enumerate(entries):
             if isinstance(entry, str):
-                entries[index] = _read_profile(kind, entry, (kind, index), sources, base_dir, max_bytes, files)
+                entries[index] = _read_profile(kind, entry, (kind, index), sources, base_dir, max_bytes, files, trusted)
             elif kind == "models" and isinstance(entry, dict):
                 _resolve_source(entry, base_dir)
     spec = _validate(GraphSpec, data, sources)
@@ -160,7 +172,8 @@ def _profile_candidates(kind: str, ref: str, base_dir: Path) -> list[Path]:
 
 
 def _read_profile(
-    kind: str, ref: str, path: FieldPath, sources: _yaml.SourceMap, base_dir: Path | None, max_bytes: int, files: list[str]
+    kind: str, ref: str, path: FieldPath, sources: _yaml.SourceMap, base_dir: Path | None, max_bytes: int, files: list[str],
+    trusted: bool = False,
 ) -> dict[str, Any]:
     where = sources.get(path)
     singular = kind[:-1]
@@ -173,6 +186,19 @@ def _read_profile(
             where,
         )
     candidates = _profile_candidates(kind, ref, base_dir)
+    if not trusted:
+        root = base_dir.parent
+        outside = [candidate for candidate in candidates if not candidate.resolve().is_relative_to(root)]
+        if outside:
+            shown = ref if len(ref) <= 80 else ref[:77] + "..."
+            raise SpecError.one(
+                "E_PATH",
+                f"{singular} profile {shown!r} lies outside the topology's tree ({root})",
+                f"move the profile under {root} (e.g. {root / _PROFILE_DIRS[kind]}), or pass --trust-code "
+                "(trusted=True) if you trust this topology",
+                path,
+                where,
+            )
     found = next((candidate for candidate in candidates if candidate.is_file()), None)
     if found is None:
         looked = ", ".join(str(candidate) for candidate in candidates)

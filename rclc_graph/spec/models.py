@@ -43,7 +43,7 @@ from . import templates
 SCHEMA_VERSION = 1
 RESERVED_VARIABLES = ("index", "round")  # node variables the plan provides
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,99}$")  # at most 100 characters: names become file names
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _CALLABLE_REF = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
@@ -59,10 +59,11 @@ def _error(code: str, message: str, fix: str) -> PydanticCustomError:
 
 def _check_name(value: str) -> str:
     if not _NAME.match(value):
+        shown = value if len(value) <= 40 else f"{value[:37]}..."
         raise _error(
             "E_FIELD",
-            f"name {value!r} is not allowed",
-            "use letters, digits, '_' and '-', starting with a letter or '_' (brackets and '@' are "
+            f"name {shown!r} is not allowed" + (f" ({len(value)} characters)" if len(value) > 100 else ""),
+            "use at most 100 letters, digits, '_' and '-', starting with a letter or '_' (brackets and '@' are "
             "reserved for expanded nodes such as worker[0] and a@2)",
         )
     return value
@@ -110,7 +111,8 @@ def _builtin_or_callable(value: str, what: str, builtins: tuple[str, ...]) -> st
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # allow_inf_nan=False: `temperature: .inf` is refused here, not after the model loaded
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Spec):
@@ -189,7 +191,7 @@ class AgentSpec(_Spec):
     max_new_tokens: PositiveInt = 128
     temperature: float | None = Field(None, gt=0, description="set to sample; absent means greedy")
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: NonNegativeInt | None = None
+    seed: NonNegativeInt | None = Field(None, le=2**64 - 1, description="sampling seed (torch takes up to 2**64 - 1)")
     context_limit: PositiveInt | None = Field(None, description="positions; default: the model's own limit")
 
     @model_validator(mode="after")
@@ -354,11 +356,18 @@ InputRef = Annotated[
 ]
 
 
-class RoundsSpec(_Spec):
-    """Guards on plan size: loops and foreach expansion are unrolled before a run starts."""
+MAX_ROUNDS_LIMIT = 1024  # the most a file may raise rounds.limit to
+MAX_NODES_LIMIT = 65_536  # ... and rounds.max_nodes to: no file can ask for an unbounded plan
 
-    limit: PositiveInt = Field(32, description="the most rounds any loop edge may declare")
-    max_nodes: PositiveInt = Field(4096, description="the most nodes a compiled plan may hold")
+
+class RoundsSpec(_Spec):
+    """Guards on plan size: loops and foreach expansion are unrolled before a run starts.
+
+    A file may lower them, and raise them only up to hard caps (plan/size.py checks the size
+    arithmetically before anything is unrolled)."""
+
+    limit: PositiveInt = Field(32, le=MAX_ROUNDS_LIMIT, description="the most rounds any loop edge may declare")
+    max_nodes: PositiveInt = Field(4096, le=MAX_NODES_LIMIT, description="the most nodes a compiled plan may hold")
 
 
 class GraphSpec(_Spec):

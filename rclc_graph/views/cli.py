@@ -27,6 +27,7 @@ from ..errors import ExecutorUnavailable, GraphError
 from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
 from ..experiments import commands as experiment_commands
 from ..plan import plan_file, validate_file
+from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
 from ..render import save_png, sketch_blueprint, sketch_plan, to_mermaid
 from ..run import read_record, read_resume_point
 from ..run.preflight import check_code, check_context
@@ -42,6 +43,7 @@ from .console import (
     write_json,
 )
 from .interactive import execute, execute_resume
+from .out_dir import check_out_dir
 from .run_inputs import read_inputs
 from .terminal import render_record
 
@@ -57,15 +59,21 @@ app = typer.Typer(
 
 app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
 
+MAX_INPUT_BYTES_OPTION = typer.Option(
+    DEFAULT_MAX_INPUT_BYTES, "--max-input-bytes", min=1, metavar="BYTES",
+    help="refuse runs whose inputs hold more text than this, before anything is tokenized",
+)
+
 
 # -- inputs ------------------------------------------------------------------------------------
 
 
-def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool) -> list[Any]:
+def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool,
+           max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> list[Any]:
     plans = []
     for label, inputs in runs:
         try:
-            plans.append(plan_file(topology, inputs, trust_code=trust_code))
+            plans.append(plan_file(topology, inputs, trust_code=trust_code, max_input_bytes=max_input_bytes))
         except GraphError as error:
             if len(runs) > 1:
                 stderr_console().print(Text(f"in the inputs of {label}:", style="bold"))
@@ -101,7 +109,7 @@ def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> N
             check_code(plan)
             check_context(plan, pool, base_dir)
         except GraphError as error:
-            raise error.with_locations(read_graph(topology).locate) from None
+            raise error.with_locations(read_graph(topology, trusted=plan.trust_code).locate) from None
 
 
 def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interrupted: bool, json_output: bool) -> int:
@@ -172,12 +180,14 @@ def run(
     replicas: list[str] = typer.Option(
         [], "--replicas", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
     ),
+    max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
     """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
     console = stdout_console()
     try:
-        runs = read_inputs(input)
-        plans = _plans(topology, runs, trust_code)
+        check_out_dir(out)
+        runs = read_inputs(input, max_input_bytes=max_input_bytes)
+        plans = _plans(topology, runs, trust_code, max_input_bytes)
         pins = parse_pins(pin)
         counts = parse_replicas(replicas)
         if executor_name != "ray" and (address is not None or pins or counts):
@@ -287,13 +297,19 @@ def validate(
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="also plan it for these inputs (.json/.jsonl)"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
     json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
+    max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
-    """Check a topology (and optionally inputs) without running anything. Exit 1 on problems."""
+    """Check a topology (and optionally inputs) without running anything. Exit 1 on problems.
+
+    With --input, also runs the checks `run` does before loading weights: each prompt against
+    its model's context (tokenizers only) and trusted code imports."""
     console = stdout_console()
     try:
         blueprint = validate_file(topology, trust_code=trust_code)
-        runs = read_inputs(input) if input is not None else []
-        plans = _plans(topology, runs, trust_code) if runs else []
+        runs = read_inputs(input, max_input_bytes=max_input_bytes) if input is not None else []
+        plans = _plans(topology, runs, trust_code, max_input_bytes) if runs else []
+        if plans:
+            _preflight(topology, plans, default_pool(), topology.resolve().parent)
     except GraphError as error:
         if json_output:
             write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
@@ -334,12 +350,13 @@ def draw(
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="draw the plan for these inputs (.json): "
                                          "every foreach copy and loop round"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
     """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib)."""
     try:
         if input is not None:
-            runs = read_inputs(input)
-            sketch = sketch_plan(_plans(topology, runs[:1], trust_code)[0])
+            runs = read_inputs(input, max_input_bytes=max_input_bytes)
+            sketch = sketch_plan(_plans(topology, runs[:1], trust_code, max_input_bytes)[0])
         else:
             sketch = sketch_blueprint(validate_file(topology, trust_code=trust_code))
     except (GraphError, ValueError) as error:

@@ -24,7 +24,7 @@ ALL_ARMS = [
     "recent2=state:ratio=2,selector=recent",
     "rand=state:budget=64,selector=random,seed=3",
     "q8=state:ratio=8,selector=qsnap,span_size=2",
-    "ck=state:budget=128,selector=chunkkv,opt.window=3",
+    "ck=state:budget=128,selector=chunkkv,opt.window_size=3",
     "lat=state:ratio=4,reasoning=latent_mass,reasoning_steps=8,reasoning_context=selected,reasoning_budget=8",
     "ids=state:ratio=4,representation=token_ids+continuous",
     "full=full",

@@ -34,7 +34,7 @@ def everything() -> Graph:
                 resources={"GPU": 1.0, "memory": 2.5}, replicas=2)
     graph.agent("reader", model="base", system="Read.\nKeep facts.", max_new_tokens=32, context_limit=4096)
     graph.agent("writer", model="big", temperature=0.7, top_p=0.9, seed=7, description="samples")
-    graph.policy("tight", Policy(budget=64, selector="chunkkv", selector_options={"span_size": 4, "exact": True, "w": 0.5},
+    graph.policy("tight", Policy(budget=64, selector="chunkkv", selector_options={"chunk_size": 4, "kernel_size": 3, "span": "sentence"},
                                  reasoning=Reasoning(steps=8, context="selected_with_request", budget=8),
                                  representation="token_ids+continuous", request="{question} ({style})"))
     graph.node("w", agent="reader", prompt="Doc {index}:\n{doc}", foreach="docs", item="doc", generate=False)

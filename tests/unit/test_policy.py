@@ -121,3 +121,23 @@ def test_policy_arithmetic_errors_are_rclc_errors():
         BudgetPolicy.from_options(ratio=0)
     with pytest.raises(ContextLimitError, match="handoff positions"):
         fit([10, 10], [3, 3], 5)
+
+
+# issue 16 item 8: the torch-free option table planning checks is the selectors' real signatures
+def test_selector_options_table_matches_the_selectors():
+    import inspect
+
+    from rclc import policy, selectors
+
+    functions = {**selectors.BUILTIN, "recent": selectors.recent}
+    for name, options in policy.SELECTOR_OPTIONS.items():
+        if name == "random":
+            assert list(inspect.signature(selectors.random_selector).parameters) == ["seed"]
+            continue
+        keywords = [p.name for p in inspect.signature(functions[name]).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert sorted(keywords) == sorted(options), name
+    assert set(policy.SELECTOR_OPTIONS) == set(policy.BUILTIN_SELECTORS)
+    assert policy.selector_option_problems("cacheback", {"span_size": 4, "span": "sentence"}) == []
+    assert [p[0] for p in policy.selector_option_problems("cacheback", {"span_size": 0, "x": 1, "span": True})] == [
+        "span_size", "x", "span"]
+    assert policy.selector_option_problems("pkg.mod:fn", {"anything": 1}) == []

@@ -187,6 +187,9 @@ def _no_metadata(path, target):
         (lambda p, t: rewrite(p, t, raw_metadata={"rclc": "{not json"}), "not a snapshot"),
         (lambda p, t: rewrite(p, t, raw_metadata={"rclc": "[1, 2]"}), "not a snapshot"),
         (lambda p, t: rewrite(p, t, raw_metadata={"other": "{}"}), "not a snapshot"),
+        # issue 16 item 5: 100k-deep metadata raised RecursionError instead of the documented ValueError
+        (lambda p, t: rewrite(p, t, raw_metadata={"rclc": "[" * 100000 + "]" * 100000}), "not a snapshot"),
+        (lambda p, t: rewrite(p, t, raw_metadata={"rclc": "[" * 1500 + "]" * 1500}), "not a snapshot"),
         (lambda p, t: rewrite(p, t, header=lambda h: {**h, "format": 2}), "unsupported"),
         (lambda p, t: rewrite(p, t, header=lambda h: {**h, "format": "1"}), "unsupported"),
         (lambda p, t: rewrite(p, t, header=lambda h: {**h, "layout": 2}), "unsupported"),
