@@ -5,6 +5,16 @@ name sits in the destination's directory so the rename stays on one filesystem; 
 directory fsync makes the rename itself survive a power loss. Snapshots, run records and
 experiment rows are all written through `write_atomic`.
 
+Permissions, one rule for every file rclc and rclc-graph write (snapshots, run records,
+node files, reports, experiment rows and summaries): files are created private to their
+owner, mode 0o600 (less the umask), because any of them may hold users' documents, prompts,
+outputs or model inputs. Directories that hold them are created 0o700. Share a file by
+changing its mode yourself.
+
+Reading goes through `require_regular_file` where a path comes from a directory someone else
+may have edited: a FIFO or device in place of a file would block the reader forever, and a
+symbolic link would lead it outside the directory.
+
 Plain standard library, no torch: graph planning and recording use it too.
 """
 
@@ -14,10 +24,22 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["file_sha256", "sync_directory", "write_atomic", "write_json_atomic"]
+__all__ = [
+    "DIRECTORY_MODE",
+    "FILE_MODE",
+    "file_sha256",
+    "require_regular_file",
+    "sync_directory",
+    "write_atomic",
+    "write_json_atomic",
+]
+
+FILE_MODE = 0o600  # every file written: private to its owner (see the module docstring)
+DIRECTORY_MODE = 0o700  # every directory created for such files
 
 
 def sync_directory(directory: str | os.PathLike[str]) -> None:
@@ -38,16 +60,16 @@ def sync_directory(directory: str | os.PathLike[str]) -> None:
         os.close(descriptor)
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o666) -> None:
-    """Replace `path` with `data` atomically, creating missing parent directories.
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = FILE_MODE) -> None:
+    """Replace `path` with `data` atomically, creating missing parent directories (0o700).
 
     `mode` is the permission the new file is created with, less the process umask (as with
-    `open`): the default lets the umask decide, `0o600` keeps a file private. On any
+    `open`); the default is the package's rule, private to the owner (0o600). On any
     error the previous file is untouched and no temporary file is left behind.
     """
     destination = Path(path)
     directory = destination.parent
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
     temporary = directory / f".{destination.name}.{secrets.token_hex(6)}.tmp"
     # os.open (not mkstemp, which forces 0o600) so the umask applies to `mode`.
     handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
@@ -76,3 +98,25 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def require_regular_file(path: str | os.PathLike[str], what: str = "path", *, follow_links: bool = False) -> None:
+    """Raise ValueError unless `path` is a regular file (not a FIFO, socket, device or
+    directory, and not a symbolic link unless `follow_links`); FileNotFoundError when it is
+    missing.
+
+    Opened without blocking and checked on the open descriptor, so a FIFO put in place of a
+    file cannot hang the caller (opening a FIFO for reading would wait for a writer).
+    """
+    shown = os.fspath(path)
+    if not follow_links and os.path.islink(shown):
+        raise ValueError(f"{what}: {shown!r} is a symbolic link; pass the file itself")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
+    descriptor = os.open(shown, flags)
+    try:
+        mode = os.fstat(descriptor).st_mode
+    finally:
+        os.close(descriptor)
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise ValueError(f"{what}: {shown!r} is {kind}; pass a regular file")

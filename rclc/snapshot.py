@@ -23,7 +23,7 @@ import torch
 
 from ._arguments import is_exact_int
 from .errors import IncompatibleStateError, SnapshotError
-from .files import write_atomic
+from .files import require_regular_file, write_atomic
 from .models import check_model
 from .state import SenderState, build_state, checkpoint_vocabulary, embedding_weight, rows_match_ids
 from .vllm.view import EngineProjection, view_state_dict
@@ -155,7 +155,7 @@ def write_snapshot(path: str | os.PathLike[str], state: SenderState, identity: s
 
     The file is written next to its destination, flushed to disk and renamed over it
     (`rclc.files.write_atomic`), so a crash or error leaves either the old file or the new
-    one, never a torn one. The file is private to its owner (mode 0o600): it holds model
+    one, never a torn one. The file is private to its owner (mode 0o600, as every file rclc writes): it holds model
     inputs, which may be confidential.
     """
     state.validate()
@@ -172,7 +172,7 @@ def write_snapshot(path: str | os.PathLike[str], state: SenderState, identity: s
         "inherited_positions": state.inherited_positions,
     }
     metadata = {METADATA_KEY: json.dumps(header, sort_keys=True)}
-    write_atomic(path, safetensors.torch.save(tensors, metadata=metadata), mode=0o600)
+    write_atomic(path, safetensors.torch.save(tensors, metadata=metadata))  # private (rclc.files' rule)
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,8 +191,10 @@ def _read_header(
     Filesystem errors (missing file, permissions) propagate as OSError; only content
     problems become SnapshotError.
     """
-    with open(path, "rb"):
-        pass
+    try:
+        require_regular_file(path, follow_links=True)  # a FIFO would block safetensors' open forever
+    except ValueError as error:
+        raise SnapshotError(f"{error} (a snapshot is a file written by rclc save)") from None
     try:
         with safetensors.safe_open(os.fspath(path), framework="pt") as reader:
             metadata = reader.metadata()

@@ -22,9 +22,11 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import GraphError
+from ..render.terminal_text import printable
 from . import runner
 from .arms import load_arms, parse_arms
 from .inputs import parse_mapping
@@ -44,7 +46,7 @@ def _fail(error: Exception, as_json: bool) -> None:
             payload["problems"] = [problem.to_dict() for problem in error.problems]
         typer.echo(json.dumps(payload, indent=2))
     else:
-        Console(stderr=True).print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+        Console(stderr=True).print(Text("error: ", style="red") + Text(printable(error)), highlight=False)
     raise typer.Exit(2)
 
 

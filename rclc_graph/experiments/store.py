@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from rclc.files import sync_directory
+from rclc.files import DIRECTORY_MODE, FILE_MODE, sync_directory
 
 from ..errors import StoreError
 from ..run.directory_lock import LOCK_FILE, DirectoryLock
@@ -45,7 +45,7 @@ class ResultStore:
         self._rows: list[dict[str, Any]] = []
         self._lock = DirectoryLock(self.directory, busy=_store_busy)
         self._needs_newline = False
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
         self._lock.acquire()
         try:
             self._load()
@@ -77,7 +77,7 @@ class ResultStore:
         line = json.dumps(dict(row), ensure_ascii=False, sort_keys=False, allow_nan=False)
         data = (("\n" if self._needs_newline else "") + line + "\n").encode("utf-8")
         created = not self.path.exists()
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)  # rclc.files' rule
         try:
             view = memoryview(data)
             while view:

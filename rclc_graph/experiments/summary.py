@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rich.table import Table
 
+from ..render.terminal_text import printable_line
 from ..render.units import format_bytes as _format_bytes
 from . import stats
 from .arms import Arm
@@ -199,8 +200,8 @@ def table(summary: Mapping[str, Any], *, title: str | None = None) -> Table:
     for name, arm in summary["arms"].items():
         interval = arm["accuracy_ci"]
         result.add_row(
-            name,
-            arm["label"],
+            printable_line(name),
+            printable_line(arm["label"]),
             str(arm["cases"]),
             _format(arm["accuracy"], "{:.1%}"),
             "-" if not interval else f"{interval[0]:.0%}-{interval[1]:.0%}",

@@ -8,6 +8,7 @@ CLI can draw and print (views/) with the same code. matplotlib loads only for PN
 
 from .drawing import Sketch, save_png, sketch_blueprint, sketch_plan, sketch_record, to_mermaid, to_svg
 from .html_report import kept_prompt_tokens, marked_prompt, render_report
+from .terminal_text import printable, printable_data, printable_line
 from .units import format_bytes, format_seconds
 
 __all__ = [
@@ -23,6 +24,10 @@ __all__ = [
     "kept_prompt_tokens",
     "marked_prompt",
     "render_report",
+    # text for terminals
+    "printable",
+    "printable_data",
+    "printable_line",
     # units
     "format_bytes",
     "format_seconds",

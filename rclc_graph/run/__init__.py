@@ -4,6 +4,8 @@ run before any model loads (preflight.py).
 """
 
 from .record import finished_nodes, read_node, read_record
+from .record_shape import check_record
+from .record_view import current_record
 from .recorded import RecordingExecutor, prepare_models, record_run, run_recorded, run_recorded_sync
 from .recorder import RunRecorder
 from .resume import ResumePoint, read_resume_point, resume_run, resume_run_sync
@@ -18,6 +20,8 @@ __all__ = [
     # records
     "RecordingExecutor",
     "RunRecorder",
+    "check_record",
+    "current_record",
     "finished_nodes",
     "prepare_models",
     "read_node",

@@ -14,6 +14,8 @@ from typing import Callable
 
 import filelock
 
+from rclc.files import FILE_MODE
+
 LOCK_FILE = ".lock"
 
 
@@ -41,7 +43,9 @@ class DirectoryLock:
         self._busy = busy
         # thread_local=False: released from the worker thread that finishes a record.
         # preserve_lock_file: the file stays, so a refused resume leaves the directory as it was.
-        self._lock = filelock.FileLock(self.directory / LOCK_FILE, thread_local=False, preserve_lock_file=True)
+        # mode: private, as every file we write (rclc.files)
+        self._lock = filelock.FileLock(self.directory / LOCK_FILE, thread_local=False, preserve_lock_file=True,
+                                       mode=FILE_MODE)
 
     @property
     def held(self) -> bool:
@@ -52,10 +56,26 @@ class DirectoryLock:
         """Take the lock, or raise `busy(directory)` when another holder has it."""
         if self._lock.is_locked:
             return
+        lock_file = self.directory / LOCK_FILE
+        if lock_file.is_symlink():  # opening it would truncate whatever it points to
+            raise ValueError(f"run_dir: {str(lock_file)!r} is a symbolic link; remove it (it is an empty lock file)")
         try:
             self._lock.acquire(blocking=False)
         except filelock.Timeout:
             raise self._busy(self.directory) from None
+
+    def writer_alive(self) -> bool:
+        """Whether another process holds the lock now (a run or resume still writing). Read-only
+        callers use it: it takes the lock for an instant only when the lock file exists."""
+        lock_file = self.directory / LOCK_FILE
+        if self._lock.is_locked or not lock_file.is_file() or lock_file.is_symlink():
+            return False
+        try:
+            self._lock.acquire(blocking=False)
+        except filelock.Timeout:
+            return True
+        self._lock.release(force=True)
+        return False
 
     def release(self) -> None:
         """Let the lock go (nothing happens when this object does not hold it)."""

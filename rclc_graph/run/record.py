@@ -41,6 +41,8 @@ import rclc
 from rclc.files import file_sha256
 
 from ..results.run_result import NodeResult
+from ..spec.bounded_json import loads
+from .run_files import member, read_json, regular
 
 RECORD_FORMAT = "rclc-graph-run"
 RECORD_VERSION = 1
@@ -112,14 +114,18 @@ def snapshot_identity(path: Path) -> dict[str, Any]:
     import safetensors  # lazy: reading a header with framework="pt" imports torch
 
     with safetensors.safe_open(os.fspath(path), framework="pt") as reader:
-        header = json.loads((reader.metadata() or {}).get("rclc", "{}"))
+        raw = (reader.metadata() or {}).get("rclc", "{}")
+        header = loads(raw) if len(raw) <= 4096 else {}  # ours is ~200 bytes; never parse a huge one
         positions = int(reader.get_slice("rows").get_shape()[0])
+    if not isinstance(header, dict):
+        header = {}
     return {
         "file": path.name,
         "sha256": file_sha256(path),
         "bytes": path.stat().st_size,
         "positions": positions,
         "model_identity": header.get("identity"),
+        "inherited_positions": header.get("inherited_positions"),
     }
 
 
@@ -133,14 +139,16 @@ def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = directory / RECORD_FILE
     if not directory.is_dir():
         raise ValueError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise ValueError(
             f"run_dir: {str(directory)!r} holds no {RECORD_FILE}; pass a directory written by `rclc-graph run`"
         )
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        record = read_json(path, "run_dir")
+    except json.JSONDecodeError as error:
         raise ValueError(f"run_dir: {str(path)!r} is not valid JSON ({error}); the record is damaged") from None
+    except ValueError as error:
+        raise ValueError(f"run_dir: {str(path)!r} cannot be read ({error}); the record is damaged") from None
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise ValueError(f"run_dir: {str(path)!r} is not an rclc-graph run record")
     if record.get("version") != RECORD_VERSION:
@@ -151,8 +159,9 @@ def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_node(path: str | os.PathLike[str]) -> tuple[NodeResult, dict[str, Any] | None]:
-    """A node file: (its NodeResult, its snapshot info or None)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    """A node file: (its NodeResult, its snapshot info or None). ValueError (or KeyError,
+    TypeError for wrongly typed fields) when it is not one; links and FIFOs are refused."""
+    data = read_json(Path(path), "path")
     if not isinstance(data, dict) or data.get("format") != NODE_FORMAT:
         raise ValueError(f"path: {os.fspath(path)!r} is not an rclc-graph node record")
     if data.get("version") != RECORD_VERSION:
@@ -166,17 +175,16 @@ def finished_nodes(run_dir: str | os.PathLike[str]) -> dict[str, NodeResult]:
     replaced) is left out, so a resume runs that node again."""
     directory = Path(run_dir) / NODES_DIR
     finished: dict[str, NodeResult] = {}
-    if not directory.is_dir():
+    if not directory.is_dir() or directory.is_symlink():
         return finished
     for path in sorted(directory.glob("*.json")):
         try:
             result, snapshot = read_node(path)
+            if path.stem != safe_name(result.node) or not isinstance(snapshot, dict):
+                continue
+            snapshot_path = member(directory, snapshot.get("file"), f"{path.stem}.safetensors")
+            regular(snapshot_path, "snapshot")
         except (ValueError, KeyError, TypeError, OSError):
-            continue
-        if path.stem != safe_name(result.node) or not isinstance(snapshot, dict):
-            continue
-        snapshot_path = directory / str(snapshot.get("file", ""))
-        if snapshot_path.name != f"{path.stem}.safetensors" or not snapshot_path.is_file():
             continue
         if file_sha256(snapshot_path) != snapshot.get("sha256"):
             continue

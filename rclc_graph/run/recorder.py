@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import anyio
 
-from rclc.files import write_atomic, write_json_atomic
+from rclc.files import DIRECTORY_MODE, write_atomic, write_json_atomic
 
 from ..executors import model_key
 from ..plan.dag import Plan
@@ -103,7 +103,15 @@ class RunRecorder:
     def start(self) -> Path:
         """Create the run directory (refusing an existing one) and write a 'running' record."""
         try:
-            (self.run_dir / NODES_DIR).mkdir(parents=True, exist_ok=False)
+            self.run_dir.parent.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+        except (FileExistsError, NotADirectoryError):
+            raise ValueError(
+                f"out: {str(self.run_dir.parent)!r} is not a directory (a file, or a symbolic link to nothing); "
+                "pass a directory for the runs"
+            ) from None
+        try:
+            self.run_dir.mkdir(mode=DIRECTORY_MODE)
+            (self.run_dir / NODES_DIR).mkdir(mode=DIRECTORY_MODE)
         except FileExistsError:
             raise ValueError(
                 f"out: run directory {str(self.run_dir)!r} already exists; choose another --out or run id"

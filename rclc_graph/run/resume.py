@@ -23,7 +23,6 @@ so a run still going (or a second resume) cannot write the same nodes.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +40,11 @@ from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from ..spec.models import GraphSpec
 from .directory_lock import DirectoryLock
-from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, versions
+from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, snapshot_identity, versions
 from .recorded import prepare_models, record_run
+from .record_shape import check_record
 from .recorder import RunRecorder
+from .run_files import check_tree, member, read_json, regular
 
 # Versions that decide what a node computes; the code fingerprint covers rclc's own source.
 _COMPUTING_PACKAGES = ("rclc", "rclc_graph", "torch", "transformers")
@@ -131,10 +132,16 @@ def _check_code(record: Mapping[str, Any]) -> None:
 def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str, NodeResult], dict[str, dict[str, Any]]]:
     """Verified finished nodes. A node file is written after its snapshot, so a crash leaves
     at most a snapshot without a node file (ignored: the node runs again). A node file whose
-    snapshot is missing or does not hash to what it names was damaged or edited: refused."""
+    snapshot is missing, does not hash to what it names, or does not describe the node's
+    state (positions, inherited rows, lineage) was damaged, edited or swapped:
+    refused. Every path stays inside the directory and no link is followed (run_files.py)."""
     directory = run_dir / NODES_DIR
     finished: dict[str, NodeResult] = {}
     snapshots: dict[str, dict[str, Any]] = {}
+    try:
+        check_tree(run_dir, NODES_DIR)
+    except ValueError as error:
+        raise ResumeError(str(error)) from None
     if not directory.is_dir():
         return finished, snapshots
     known = set(plan.order)
@@ -152,22 +159,54 @@ def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str,
                               "remove it")
         if not isinstance(snapshot, dict):
             continue  # recorded without a snapshot (an executor without agents): not resumable state
-        snapshot_path = directory / str(snapshot.get("file", ""))
         fix = f"delete {where} to run node {result.node!r} again"
-        if snapshot_path.name != f"{path.stem}.safetensors" or not snapshot_path.is_file():
-            raise ResumeError(f"run_dir: the snapshot {where} names is missing; {fix}")
+        try:
+            snapshot_path = member(directory, snapshot.get("file"), f"{path.stem}.safetensors")
+            regular(snapshot_path, "snapshot")
+        except FileNotFoundError:
+            raise ResumeError(f"run_dir: the snapshot {where} names is missing; {fix}") from None
+        except (ValueError, OSError) as error:
+            raise ResumeError(f"run_dir: {where} {error}; {fix}") from None
         if file_sha256(snapshot_path) != snapshot.get("sha256"):
             raise ResumeError(
                 f"run_dir: {NODES_DIR}/{snapshot_path.name} does not match the SHA-256 {where} names (edited, "
                 f"truncated or replaced); {fix}"
             )
+        _check_snapshot_describes(snapshot_path, snapshot, result, where, fix)
         finished[result.node] = result
         snapshots[result.node] = snapshot
     return finished, snapshots
 
 
+def _check_snapshot_describes(path: Path, snapshot: Mapping[str, Any], result: NodeResult, where: str, fix: str) -> None:
+    """The snapshot must be this node's state: its row count and inherited rows agree with
+    what the node file records, and the node's lineage covers every row.
+    (A snapshot swapped in from another node, with its SHA-256 rewritten, fails here.)"""
+    try:
+        header = snapshot_identity(path)
+    except Exception as error:  # safetensors raises its own error types for a damaged file
+        raise ResumeError(
+            f"run_dir: node {result.node!r}: its snapshot {NODES_DIR}/{path.name} cannot be restored: not a readable "
+            f"snapshot ({error}); {fix}"
+        ) from None
+    # (the model identity is checked against the loaded model by _check_models and by the load itself)
+    checks = (
+        ("positions", header["positions"], snapshot.get("positions")),
+        ("positions", header["positions"], result.positions),
+        ("positions", header["positions"], len(result.lineage)),
+        ("inherited positions", header["inherited_positions"], result.inherited_positions),
+    )
+    for what, found, recorded in checks:
+        if found != recorded:
+            raise ResumeError(
+                f"run_dir: {NODES_DIR}/{path.name} holds {what} {found!r} but {where} records {recorded!r}: the "
+                f"snapshot is not this node's state (swapped or edited); {fix}"
+            )
+
+
 def _node_run_id(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")).get("run_id")
+    data = read_json(path, "path")
+    return data.get("run_id") if isinstance(data, dict) else None
 
 
 def read_resume_point(run_dir: str | os.PathLike[str], *, trust_code: bool = False) -> ResumePoint:
@@ -175,6 +214,7 @@ def read_resume_point(run_dir: str | os.PathLike[str], *, trust_code: bool = Fal
     directory = Path(run_dir)
     try:
         record = read_record(directory)
+        check_record(record)
     except ValueError as error:
         raise ResumeError(str(error)) from None
     run_id = str(_field(record, "run_id"))

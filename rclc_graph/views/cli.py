@@ -28,8 +28,8 @@ from ..executors import Executor, default_pool, make_executor, parse_pins, parse
 from ..experiments import commands as experiment_commands
 from ..plan import plan_file, validate_file
 from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
-from ..render import save_png, sketch_blueprint, sketch_plan, to_mermaid
-from ..run import read_record, read_resume_point
+from ..render import printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
+from ..run import current_record, read_resume_point
 from ..run.preflight import check_code, check_context
 from ..spec import json_schema, read_graph
 from .console import (
@@ -148,12 +148,12 @@ def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> No
     plan = plans[0]
     head = Text(plan.name, style="bold")
     if plan.spec.description:
-        head.append(f": {plan.spec.description}")
+        head.append(f": {printable_line(plan.spec.description)}")
     console.print(head)
     runs = f"; {len(plans)} runs from {input}" if len(plans) > 1 else ""
     states = sum(1 for edge in plan.edges if edge.policy.mode != "text")
     handoffs = _count(len(plan.edges), "handoff") + (f" ({states} hand over state)" if states else "")
-    console.print(Text(f"{_count(len(plan.nodes), 'node')}, {handoffs}{runs}; recording to {out}/", style="dim"))
+    console.print(Text(printable(f"{_count(len(plan.nodes), 'node')}, {handoffs}{runs}; recording to {out}/"), style="dim"))
 
 
 def _count(number: int, word: str) -> str:
@@ -217,7 +217,7 @@ def run(
             _start_hosts(executor, plans[0], base_dir, console, json_output)
         for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
             if len(plans) > 1 and not json_output:
-                console.rule(Text(f"run {index + 1} of {len(plans)}: {label}"))
+                console.rule(Text(printable(f"run {index + 1} of {len(plans)}: {label}")))
             record, run_dir, interrupted = anyio.run(
                 lambda plan=plan: execute(
                     plan, out=out, seed=seed, topology=topology, pool=pool, console=console, quiet=json_output,
@@ -324,12 +324,12 @@ def validate(
         return
     outputs = [node.name for node in spec.nodes if node.output]
     line = Text("✓ ", style="green")
-    line.append(str(topology), style="bold")
+    line.append(printable(topology), style="bold")
     line.append(f" is valid: graph {spec.name}, {_count(len(spec.nodes), 'node')}, {_count(len(spec.edges), 'edge')}, "
                 f"outputs: {', '.join(outputs)}")
     console.print(line)
     for (label, _), plan in zip(runs, plans):
-        console.print(Text(f"  {label}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
+        console.print(Text(f"  {printable(label)}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
                            f"{_count(len(plan.levels()), 'level')}; fingerprint {plan.fingerprint()[:12]}"))
 
 
@@ -386,12 +386,13 @@ def draw(
 def inspect(
     run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/20250101-120000-abc123",
                                    show_default=False),
-    json_output: bool = typer.Option(False, "--json", help="print the whole record.json"),
+    json_output: bool = typer.Option(False, "--json", help="print the whole record (as inspect reads it: a killed "
+                                     "run as crashed, with its finished nodes)"),
     node: Optional[str] = typer.Option(None, "--node", "-n", help="show the detailed lineage of this node"),
 ) -> None:
     """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
     try:
-        record = read_record(run_dir)
+        record = current_record(run_dir)  # a killed run shows as crashed, with what finished
         if json_output:
             write_json(record)
             return

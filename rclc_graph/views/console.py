@@ -1,6 +1,7 @@
 """How the `rclc-graph` commands talk to a terminal: consoles, JSON output, errors, exit codes.
 
-User mistakes never print a traceback: a GraphError prints each problem with its location,
+Every message is made `printable` (no control sequence from a file or a model reaches the
+terminal). User mistakes never print a traceback: a GraphError prints each problem with its location,
 field path, code and fix; any other ValueError prints its message; both exit with
 EXIT_USAGE. Consoles that are not terminals (logs, pipes) are 120 columns wide, so tables
 stay readable there.
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import GraphError, format_path
+from ..render.terminal_text import printable
 
 EXIT_FAILED = 1  # a run failed, or `validate` found problems
 EXIT_USAGE = 2  # a usage error: bad option, missing or malformed file, invalid topology or inputs
@@ -54,21 +56,21 @@ def print_graph_error(console: Console, error: GraphError) -> None:
     for problem in error.problems:
         line = Text()
         if problem.location is not None:
-            line.append(f"{problem.location}: ", style="bold")
+            line.append(f"{printable(problem.location)}: ", style="bold")
         if problem.path:
-            line.append(f"{format_path(problem.path)}: ", style="cyan")
-        line.append(problem.message)
+            line.append(f"{printable(format_path(problem.path))}: ", style="cyan")
+        line.append(printable(problem.message))
         line.append(f"  [{problem.code}]", style="dim")
         console.print(Text("error: ", style="bold red") + line, soft_wrap=True)
-        console.print(Text("  fix: ", style="green") + Text(problem.fix), soft_wrap=True)
+        console.print(Text("  fix: ", style="green") + Text(printable(problem.fix)), soft_wrap=True)
 
 
 def fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoReturn:
     """Print `message` (and `fix`) on stderr and exit with `code`."""
     console = stderr_console()
-    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    console.print(Text("error: ", style="bold red") + Text(printable(message)), soft_wrap=True)
     if fix:
-        console.print(Text("  fix: ", style="green") + Text(fix), soft_wrap=True)
+        console.print(Text("  fix: ", style="green") + Text(printable(fix)), soft_wrap=True)
     raise typer.Exit(code)
 
 

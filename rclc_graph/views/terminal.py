@@ -1,12 +1,14 @@
 """Terminal views for the CLI: live progress fed by a run's events, and a record's summary.
 
 Every string that came from a model, a document or a file is put in a rich `Text` (never
-parsed as markup), so generated text such as "[bold]" or "[/]" prints as written.
+parsed as markup), so generated text such as "[bold]" or "[/]" prints as written, and made
+`printable` first (render/terminal_text.py), so no control sequence in it reaches the terminal.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -17,6 +19,7 @@ from rich.text import Text
 
 from ..plan.dag import Plan
 from ..render.html_report import hops_text
+from ..render.terminal_text import printable, printable_data
 from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream
 
@@ -26,6 +29,7 @@ STATUS_STYLE = {
     "finished": ("✓", "green"),
     "failed": ("✗", "bold red"),
     "cancelled": ("■", "yellow"),
+    "crashed": ("✗", "bold red"),
 }
 MAX_LIVE_ROWS = 24
 
@@ -66,7 +70,7 @@ class ProgressView:
 
     # event handling (runs in the event loop)
     def handle(self, event: Any) -> None:
-        payload = event.payload
+        payload = printable_data(event.payload)
         if event.kind == "node":
             name = payload["node"]
             if payload["status"] == "started":
@@ -183,6 +187,7 @@ def render_record(
     node: str | None = None,
 ) -> None:
     """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record."""
+    record = printable_data(record)
     title = Text()
     title.append(str(record.get("graph", "run")), style="bold")
     title.append("  ")
@@ -284,7 +289,12 @@ def render_record(
         console.print(table)
 
     if run_dir is not None:
+        shown = printable(run_dir)
         console.print()
-        console.print(Text("record  ", style="bold") + Text(f"{run_dir}/record.json"))
-        console.print(Text("report  ", style="bold") + Text(f"{run_dir}/report.html") +
-                      Text("  (open it in a browser: graph, kept spans, lineage)", style="dim"))
+        console.print(Text("record  ", style="bold") + Text(f"{shown}/record.json"))
+        if (Path(run_dir) / "report.html").is_file():
+            console.print(Text("report  ", style="bold") + Text(f"{shown}/report.html") +
+                          Text("  (open it in a browser: graph, kept spans, lineage)", style="dim"))
+        else:
+            console.print(Text("report  ", style="bold") + Text("none yet", style="dim") +
+                          Text("  (report.html is written when a run or resume ends)", style="dim"))

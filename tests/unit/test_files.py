@@ -24,7 +24,9 @@ def test_write_atomic_replaces_creates_parents_and_leaves_no_temporaries(tmp_pat
     write_atomic(target, b"two")
     assert target.read_bytes() == b"two"
     assert sorted(os.listdir(target.parent)) == ["file.bin"]
-    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
+    # issue 16 item 19: one rule for every file written, private to the owner (was 0o666 less the umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600 & ~_umask()
+    assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700 & ~_umask()
 
 
 def test_write_atomic_mode_keeps_private_files_private(tmp_path):
