@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray
+.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml requirements/pins.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# A wheel of this checkout in dist/ (the package is not on PyPI): install it, with extras, into
+# any environment, e.g. pip install 'dist/rclc_graph-0.1.0-py3-none-any.whl[ray]'.
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -w dist .
 
 demo: $(STAMP)
 	$(BIN)/rclc-graph run topologies/chain_of_agents.yaml --input examples/inputs/chain_of_agents.json
@@ -51,7 +56,7 @@ vllm: $(VLLM_VENV)/.installed
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
 
-# Optional Ray executor (pip install 'rclc-graph[ray]'), in its own venv so the main suite keeps
+# Optional Ray executor (pip install -e '.[ray]' from this checkout), in its own venv so the main suite keeps
 # proving that the default install does not need Ray.
 RAY_VENV ?= .venv-ray
 $(RAY_VENV)/.installed: pyproject.toml requirements/pins.txt requirements/pins-ray.txt
@@ -68,4 +73,4 @@ test-ray: $(RAY_VENV)/.installed
 	$(RAY_VENV)/bin/python -m pytest -q -m ray tests/distributed
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) .pytest_cache .hypothesis build dist

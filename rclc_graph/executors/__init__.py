@@ -2,7 +2,7 @@
 
 - `local` (default): `LocalExecutor` (local.py), in this process, models from a `ModelPool`.
 - `ray`: `rclc_graph.executors.ray.RayExecutor`, each model replica a Ray actor (docs/ray.md);
-  needs the optional extra: pip install 'rclc-graph[ray]'.
+  needs the optional extra: pip install -e '.[ray]' from the checkout (the package is not on PyPI).
 
 Every executor implements the contract in contract.py. `make_executor(name, ...)` builds one
 by name (what `rclc-graph run --executor` and `run_plan(..., executor="ray")` use); Ray is
@@ -23,7 +23,7 @@ from .placement import parse_pins, parse_replicas
 from .pool import ModelPool, ModelProfile, default_pool
 
 EXECUTORS = ("local", "ray")
-RAY_INSTALL = "pip install 'rclc-graph[ray]'"
+RAY_INSTALL = "pip install -e '.[ray]' in the rclc-graph checkout, or make ray (not on PyPI)"
 
 
 def ray_available() -> bool:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -33,6 +34,22 @@ from .inputs import parse_mapping
 from .reproduce import compare_runs
 from .summary import TABLE_WIDTH, format_p, table
 from .synthetic import write_dataset
+
+class UsageCommand(typer.core.TyperCommand):
+    """A command whose usage line names arguments the way docs/cli.md writes them (`TOPOLOGY`,
+    `[NAME]`), not as typer's `{topology}`. Every rclc-graph command uses it (views/cli.py too)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or (param.name or "").upper()
+                name = name if param.required else f"[{name}]"
+                pieces.append(name + ("..." if param.nargs != 1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
 
 app = typer.Typer(help="Experiments: compare handoff policies on a dataset.", no_args_is_help=True)
 data_app = typer.Typer(help="Datasets for experiments.", no_args_is_help=True)
@@ -50,19 +67,19 @@ def _fail(error: Exception, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
-@app.command("experiment")
+@app.command("experiment", cls=UsageCommand)
 def experiment(
-    topology: Path = typer.Option(..., "--topology", "-t", help="topology YAML file"),
-    data: Path = typer.Option(..., "--data", "-d", help="JSONL dataset"),
-    arm: List[str] = typer.Option([], "--arm", "-a", help="NAME=MODE[:key=value,...], e.g. r4=state:ratio=4; repeatable"),
-    arms_file: Optional[Path] = typer.Option(None, "--arms-file", help="YAML file with an `arms:` mapping"),
-    out: Path = typer.Option(..., "--out", "-o", help="results directory (rerun the same command to resume)"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="use the first N cases"),
+    topology: Path = typer.Option(..., "--topology", "-t", metavar="FILE", help="topology YAML file"),
+    data: Path = typer.Option(..., "--data", "-d", metavar="FILE", help="JSONL dataset"),
+    arm: List[str] = typer.Option([], "--arm", "-a", metavar="NAME=POLICY", help="NAME=MODE[:key=value,...], e.g. r4=state:ratio=4; repeatable"),
+    arms_file: Optional[Path] = typer.Option(None, "--arms-file", metavar="FILE", help="YAML file with an `arms:` mapping"),
+    out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="results directory (rerun the same command to resume)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, metavar="N", help="use the first N cases"),
     as_json: bool = typer.Option(False, "--json", help="print summary.json instead of a table"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:callable selectors, methods and scorers"),
-    scorer: Optional[str] = typer.Option(None, "--scorer", help="'containment' (default) or module:callable (needs --trust-code)"),
-    seed: int = typer.Option(0, "--seed", min=0, help="run seed handed to the scheduler"),
-    input_map: List[str] = typer.Option([], "--map", help="FIELD=INPUT: which topology input gets the case's question/documents"),
+    scorer: Optional[str] = typer.Option(None, "--scorer", metavar="NAME", help="'containment' (default) or module:callable (needs --trust-code)"),
+    seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="run seed handed to the scheduler"),
+    input_map: List[str] = typer.Option([], "--map", metavar="FIELD=INPUT", help="FIELD=INPUT: which topology input gets the case's question/documents"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="recompute rows whose run failed"),
     compare_to: Optional[str] = typer.Option(
         None, "--compare-to", metavar="ARM",
@@ -123,14 +140,14 @@ def experiment(
     )
 
 
-@data_app.command("make")
+@data_app.command("make", cls=UsageCommand)
 def data_make(
-    size: int = typer.Option(..., "--size", "-n", min=1, help="number of cases"),
-    seed: int = typer.Option(0, "--seed", "-s", min=0, help="same seed, same cases"),
-    out: Path = typer.Option(..., "--out", "-o", help="JSONL file to write"),
-    documents: int = typer.Option(3, "--documents", "-k", min=1, help="documents per case (chain_of_agents reads 4)"),
-    facts_per_document: int = typer.Option(4, "--facts-per-document", min=1, help="fact sentences per document"),
-    filler_per_document: int = typer.Option(4, "--filler-per-document", min=0, help="neutral filler sentences per document"),
+    size: int = typer.Option(..., "--size", "-n", min=1, metavar="N", help="number of cases"),
+    seed: int = typer.Option(0, "--seed", "-s", min=0, metavar="N", help="same seed, same cases"),
+    out: Path = typer.Option(..., "--out", "-o", metavar="FILE", help="JSONL file to write"),
+    documents: int = typer.Option(3, "--documents", "-k", min=1, metavar="N", help="documents per case (chain_of_agents reads 4)"),
+    facts_per_document: int = typer.Option(4, "--facts-per-document", min=1, metavar="N", help="fact sentences per document"),
+    filler_per_document: int = typer.Option(4, "--filler-per-document", min=0, metavar="N", help="neutral filler sentences per document"),
 ) -> None:
     """Write a seeded synthetic multi-document fact dataset (owners, places, dates among distractors)."""
     try:
@@ -142,11 +159,11 @@ def data_make(
     typer.echo(f"wrote {written} cases to {out}")
 
 
-@app.command("compare-runs")
+@app.command("compare-runs", cls=UsageCommand)
 def compare(
-    first: Path = typer.Argument(..., help="an experiment directory"),
-    second: Path = typer.Argument(..., help="another one, from a rerun of the same command"),
-    as_json: bool = typer.Option(False, "--json"),
+    first: Path = typer.Argument(..., metavar="DIR_A", help="an experiment directory"),
+    second: Path = typer.Argument(..., metavar="DIR_B", help="another one, from a rerun of the same command"),
+    as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON (reproduced, counts, differing rows, paired tests)"),
 ) -> None:
     """Check that a rerun reproduced the answers (greedy decoding, same graphs and models), and
     test per arm whether the two runs are right on the same cases (exact McNemar)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from .stats import PairedComparison, paired_comparison
@@ -62,7 +63,13 @@ def compare_rows(first: Mapping[str, Any], second: Mapping[str, Any]) -> str | N
 
 
 def compare_runs(first_dir: str | os.PathLike[str], second_dir: str | os.PathLike[str]) -> Reproduction:
-    """Compare the latest row of every (case, arm) found in both directories."""
+    """Compare the latest row of every (case, arm) found in both directories (ValueError when
+    they are one directory: a run compared with itself proves nothing)."""
+    if Path(first_dir).resolve() == Path(second_dir).resolve():
+        raise ValueError(
+            f"compare-runs: {os.fspath(first_dir)!r} and {os.fspath(second_dir)!r} are the same directory; "
+            "pass the directory of a rerun (the same command with another --out)"
+        )
     first = {(row["case"], row["arm"]): row for row in read_rows(first_dir)}
     second = {(row["case"], row["arm"]): row for row in read_rows(second_dir)}
     differing, not_comparable = [], []

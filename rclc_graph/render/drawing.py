@@ -169,15 +169,19 @@ def to_mermaid(sketch: Sketch) -> str:
         label = _mermaid_text(node.name if not node.detail else f"{node.name}<br/><small>{node.detail}</small>")
         shape = ('(["', '"])') if node.output else ('["', '"]')
         lines.append(f"    {ids[node.name]}{shape[0]}{label}{shape[1]}")
-    for edge in sketch.edges:
+    dashed = []  # Mermaid has no dashed arrow: text edges are drawn dashed by linkStyle (as in the SVG)
+    for index, edge in enumerate(sketch.edges):
         label = _mermaid_text(edge.label)
         source, target = ids[edge.source], ids[edge.target]
         if edge.loop:
             lines.append(f'    {source} -. "{label}" .-> {target}')
         elif edge.mode == "text":
             lines.append(f'    {source} -- "{label}" --> {target}')
+            dashed.append(str(index))
         else:
             lines.append(f'    {source} ==>|"{label}"| {target}')
+    if dashed:
+        lines.append(f"    linkStyle {','.join(dashed)} stroke-dasharray:6 4")
     outputs = [ids[node.name] for node in sketch.nodes if node.output]
     if outputs:
         lines.append("    classDef output stroke-width:3px")

@@ -10,6 +10,7 @@ the fix. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from enum import Enum
@@ -26,6 +27,7 @@ from rclc.files import write_atomic
 from ..errors import ExecutorUnavailable, GraphError
 from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
 from ..experiments import commands as experiment_commands
+from ..experiments.commands import UsageCommand
 from ..plan import plan_file, validate_file
 from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
 from ..render import printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
@@ -58,6 +60,27 @@ app = typer.Typer(
 )
 
 app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
+
+
+def _version(value: bool) -> None:
+    if value:
+        import rclc  # torch-free
+
+        try:
+            version = importlib.metadata.version("rclc-graph")
+        except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+            version = f"{rclc.__version__} (not installed)"
+        typer.echo(f"rclc-graph {version}, rclc {rclc.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print the versions of rclc-graph and rclc, and exit"),
+) -> None:
+    """Multi-agent graphs whose agents hand each other compressed state. Start with:
+    rclc-graph run topologies/chain_of_agents.yaml --input examples/inputs/chain_of_agents.json"""
 
 MAX_INPUT_BYTES_OPTION = typer.Option(
     DEFAULT_MAX_INPUT_BYTES, "--max-input-bytes", min=1, metavar="BYTES",
@@ -160,25 +183,26 @@ def _count(number: int, word: str) -> str:
     return f"{number} {word}" + ("" if number == 1 else "s")
 
 
-@app.command()
+@app.command(cls=UsageCommand)
 def run(
-    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
-    input: Path = typer.Option(..., "--input", "-i", help=".json (one run) or .jsonl (one run per line) of inputs"),
-    out: Path = typer.Option(Path("runs"), "--out", "-o", help="directory that receives runs/<run_id>/"),
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False, metavar="TOPOLOGY"),
+    input: Path = typer.Option(..., "--input", "-i", metavar="FILE",
+                               help=".json (one run) or .jsonl (one run per line) of inputs; - reads stdin"),
+    out: Path = typer.Option(Path("runs"), "--out", "-o", metavar="DIR", help="directory that receives runs/<run_id>/"),
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary per run instead of tables"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
-    seed: int = typer.Option(0, "--seed", help="run seed (sampling nodes derive theirs from it)"),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="run seed (sampling nodes derive theirs from it)"),
     executor_name: str = typer.Option(
-        "local", "--executor", "-e", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
+        "local", "--executor", "-e", metavar="NAME", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
     ),
     address: Optional[str] = typer.Option(
-        None, "--address", help="Ray cluster to join: auto, or HOST:PORT of the head (default: a private local Ray)"
+        None, "--address", metavar="ADDR", help="Ray cluster to join: auto, or HOST:PORT of the head (default: a private local Ray)"
     ),
     pin: list[str] = typer.Option(
-        [], "--pin", help="NODE=REPLICA: run a node on that replica of its model (ray; repeatable)"
+        [], "--pin", metavar="NODE=REPLICA", help="NODE=REPLICA: run a node on that replica of its model (ray; repeatable)"
     ),
     replicas: list[str] = typer.Option(
-        [], "--replicas", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
+        [], "--replicas", metavar="MODEL=N", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
     ),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
@@ -256,9 +280,10 @@ def _start_hosts(executor: Executor, plan: Any, base_dir: Path, console: Console
 # -- resume ------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=UsageCommand)
 def resume(
-    run_dir: Path = typer.Argument(..., help="the directory of an interrupted run, e.g. runs/20250101-120000-abc123",
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
+                                   help="the directory of an interrupted run, e.g. runs/20250101-120000-abc123",
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
     trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
@@ -291,10 +316,11 @@ def resume(
 # -- validate ----------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=UsageCommand)
 def validate(
-    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
-    input: Optional[Path] = typer.Option(None, "--input", "-i", help="also plan it for these inputs (.json/.jsonl)"),
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False, metavar="TOPOLOGY"),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", metavar="FILE",
+                                         help="also plan it for these inputs (.json/.jsonl, - for stdin)"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
     json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
@@ -341,13 +367,13 @@ class DrawFormat(str, Enum):
     png = "png"
 
 
-@app.command()
+@app.command(cls=UsageCommand)
 def draw(
-    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False),
+    topology: Path = typer.Argument(..., help="topology YAML file", show_default=False, metavar="TOPOLOGY"),
     format: DrawFormat = typer.Option(DrawFormat.mermaid, "--format", "-f", help="mermaid text or a PNG image"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to write (default: stdout for mermaid, "
+    out: Optional[Path] = typer.Option(None, "--out", "-o", metavar="FILE", help="file to write (default: stdout for mermaid, "
                                        "<topology>.png for png)"),
-    input: Optional[Path] = typer.Option(None, "--input", "-i", help="draw the plan for these inputs (.json): "
+    input: Optional[Path] = typer.Option(None, "--input", "-i", metavar="FILE", help="draw the plan for these inputs (.json): "
                                          "every foreach copy and loop round"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
@@ -382,13 +408,13 @@ def draw(
 # -- inspect -----------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=UsageCommand)
 def inspect(
-    run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/20250101-120000-abc123",
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run directory, e.g. runs/20250101-120000-abc123",
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print the whole record (as inspect reads it: a killed "
                                      "run as crashed, with its finished nodes)"),
-    node: Optional[str] = typer.Option(None, "--node", "-n", help="show the detailed lineage of this node"),
+    node: Optional[str] = typer.Option(None, "--node", "-n", metavar="NAME", help="show the detailed lineage of this node"),
 ) -> None:
     """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
     try:
@@ -410,7 +436,7 @@ class SchemaKind(str, Enum):
     model = "model"
 
 
-@app.command()
+@app.command(cls=UsageCommand)
 def schema(
     kind: SchemaKind = typer.Option(SchemaKind.topology, "--kind", "-k", help="which file's schema"),
 ) -> None:

@@ -3,7 +3,7 @@
 The topology files run unchanged; a run option gives the model two replicas and pins nodes to
 them, so handoffs cross machines. Outputs, lineage and hop figures must equal the local
 executor's. Also: an actor killed mid-run, then a resume on a fresh actor; cancellation; the
-CLI. Needs the optional extra (pip install 'rclc-graph[ray]'); skipped without it.
+CLI. Needs the optional extra (pip install -e '.[ray]', make ray); skipped without it.
 """
 
 from __future__ import annotations

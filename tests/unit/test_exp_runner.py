@@ -251,6 +251,16 @@ def test_compare_runs_reports_the_paired_test_per_arm(tmp_path, data):
     assert json.loads(cli.output)["paired"]["r4"]["p_value"] == 1.0
 
 
+# issue 16 item 17: `compare-runs A A` reported success
+def test_compare_runs_refuses_a_directory_compared_with_itself(tmp_path, data):
+    runner.run_experiment(FANOUT, data, ARMS[:1], tmp_path / "a", run_case=FakeRunCase())
+    with pytest.raises(ValueError, match="same directory"):
+        compare_runs(tmp_path / "a", tmp_path / "a")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    result = CliRunner().invoke(commands.app, ["compare-runs", str(tmp_path / "a"), str(tmp_path / "link")])
+    assert result.exit_code == 2 and "same directory" in result.output
+
+
 # issue 16 item 20: --compare-to names the reference arm of the table
 def test_compare_to_names_the_reference_arm(tmp_path, data):
     summary = runner.run_experiment(FANOUT, data, ARMS[:3], tmp_path / "out", run_case=FakeRunCase(), compare_to="b24")

@@ -270,3 +270,24 @@ def test_read_inputs_labels_each_line(tmp_path):
     lines = tmp_path / "x.jsonl"
     lines.write_text('{"a": 1}\n\n{"a": 2}\n')
     assert read_inputs(lines) == [(f"{lines}:1", {"a": 1}), (f"{lines}:3", {"a": 2})]
+
+
+# issue 16 item 18: no --version; --input - refused; usage lines showed {topology} and <list[str]>;
+# compare-runs --json had no help
+def test_version_stdin_usage_lines_and_help(small):
+    topology, inputs = small
+    version = invoke("--version")
+    assert version.exit_code == 0 and version.stdout.startswith("rclc-graph ") and ", rclc " in version.stdout
+    piped = runner.invoke(app, ["validate", str(topology), "--input", "-"], input=inputs.read_text())
+    assert piped.exit_code == 0 and "<stdin>: plan of" in piped.stdout, piped.output
+    lines = "\n".join([inputs.read_text().strip()] * 2)
+    piped = runner.invoke(app, ["validate", str(topology), "--input", "-"], input=lines)
+    assert piped.exit_code == 0 and "<stdin>:2: plan of" in piped.stdout, piped.output
+    empty = runner.invoke(app, ["validate", str(topology), "--input", "-"], input="")
+    assert empty.exit_code == 2 and "standard input is empty" in empty.stderr
+    for command in ("run", "validate", "draw", "inspect", "resume", "compare-runs", "experiment"):
+        text = invoke(command, "--help").stdout
+        assert "{" not in text.splitlines()[0] and "<list[str]>" not in text and "<str>" not in text, (command, text)
+    assert "Usage: rclc-graph run [OPTIONS] TOPOLOGY" in invoke("run", "--help").stdout
+    assert "--pin NODE=REPLICA" in invoke("run", "--help").stdout
+    assert "print the comparison as JSON" in invoke("compare-runs", "--help").stdout

@@ -47,7 +47,10 @@ def test_mermaid_shows_nodes_policies_loops_and_outputs():
     assert 'n0["reader<br/><small>agent a, one per documents, reads only</small>"]' in lines[2]
     assert 'n3(["judge<br/><small>agent a</small>"])' in text  # output: rounded
     assert '    n0 ==>|"r4"| n1' in lines  # state edge
-    assert '    n1 -- "text" --> n2' in lines  # text edge
+    assert '    n1 -- "text" --> n2' in lines  # text edge ...
+    # issue 16 item 18: ... drawn dashed, as the docstring and the SVG say (it was solid)
+    text_index = [line for line in lines if "-->" in line or "==>" in line or ".->" in line].index('    n1 -- "text" --> n2')
+    assert f"    linkStyle {text_index} stroke-dasharray:6 4" in lines
     assert '    n2 -. "text, next round" .-> n1' in lines  # loop edge
     assert '    n2 ==>|"full"| n3' in lines
     assert lines[-1] == "    class n3 output"

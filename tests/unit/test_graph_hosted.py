@@ -243,7 +243,7 @@ def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
     monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
     missing = CliRunner().invoke(app, [*run, "--executor", "ray"])
     assert missing.exit_code == 2 and "needs Ray" in missing.stderr
-    assert "pip install 'rclc-graph[ray]'" in missing.stderr and "Traceback" not in missing.output
+    assert "pip install -e '.[ray]'" in missing.stderr and "Traceback" not in missing.output
     misplaced = CliRunner().invoke(app, [*run, "--pin", "final=1"])
     assert misplaced.exit_code == 2 and "--executor ray only" in misplaced.stderr
     malformed = CliRunner().invoke(app, [*run, "--executor", "ray", "--replicas", "base"])
