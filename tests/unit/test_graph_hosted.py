@@ -224,7 +224,7 @@ def test_choosing_executors_by_name(pool, monkeypatch):
     with pytest.raises(ValueError, match="executor ray only"):
         make_executor("local", pins={"a": 1})
     monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
-    with pytest.raises(ExecutorUnavailable, match=r"pip install 'rclc-graph\[ray\]'"):
+    with pytest.raises(ExecutorUnavailable, match=r"pip install -e '\.\[ray\]'"):  # issue 16 item 18: not on PyPI
         make_executor("ray")
     with pytest.raises(ExecutorUnavailable):
         run_plan_sync(chain(2, Policy(budget=8)), executor="ray")
