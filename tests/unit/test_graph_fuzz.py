@@ -4,8 +4,14 @@ bytes) and builder call sequences, and the library must either accept them or re
 with its own validation error (GraphError) that names where: file and line for a file,
 the field path for both. Any other exception type fails the test, whatever it says.
 
+Hostile input (issue 16): nesting at any depth and place (YAML flow and block style, JSON
+inputs), plan and input sizes up to 10**9 rounds and millions of items or bytes (refused in
+seconds), lone surrogates in every kind of field and input, and control-token text in system
+prompts and user turns (only the template's turns become control tokens).
+
 Validation only: nothing here loads a model. Each test counts the documents it ran and
-checks the count, so the figure in the issue note (at least 2,000) is the suite's own.
+checks the count, so the figure in the issue note (at least 2,000) is the suite's own:
+3,020 documents and prompts per run.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ STRUCTURED, EDITED, RAW, BUILDER = 900, 600, 250, 600
 FUZZ = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # Problems about a whole file have no field to name; every other one names its field.
-FILE_LEVEL = {"E_FILE", "E_FILE_SIZE", "E_ENCODING", "E_YAML_SYNTAX", "E_YAML_TAG", "E_YAML_DUPLICATE"}
+FILE_LEVEL = {"E_FILE", "E_FILE_SIZE", "E_ENCODING", "E_YAML_SYNTAX", "E_YAML_TAG", "E_YAML_DUPLICATE", "E_TOO_DEEP"}
 
 
 @pytest.fixture(scope="module")
@@ -461,3 +467,164 @@ def test_builder_calls_succeed_or_refuse_naming_the_field_and_change_nothing():
     check()
     assert ran["graphs"] >= BUILDER and ran["refused calls"] > 0 and ran["planned"] > 0, ran
     print(f"builder graphs: {ran}")
+
+
+# -- hostile input: nesting, size, surrogates, control tokens (issue 16) ---------------------------
+
+NESTED, SIZES, SURROGATES, CONTROLS = 150, 120, 200, 200
+
+BASE_YAML = """\
+version: 1
+name: fuzz
+inputs:
+  question: str
+  documents: list[str]
+models: [{name: base}]
+agents: [{name: reader, model: base, max_new_tokens: 8}]
+nodes:
+  - {name: reader, agent: reader, prompt: "{item}", foreach: documents, generate: false}
+  - {name: final, agent: reader, prompt: "{question}", output: true}
+edges:
+  - {source: reader, target: final, policy: {ratio: 4}}
+"""
+SLOTS = ["description: VALUE\n", "  - {name: extra, agent: reader, prompt: VALUE}\n", "policies: {p: VALUE}\n"]
+
+
+def _nested(depth: int, style: int) -> str:
+    if style == 0:
+        return "[" * depth + "1" + "]" * depth
+    if style == 1:
+        return "{a: " * depth + "1" + "}" * depth
+    return "\n" + "".join("  " * (level + 1) + "- \n" for level in range(depth))  # block style
+
+
+# issue 16 item 5 (fuzzed): nesting at any depth and place is planned or refused, never a RecursionError
+def test_nesting_at_any_depth_is_refused_with_its_line(workdir):
+    ran = {"documents": 0, "too deep": 0}
+    path = workdir / "nested.yaml"
+
+    @settings(max_examples=NESTED, **FUZZ)
+    @given(st.integers(1, 3000), st.integers(0, 2), st.sampled_from(SLOTS), st.booleans())
+    def check(depth, style, slot, json_inputs):
+        value = _nested(depth, style)
+        text = BASE_YAML + slot.replace("VALUE", value) if slot.startswith("policies") or slot.startswith("desc") \
+            else BASE_YAML.replace("edges:\n", slot.replace("VALUE", value) + "edges:\n")
+        path.write_text(text, encoding="utf-8")
+        outcome = plan_or_refuse(path, {"question": "q", "documents": ["d"]})
+        ran["documents"] += 1
+        if depth > 64 and style != 2:
+            assert isinstance(outcome, GraphError) and any(p.code == "E_TOO_DEEP" for p in outcome.problems), outcome
+            ran["too deep"] += 1
+        if json_inputs:
+            from rclc_graph.views.run_inputs import read_inputs
+
+            inputs = workdir / "nested.json"
+            inputs.write_text('{"question": ' + "[" * depth + "]" * depth + "}")
+            try:
+                read_inputs(inputs)
+            except ValueError as error:
+                assert type(error) is ValueError and "--input" in str(error)
+
+    check()
+    assert ran["documents"] >= NESTED and ran["too deep"] > 0, ran
+    print(f"nested documents: {ran}")
+
+
+# issue 16 items 4 and 6 (fuzzed): plan sizes and input sizes are refused arithmetically, at once
+def test_huge_plans_and_inputs_are_refused_fast(workdir):
+    import time
+
+    ran = {"documents": 0, "refused": 0}
+    path = workdir / "sizes.yaml"
+
+    @settings(max_examples=SIZES, **FUZZ)
+    @given(st.integers(1, 10**7), st.integers(1, 10**9), st.integers(1, 10**9), st.integers(0, 10**6),
+           st.integers(0, 6 << 20))
+    def check(rounds, limit, max_nodes, copies, question_bytes):
+        text = BASE_YAML.replace("edges:\n", "").replace(
+            "  - {source: reader, target: final, policy: {ratio: 4}}\n", "")
+        text += (f"rounds: {{limit: {limit}, max_nodes: {max_nodes}}}\n"
+                 "edges:\n  - {source: reader, target: final, policy: {ratio: 4}}\n"
+                 f"  - {{source: final, target: final, rounds: {rounds}}}\n")
+        path.write_text(text, encoding="utf-8")
+        began = time.perf_counter()
+        outcome = plan_or_refuse(path, {"question": "q" * max(question_bytes, 1), "documents": ["d"] * max(copies, 1)})
+        assert time.perf_counter() - began < 5, (rounds, limit, max_nodes, copies, question_bytes)
+        ran["documents"] += 1
+        ran["refused"] += isinstance(outcome, GraphError)
+
+    check()
+    assert ran["documents"] >= SIZES and ran["refused"] > SIZES // 2, ran
+    print(f"size documents: {ran}")
+
+
+SURROGATE = st.integers(0xD800, 0xDFFF).map(lambda code: f"\\u{code:04x}")
+
+
+# issue 16 item 8 (fuzzed): lone surrogates anywhere are refused with their place, never a UnicodeEncodeError
+def test_lone_surrogates_are_refused_where_they_are(workdir):
+    ran = {"documents": 0, "refused": 0}
+    path = workdir / "surrogate.yaml"
+
+    @settings(max_examples=SURROGATES, **FUZZ)
+    @given(SURROGATE, st.sampled_from(["description", "prompt", "system", "key", "input", "document"]),
+           st.text(alphabet="abc xyzé日-_.", max_size=6))
+    def check(escape, where, around):
+        value = f'"{around}{escape}{around}"'
+        text, inputs = BASE_YAML, {"question": "q", "documents": ["d"]}
+        if where == "description":
+            text += f"description: {value}\n"
+        elif where == "prompt":
+            text = text.replace('prompt: "{question}"', f"prompt: {value[:-1]} {{question}}\"")
+        elif where == "system":
+            text = text.replace("max_new_tokens: 8}", f"max_new_tokens: 8, system: {value}}}")
+        elif where == "key":
+            text += f"policies: {{{value}: {{ratio: 2}}}}\n"
+        elif where == "input":
+            inputs["question"] = json.loads(f'"{around}{escape}"')
+        else:
+            inputs["documents"] = ["fine", json.loads(f'"{escape}"')]
+        path.write_text(text, encoding="utf-8")
+        outcome = plan_or_refuse(path, inputs)
+        ran["documents"] += 1
+        assert isinstance(outcome, GraphError), where
+        assert any(p.code in ("E_ENCODING", "E_FIELD") for p in outcome.problems), outcome
+        ran["refused"] += 1
+
+    check()
+    assert ran["refused"] == ran["documents"] >= SURROGATES, ran
+    print(f"surrogate documents: {ran}")
+
+
+CONTROL_TEXT = st.lists(st.one_of(
+    st.sampled_from(["<|im_end|>", "<|im_start|>", "system", "user", "assistant", "\n", "<|endoftext|>", "<|im", "_end|>",
+                     "<think>", "</think>", "<tool_call>", "<|eot_id|>", "<|start_header_id|>", " ", "Cedar", "é"]),
+    st.text(max_size=4),
+), max_size=12).map("".join)
+
+
+# issue 16 item 7 (fuzzed): whatever control-token text a user writes, only the template's turns exist
+def test_control_token_text_never_becomes_a_turn():
+    import rclc
+    from rclc import testing
+    from rclc_graph.executors.prompts import render_prompt
+
+    tokenizer = testing.tiny_tokenizer()
+    controls = {tokenizer.convert_tokens_to_ids(token) for token in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")}
+    benign = {generation: [t for t in render_prompt(tokenizer, "sys", "x", generation_prompt=generation).ids
+                           if t in controls] for generation in (False, True)}
+    ran = {"prompts": 0}
+
+    @settings(max_examples=CONTROLS, **FUZZ)
+    @given(CONTROL_TEXT, CONTROL_TEXT, st.booleans())
+    def check(system, content, generation):
+        encoded = render_prompt(tokenizer, system or "sys", content or "x", generation_prompt=generation)
+        assert [t for t in encoded.ids if t in controls] == benign[generation]
+        assert tokenizer.decode(list(encoded.ids)) == encoded.text
+        assert rclc.encode_literal(tokenizer, content).ids == tuple(
+            t for t in rclc.encode_literal(tokenizer, content).ids if t not in controls)
+        ran["prompts"] += 1
+
+    check()
+    assert ran["prompts"] >= CONTROLS, ran
+    print(f"control-token prompts: {ran}")
