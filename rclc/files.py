@@ -28,6 +28,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .errors import RclcError
+
 __all__ = [
     "DIRECTORY_MODE",
     "FILE_MODE",
@@ -101,7 +103,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def require_regular_file(path: str | os.PathLike[str], what: str = "path", *, follow_links: bool = False) -> None:
-    """Raise ValueError unless `path` is a regular file (not a FIFO, socket, device or
+    """Raise RclcError (a ValueError) unless `path` is a regular file (not a FIFO, socket, device or
     directory, and not a symbolic link unless `follow_links`); FileNotFoundError when it is
     missing.
 
@@ -110,7 +112,7 @@ def require_regular_file(path: str | os.PathLike[str], what: str = "path", *, fo
     """
     shown = os.fspath(path)
     if not follow_links and os.path.islink(shown):
-        raise ValueError(f"{what}: {shown!r} is a symbolic link; pass the file itself")
+        raise RclcError(f"{what}: {shown!r} is a symbolic link; pass the file itself")
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
     descriptor = os.open(shown, flags)
     try:
@@ -119,4 +121,4 @@ def require_regular_file(path: str | os.PathLike[str], what: str = "path", *, fo
         os.close(descriptor)
     if not stat.S_ISREG(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-        raise ValueError(f"{what}: {shown!r} is {kind}; pass a regular file")
+        raise RclcError(f"{what}: {shown!r} is {kind}; pass a regular file")

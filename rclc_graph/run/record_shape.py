@@ -105,6 +105,13 @@ def check_record(record: Any) -> None:
         shape.field(summary, "positions", _whole, f"nodes.{name}.lineage_summary.")
         for key in ("by_node", "by_kind", "by_hops"):
             shape.field(summary, key, _counts, f"nodes.{name}.lineage_summary.")
+    for key in ("topology", "inputs", "seeds", "versions"):
+        shape.mapping(record.get(key, {}), key)
+    if record.get("code") is not None:
+        shape.mapping(record["code"], "code")
+    for key in ("attempts", "models"):
+        for index, item in enumerate(shape.sequence(record.get(key, []), key)):
+            shape.mapping(item, f"{key}[{index}]")
     plan = shape.mapping(record.get("plan", {}), "plan")
     for index, node in enumerate(shape.sequence(plan.get("nodes", []), "plan.nodes")):
         node = shape.mapping(node, f"plan.nodes[{index}]")

@@ -3,9 +3,9 @@ validation, with a located error (issue 16 items 4, 5, 6, 8, 15, 16, 17)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -91,28 +91,36 @@ edges:
 """
 
 
+@pytest.fixture
+def no_unrolling(monkeypatch):
+    """Unrolling loops or making plan nodes fails the test: a refusal must come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the plan was being built before its size was checked")
+
+    validation = importlib.import_module("rclc_graph.plan.validate")  # the package exports a function of that name
+    monkeypatch.setattr(validation, "unroll", refuse)
+    monkeypatch.setattr("rclc_graph.plan.compile.PlanNode", refuse)
+
+
 # issue 16 item 4: a 500-byte YAML with rounds: 1000000 hung validate and took gigabytes
-def test_a_huge_loop_is_refused_before_unrolling(tmp_path):
+def test_a_huge_loop_is_refused_before_unrolling(tmp_path, no_unrolling):
     text = LOOP.replace("LIMIT", "1000000").replace("NODES", "100000000").replace("ROUNDS", "1000000")
     assert len(text) < 500
     tracemalloc.start()
-    began = time.perf_counter()
     found = problems(lambda: validate_file(write(tmp_path, text)))
-    seconds = time.perf_counter() - began
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert seconds < 2 and peak < 50 << 20
+    assert peak < 50 << 20
     assert {tuple(p.path) for p in found} == {("rounds", "limit"), ("rounds", "max_nodes")}  # above the caps
     assert all(p.location is not None for p in found)
     # within the caps, the size is computed, not built: 2 nodes x 1024 rounds > 1000 allowed nodes
     capped = LOOP.replace("LIMIT", "1024").replace("NODES", "1000").replace("ROUNDS", "1024")
-    began = time.perf_counter()
     (problem,) = problems(lambda: validate_file(write(tmp_path, capped)))
-    assert problem.code == "E_TOO_LARGE" and "2048 nodes" in problem.message and time.perf_counter() - began < 2
+    assert problem.code == "E_TOO_LARGE" and "2048 nodes" in problem.message
 
 
 # issue 16 item 4: foreach copies are counted before they are made (nodes and edges)
-def test_huge_foreach_fan_outs_are_refused_before_expanding():
+def test_huge_foreach_fan_outs_are_refused_before_expanding(monkeypatch):
     graph = Graph("wide").input("docs", "list[str]")
     graph.model("base").agent("a", model="base")
     graph.node("w", agent="a", prompt="{item}", foreach="docs", generate=False)
@@ -121,9 +129,9 @@ def test_huge_foreach_fan_outs_are_refused_before_expanding():
     graph.edge("w", "out")
     graph.edge("v", "out")
     graph.limits(max_nodes=65536)
-    began = time.perf_counter()
+    monkeypatch.setattr("rclc_graph.plan.compile.PlanNode", lambda *a, **k: pytest.fail("a plan node was made"))
     (problem,) = problems(lambda: graph.plan({"docs": ["d"] * 40000}))
-    assert problem.code == "E_TOO_LARGE" and "80001 nodes" in problem.message and time.perf_counter() - began < 5
+    assert problem.code == "E_TOO_LARGE" and "80001 nodes" in problem.message
 
 
 # -- item 5: nesting ---------------------------------------------------------------------------
@@ -167,21 +175,24 @@ def test_deep_and_duplicate_json_inputs_are_refused(tmp_path):
 
 # issue 16 item 6: a 60 MB question was tokenized (178 s, 9.9 GB) before the context refusal
 def test_inputs_are_refused_by_size_before_tokenizing(tmp_path, checkpoint, no_weights, monkeypatch):
+    import rclc
+
     topology = write(tmp_path, BASE, checkpoint)
     big = {"question": "word " * (1 << 20)}  # 5 MiB
     (problem,) = problems(lambda: plan_file(topology, big))
     assert problem.code == "E_INPUT_SIZE" and "5242880 bytes" in problem.message
     path = tmp_path / "big.json"
     path.write_text(json.dumps(big))
-    began = time.perf_counter()
+    tokenized: list[int] = []
+    literal = rclc.encode_literal
+    monkeypatch.setattr(rclc, "encode_literal", lambda tokenizer, text: tokenized.append(len(text)) or literal(tokenizer, text))
+    monkeypatch.setattr(rclc, "encode_chat", lambda *a, **k: pytest.fail("a whole prompt was tokenized"))
     code, output = cli("run", topology, "--input", path, "--out", tmp_path / "runs")
-    assert code == 2 and "E_INPUT_SIZE" in output and time.perf_counter() - began < 10
+    assert code == 2 and "E_INPUT_SIZE" in output and tokenized == []  # refused before any tokenizer ran
     # a raised limit lets the text through planning; preflight then tokenizes only a prefix
-    monkeypatch.setattr(preflight, "prompt_tokens", lambda *a: pytest.fail("the whole prompt was tokenized"))
-    began = time.perf_counter()
     code, output = cli("run", topology, "--input", path, "--out", tmp_path / "runs", "--max-input-bytes", 10 << 20)
     assert code == 2 and "E_CONTEXT" in output and "counted on a prefix" in output
-    assert time.perf_counter() - began < 10
+    assert 0 < sum(tokenized) < 100_000  # characters tokenized, of 5 million
     # a file that cannot hold the limit's worth of text is refused before it is parsed
     huge = tmp_path / "huge.json"
     huge.write_text(json.dumps({"question": "x" * (1 << 20)}))
