@@ -47,7 +47,7 @@ def input_text_problems(values: Mapping[str, Any], max_bytes: int | None) -> lis
                 path,
             ))
             continue
-        total += len(text.encode("utf-8"))
+        total += len(text) if text.isascii() else len(text.encode("utf-8"))  # ASCII: one byte a character, no copy
     if max_bytes is not None and total > max_bytes:
         problems.append(Problem(
             "E_INPUT_SIZE",

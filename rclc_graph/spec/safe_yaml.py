@@ -87,9 +87,14 @@ def _core_scalar(tag: str, value: str) -> Any:
     return float(value)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def has_surrogate(text: str) -> bool:
-    """Whether `text` holds a lone surrogate (UTF-16 half), which no UTF-8 file can hold."""
-    return any("\ud800" <= char <= "\udfff" for char in text)
+    """Whether `text` holds a lone surrogate (UTF-16 half), which no UTF-8 file can hold.
+    A regex scan (C speed) rather than a per-character loop: inputs may be megabytes, and
+    ASCII text (the flag CPython keeps on every string) cannot hold one at all."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def location(file: str, mark: Any) -> Location:
