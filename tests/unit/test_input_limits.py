@@ -206,6 +206,8 @@ def test_inputs_are_refused_by_size_before_tokenizing(tmp_path, checkpoint, no_w
 AGENT_LINE = "  - {name: reader, model: base, max_new_tokens: 8}\n"
 
 
+# issue 16 item 8: `temperature: .inf`, `seed: 1e30`, a 5000-character node name and a lone surrogate in a
+# description validated, then failed after the model loaded (or when the snapshot was written)
 @pytest.mark.parametrize(
     ("replace", "by", "code", "path"),
     [
@@ -213,7 +215,9 @@ AGENT_LINE = "  - {name: reader, model: base, max_new_tokens: 8}\n"
         (AGENT_LINE, "  - {name: reader, model: base, temperature: .nan}\n", "E_FIELD", ("agents", 0, "temperature")),
         (AGENT_LINE, "  - {name: reader, model: base, seed: 100000000000000000000000000000}\n", "E_FIELD",
          ("agents", 0, "seed")),
+        (AGENT_LINE, "  - {name: reader, model: base, seed: 1e30}\n", "E_FIELD", ("agents", 0, "seed")),
         ("name: qa", "name: " + "q" * 5000, "E_FIELD", ("name",)),
+        ("name: answer", "name: " + "n" * 5000, "E_FIELD", ("nodes", 0, "name")),  # ENAMETOOLONG at its snapshot
         ("name: qa", 'name: qa\ndescription: "bad \\ud800 text"', "E_ENCODING", ("description",)),
     ],
 )
@@ -232,6 +236,7 @@ edges:
 """
 
 
+# issue 16 item 8: `span_size: .nan`, `span_size: 0` and unknown `selector_options` keys failed after loading
 @pytest.mark.parametrize(
     ("selector", "options", "option"),
     [

@@ -193,7 +193,7 @@ def test_wrongly_typed_record_fields_are_named(reference, tmp_path, edit, field)
         read_resume_point(run_dir)
 
 
-# issue 16 item 13: a deep record.json raised RecursionError in inspect and resume
+# issue 16 item 5: a deep record.json raised RecursionError in inspect and resume
 def test_a_deep_record_is_refused(reference, tmp_path):
     run_dir = tmp_path / "deep"
     shutil.copytree(reference["run_dir"], run_dir)

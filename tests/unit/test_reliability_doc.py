@@ -1,0 +1,44 @@
+"""docs/reliability.md's table of issue 16 items stays true: one row per item, and every test
+it names exists and carries that item's marker (issue 16, Must show)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows() -> dict[int, str]:
+    text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = text.split("## Hardening items (issue 16)", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        match = re.match(r"\| (\d+) [^|]+\|[^|]+\| (.+) \|$", line)
+        if match:
+            rows[int(match.group(1))] = match.group(2)
+    return rows
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_every_item_has_a_row_whose_tests_exist_and_are_marked():
+    rows = _rows()
+    assert sorted(rows) == list(range(1, 21))
+    for item, cell in rows.items():
+        current: Path | None = None
+        references = re.findall(r"`([^`]+)`", cell)
+        assert references, f"item {item} names no test"
+        for reference in references:
+            file, _, function = reference.partition("::")
+            if file:
+                current = ROOT / file if "/" in file else ROOT / "tests" / "unit" / file  # bare names: unit tests
+                assert current.is_file(), f"item {item}: {current} does not exist"
+                marker = re.compile(rf"issue 16 items? [^\n]*\b{item}\b")
+                assert marker.search(current.read_text(encoding="utf-8")), f"item {item}: {current} has no marker"
+            if function:
+                assert current is not None and function in _test_names(current), f"item {item}: {reference} not found"
