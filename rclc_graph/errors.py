@@ -11,7 +11,8 @@
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
-    └── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
+    ├── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
+    └── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
 
 The ValueError / RuntimeError / ImportError bases are kept so callers that caught those before
 still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tools), `message`
@@ -65,7 +66,9 @@ class ErrorCode(str, Enum):
         "A policy that cannot work: ratio with budget, options "
         "the mode does not use, selected reasoning without budget."
     )
-    E_TRUST_CODE = "E_TRUST_CODE", "A `module:callable` selector, reasoning method or scorer without trust_code."
+    E_TRUST_CODE = "E_TRUST_CODE", (
+        "A `module:callable` selector, reasoning method, scorer, router or function node without trust_code."
+    )
     E_CROSS_MODEL = "E_CROSS_MODEL", "A state/full edge between agents on different models."
     E_TEMPLATE = "E_TEMPLATE", "A malformed template, or one that uses unknown fields."
     E_NO_OUTPUT = "E_NO_OUTPUT", "No node is marked `output: true`."
@@ -81,6 +84,13 @@ class ErrorCode(str, Enum):
         "Run inputs missing, unknown, of the wrong type, too short for `{x[i]}`, or an empty foreach list."
     )
     E_TOO_LARGE = "E_TOO_LARGE", "A plan with more nodes than `rounds.max_nodes`."
+    E_FUNCTION = "E_FUNCTION", (
+        "A function node with fields only agents use, or on a `state`/`full` edge (only `text` edges reach functions)."
+    )
+    E_INTERRUPT = "E_INTERRUPT", (
+        "An interrupt that cannot work (a question without interrupt, `before` without `{answer}` in the prompt), "
+        "or an answer for a node that takes none."
+    )
     E_CONTEXT = "E_CONTEXT", (
         "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
         "the tokenizer before any model is loaded), or an agent `context_limit` above its model's."
@@ -240,6 +250,21 @@ class RemoteNodeFailure(RclcGraphError):
 
 class HostDied(RclcGraphError, RuntimeError):
     """The process or actor holding a replica is gone; a resume continues on a fresh one."""
+
+
+class Interrupt(RclcGraphError):
+    """Raised by a function node to stop the run until a person answers `question`.
+
+    The node does not finish: the run ends with status "waiting", and resuming it with an
+    answer for the node (`--answer NODE=TEXT`, `answers={NODE: TEXT}`) calls the function
+    again with the answer in `inputs["answer"]`. Not an error: nothing failed.
+    """
+
+    def __init__(self, question: str) -> None:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question: an Interrupt asks a person something; pass the question as non-empty text")
+        super().__init__(question)
+        self.question = question
 
 
 class ExecutorUnavailable(RclcGraphError, ImportError):
