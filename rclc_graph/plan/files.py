@@ -32,10 +32,12 @@ def plan_file(
     *,
     trust_code: bool = False,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    answers: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Load, validate and compile a topology for one run's inputs."""
+    """Load, validate and compile a topology for one run's inputs (and people's answers to
+    its interrupts, by node)."""
     loaded = read_graph(path, max_bytes=max_bytes)
     try:
-        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code)
+        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code, answers=answers)
     except PlanError as exc:
         raise exc.with_locations(loaded.locate) from None
