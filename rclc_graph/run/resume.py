@@ -42,6 +42,7 @@ from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
 from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
+from ..executors.trusted_code import import_callable
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -137,11 +138,18 @@ def _rebuild_plan(
         )
     try:
         spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
+        functions = _functions(spec, functions, trust_code and not recorded_trust)
         plan = compile_plan(spec, _field(record, "inputs"), trust_code=bool(recorded_trust), answers=answers,
                             functions=functions)
     except GraphError as error:
         if all(problem.path[:1] == ("answers",) for problem in error.problems):
             raise ResumeError(f"answers: {error}") from None
+        if all(problem.code == "E_TRUST_CODE" and problem.path[-1:] == ("call",) for problem in error.problems):
+            names = ", ".join(sorted({str(spec.nodes[int(problem.path[1])].call) for problem in error.problems}))
+            raise ResumeError(
+                f"functions: this run's function nodes ({names}) were handed over as Python callables; pass "
+                "functions=graph.functions to resume_run, or trust_code=True (--trust-code) to import them by name"
+            ) from None
         raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
     recorded = _field(record, "plan", "fingerprint")
     if plan.fingerprint() != recorded:
@@ -150,6 +158,26 @@ def _rebuild_plan(
             f"{str(recorded)[:12]}; the record was edited or this rclc-graph plans differently; start a new run"
         )
     return plan
+
+
+def _functions(
+    spec: GraphSpec, given: Mapping[str, Callable[..., Any]] | None, importing: bool
+) -> dict[str, Callable[..., Any]]:
+    """The callables of function nodes for a run that was handed them in Python (it recorded
+    trust_code off): those given, and with the caller's trust_code the others imported from
+    their references (the plan, and so its fingerprint, stays the one recorded)."""
+    functions = dict(given or {})
+    if importing:
+        for index, node in enumerate(spec.nodes):
+            if node.call is not None and node.call not in functions:
+                try:
+                    functions[node.call] = import_callable(node.call, trust_code=True, field_name=f"nodes[{index}].call")
+                except Exception as error:  # an import runs the module's code, which may raise anything
+                    raise ResumeError(
+                        f"functions: function node {node.name!r} names {node.call!r}, which cannot be imported "
+                        f"({type(error).__name__}: {error}); pass functions={{{node.call!r}: ...}}"
+                    ) from None
+    return functions
 
 
 def _check_code(record: Mapping[str, Any]) -> None:

@@ -5,9 +5,10 @@ edge waits for (`PlanEdge.waits_for`); this module decides them once those nodes
 
 - an edge fires when its source finished, its loop stop (if any) lets it through, and its
   own `when` (if any) holds on the text its source's receivers read;
-- a loop edge into round r + 1 lets through while the until condition did not hold on the
-  check node's output of round r; an edge leaving the loop from round r lets through when
-  it held (a check node that was skipped counts as "did not hold");
+- a loop edge into round r + 1 lets through while the loop goes on: the until condition did
+  not hold on the check node's output of round r; an edge leaving the loop from round r lets
+  through when it stopped there (the condition held, or the check node was skipped, which
+  leaves no verdict to go on with);
 - a node with inbound edges runs when at least one fired, and is skipped otherwise, with a
   short reason; nodes without inbound edges always run.
 
@@ -39,7 +40,7 @@ class Routing:
     def __init__(self, plan: Plan, results: dict[str, NodeResult], skipped: dict[str, str], publish: Publish) -> None:
         self.plan, self.results, self.skipped, self.publish = plan, results, skipped, publish
         self.fired: dict[int, bool] = {}  # conditional edge id -> decision
-        self.stopped: dict[str, bool] = {}  # check node -> whether its loop's until held on it
+        self.stopped: dict[str, str | None] = {}  # check node -> why its loop stopped there (None: it went on)
         self._routed: dict[tuple[str, str], Any] = {}  # (router, source node) -> what it answered
 
     async def decide(self, name: str) -> tuple[list[PlanEdge], str | None]:
@@ -49,7 +50,7 @@ class Routing:
         fired = [edge for edge in incoming if await self.fires(edge)]
         if not incoming or fired:
             return fired, None
-        return [], self._reason(incoming)
+        return [], await self._reason(incoming)
 
     async def fires(self, edge: PlanEdge) -> bool:
         """Whether `edge` fired (its source and loop check must be settled)."""
@@ -68,14 +69,18 @@ class Routing:
         return decision
 
     async def _stopped(self, edge: PlanEdge) -> bool:
-        """Whether the loop stopped after `edge.stop.round` (its until held on the check node)."""
+        """Whether the loop stopped after `edge.stop.round`: its until held on the check node,
+        or the check node was skipped (no verdict to go on with)."""
         stop = edge.stop
         assert stop is not None
         if stop.check not in self.stopped:
-            # a skipped check node said nothing: the loop goes on
-            held = stop.check in self.results and await self._holds(edge, stop.until, stop.check, until=True)
-            self.stopped[stop.check] = held
-        return self.stopped[stop.check]
+            if stop.check not in self.results:
+                self.stopped[stop.check] = f"{stop.check} was skipped"
+            elif await self._holds(edge, stop.until, stop.check, until=True):
+                self.stopped[stop.check] = "until held"
+            else:
+                self.stopped[stop.check] = None
+        return self.stopped[stop.check] is not None
 
     async def _holds(self, edge: PlanEdge, condition: Any, reader: str, *, until: bool) -> bool:
         text = self.results[reader].effective_text
@@ -112,16 +117,17 @@ class Routing:
                 raise NodeFailed(edge.target, error, edge) from error
         return self._routed[key]
 
-    def _reason(self, incoming: tuple[PlanEdge, ...]) -> str:
+    async def _reason(self, incoming: tuple[PlanEdge, ...]) -> str:
         """Why a node none of whose edges fired is skipped, in a few words."""
+        if self.plan.node(incoming[0].target).round is not None:
+            for edge in incoming:  # a later round of a stopped loop says where it stopped
+                inherited = self.skipped.get(edge.source, "")
+                if inherited.startswith("loop stopped after round"):
+                    return inherited
         for edge in incoming:
             stop = edge.stop
-            if stop is not None and not stop.exits and self.stopped.get(stop.check):
-                return f"loop stopped after round {stop.round}"
-            inherited = self.skipped.get(edge.source, "")
-            if edge.stop is None and self.plan.node(edge.source).round is not None and \
-                    inherited.startswith("loop stopped after round"):
-                return inherited  # a later round of a stopped loop
+            if stop is not None and not stop.exits and await self._stopped(edge):
+                return f"loop stopped after round {stop.round} ({self.stopped[stop.check]})"
         parts = []
         for edge in incoming:
             if edge.source in self.skipped:
