@@ -227,3 +227,35 @@ def test_plans_without_conditions_decide_nothing():
     result, events = anyio.run(run_with_events, graph.plan({"q": "q"}), FakeExecutor())
     assert result.skipped == {} and result.fired == {}
     assert not [e for e in events if e.kind == "edge"]
+
+
+def test_a_transfer_group_holds_only_fired_edges_and_lineage_only_fired_senders(tiny):
+    """Two state senders share one policy (one budget fit); when one edge does not fire, the
+    receiver gets exactly what it gets from a graph without that edge: same fit, same lineage."""
+    from rclc_graph import ModelPool
+    from rclc_graph.spec.models import ModelSpec
+
+    pool = ModelPool()
+    pool.add(ModelSpec(name="base", source="embedded"), *tiny)
+
+    def build(conditional: bool) -> Graph:
+        graph = Graph("fan").input("q")
+        graph.model("base").agent("a", model="base", max_new_tokens=3)
+        graph.node("x", agent="a", prompt="{q} The Cedar project is owned by Alice.")
+        graph.node("y", agent="a", prompt="{q} The Birch project is owned by Bob.", output=True)
+        graph.node("out", agent="a", prompt="Who owns Cedar?", output=True)
+        graph.policy("shared", Policy(budget=12))
+        graph.edge("x", "out", "shared")
+        if conditional:
+            graph.edge("y", "out", "shared", when={"equals": "\u0000never"})
+        return graph
+
+    gated = run_plan_sync(build(True).plan({"q": "Note:"}), pool=pool)
+    alone = run_plan_sync(build(False).plan({"q": "Note:"}), pool=pool)
+    assert gated.status == alone.status == "finished", gated.error
+    assert gated.fired == {1: False} and gated.skipped == {}
+    out, reference = gated.nodes["out"], alone.nodes["out"]
+    assert [hop.source for hop in out.hops] == ["x"]
+    assert out.lineage == reference.lineage and "y" not in out.lineage.counts_by_node()
+    assert (out.text, out.positions, out.hops[0].budget) == (reference.text, reference.positions,
+                                                            reference.hops[0].budget)
