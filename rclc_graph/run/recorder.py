@@ -262,10 +262,27 @@ class RunRecorder:
                 }
                 for name in ordered
             },
+            "node_status": self._statuses(nodes, skipped, result),
             "unfinished": [name for name in plan.order if name not in nodes and name not in skipped],
             "interrupted": [name for name in plan.order if name in self.started_nodes and name not in nodes],
             "attempts": [*self.attempts, attempt],
         }
+
+    def _statuses(self, nodes: Mapping[str, NodeResult], skipped: Mapping[str, str],
+                  result: RunResult | None) -> dict[str, str]:
+        """Each plan node's status: finished, skipped, waiting (for a person) or not run."""
+        waiting = {item["node"] for item in (result.waiting if result is not None else [])}
+        statuses = {}
+        for name in self.plan.order:
+            if name in waiting:
+                statuses[name] = "waiting"
+            elif name in nodes:
+                statuses[name] = "finished"
+            elif name in skipped:
+                statuses[name] = "skipped"
+            else:
+                statuses[name] = "not run"
+        return statuses
 
     def _models(self) -> list[dict[str, Any]]:
         """Each model the plan uses; the fingerprint only where the pool has it loaded (a

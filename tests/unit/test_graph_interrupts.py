@@ -83,6 +83,7 @@ def test_interrupt_before_waits_without_running_the_node(pool, tmp_path):
                                   "interrupt": "before", "shown": {}}]
     assert record["nodes"] == {} and record["outputs"] == {}
     assert record["unfinished"] == ["notes", "draft", "gate", "final"]
+    assert record["node_status"] == {"notes": "waiting", "draft": "not run", "gate": "not run", "final": "not run"}
     assert "Waiting for a person" in (run_dir / "report.html").read_text()
 
 

@@ -152,6 +152,8 @@ def test_the_record_and_report_say_what_was_skipped(tmp_path):
     result, record, run_dir = run_recorded_sync(plan, tmp_path, executor=FakeExecutor(text=texts({"triage": "billing"})))
     assert record["status"] == "finished" and record["skipped"] == {"technical": result.skipped["technical"]}
     assert record["unfinished"] == [] and "technical" not in record["outputs"]
+    assert record["node_status"] == {"triage": "finished", "billing": "finished", "technical": "skipped",
+                                     "survey": "finished"}
     assert record["fired"] == {"0": True, "1": False}
     assert record["plan"]["edges"][0]["when"] == {"contains": "billing"}
     report = (run_dir / "report.html").read_text()
