@@ -11,7 +11,7 @@ import types
 import anyio
 import pytest
 
-from rclc_graph import EventStream, Graph, Policy, run_plan, run_plan_sync, run_recorded_sync
+from rclc_graph import EventStream, Graph, Policy, run_plan, run_plan_sync, run_recorded, run_recorded_sync
 from rclc_graph.testing import FakeExecutor
 
 TEXT = Policy(mode="text")
@@ -261,3 +261,34 @@ def test_a_transfer_group_holds_only_fired_edges_and_lineage_only_fired_senders(
     assert out.lineage == reference.lineage and "y" not in out.lineage.counts_by_node()
     assert (out.text, out.positions, out.hops[0].budget) == (reference.text, reference.positions,
                                                             reference.hops[0].budget)
+
+
+def test_the_terminal_shows_skips_live_and_in_the_record(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from rclc_graph.views.terminal import ProgressView, render_record
+
+    plan = triage().plan({"message": "x"})
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=160, force_terminal=False)
+    view = ProgressView(plan, console)
+
+    async def main():
+        events = EventStream(max_events=10_000)
+        async with anyio.create_task_group() as group:
+            group.start_soon(view.consume, events)
+            result, record, _ = await run_recorded(plan, tmp_path, executor=FakeExecutor(text=texts({"triage": "billing"})),
+                                                   events=events)
+            events.close()
+        return record
+
+    record = anyio.run(main)
+    live = buffer.getvalue()
+    assert "– technical  skipped: no inbound edge fired (triage -> technical: condition not met)" in live
+    assert view.status["technical"] == "skipped"
+    buffer.truncate(0)
+    render_record(console, record, str(tmp_path))
+    table = buffer.getvalue()
+    assert "Skipped" in table and "technical (output: left out of Outputs)" in table
