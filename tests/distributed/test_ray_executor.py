@@ -313,3 +313,36 @@ def test_function_nodes_and_a_stopping_loop_run_on_ray_with_local_outputs(cluste
     assert_same_steering(local, remote)
     assert set(remote.skipped) == {"technical", "writer@2", "critic@2", "writer@3", "critic@3"}
     assert crossing(remote)  # writer@1 -> critic@1 crossed machines
+
+
+def test_a_run_waiting_on_ray_resumed_there_with_an_answer_equals_local_answered_up_front(cluster, tiny_dir, tmp_path):
+    """Interrupts on Ray: the run stops before `review` (on the other machine), a resume on Ray
+    restores `draft`'s snapshot onto an actor and hands its state across with the answer."""
+    from rclc_graph import Graph, Policy, resume_run_sync
+
+    graph = Graph("approval").input("topic")
+    graph.model("base", str(tiny_dir)).agent("a", model="base", max_new_tokens=5)
+    graph.node("draft", agent="a", prompt="Write about {topic}:")
+    graph.node("review", agent="a", prompt="Reviewer's notes: {answer}\nRevise:", output=True, interrupt="before")
+    graph.edge("draft", "review", Policy(ratio=2))
+    data = {"topic": "tides"}
+    local = run_plan_sync(graph.plan(data, answers={"review": "shorter"}), executor=LocalExecutor(ModelPool()))
+    assert local.status == "finished", local.error
+
+    async def first_attempt(executor):
+        with anyio.fail_after(LIMIT):
+            return await run_recorded(graph.plan(data), tmp_path, executor=executor)
+
+    with RayExecutor(replicas={"base": 2}, pins={"draft": 0, "review": 1}) as executor:
+        waiting, record, run_dir = anyio.run(first_attempt, executor)
+    assert waiting.status == "waiting" and [item["node"] for item in waiting.waiting] == ["review"]
+    assert not record.get("skipped") and "review" not in record["nodes"]
+    with RayExecutor(replicas={"base": 2}, pins={"draft": 0, "review": 1}) as executor:
+        resumed, record, _ = resume_run_sync(run_dir, answers={"review": "shorter"}, executor=executor)
+    assert resumed.status == "finished", resumed.error
+    assert record["attempts"][-1]["ran"] == ["review"]  # draft was restored, not run again
+    assert resumed.outputs == local.outputs
+    for name in ("draft", "review"):
+        mine, theirs = local.nodes[name], resumed.nodes[name]
+        assert (theirs.text, theirs.positions, theirs.lineage) == (mine.text, mine.positions, mine.lineage), name
+    assert crossing(resumed)  # draft's state reached review on the other machine

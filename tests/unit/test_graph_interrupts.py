@@ -148,6 +148,27 @@ def test_waiting_events_follow_the_contract(pool, tmp_path):
     assert runs[-1] == {"status": "waiting", "node": "draft", "question": result.waiting[0]["question"]}
 
 
+
+@pytest.mark.parametrize("answer, hands_on", [("approved", True), ("not yet", False)])
+def test_an_approval_gates_a_state_edge_that_carries_the_generated_state_only(pool, tmp_path, answer, hands_on):
+    gated = Graph("gate").input("brief")
+    gated.model("base").agent("a", model="base", max_new_tokens=5)
+    gated.node("draft", agent="a", prompt="Brief: {brief}. Draft:", interrupt="after")
+    gated.node("publish", agent="a", prompt="Publish:", output=True)
+    gated.edge("draft", "publish", Policy(ratio=2), when={"contains": "approved"})
+    _, record, run_dir = run_recorded_sync(gated.plan(INPUTS), tmp_path / "asked", pool=pool)
+    assert record["status"] == "waiting" and record["waiting"][0]["node"] == "draft"
+    result, record, _ = resume_run_sync(run_dir, pool=pool, answers={"draft": answer})
+    assert result.status == "finished" and list(record["fired"].values()) == [hands_on]
+    if not hands_on:
+        assert "publish" in result.skipped and result.outputs == {}
+        return
+    (hop,) = record["hops"]  # the state, generated before the person answered: the answer is not in it
+    draft = record["nodes"]["draft"]
+    assert hop["kept_by_origin"] == {"draft": hop["kept_positions"]} and hop["total_positions"] == draft["positions"]
+    assert answer not in record["nodes"]["publish"]["prompt_text"]
+
+
 runner = CliRunner()
 
 
