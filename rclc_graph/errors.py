@@ -12,7 +12,8 @@
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
-    └── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
+    ├── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
+    └── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
 
 The ValueError / RuntimeError / ImportError bases are kept so callers that caught those before
 still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tools), `message`
@@ -68,7 +69,9 @@ class ErrorCode(str, Enum):
         "the mode does not use, selected reasoning without budget, a selector option the selector does not take "
         "or cannot use."
     )
-    E_TRUST_CODE = "E_TRUST_CODE", "A `module:callable` selector, reasoning method or scorer without trust_code."
+    E_TRUST_CODE = "E_TRUST_CODE", (
+        "A `module:callable` selector, reasoning method, scorer, router or function node without trust_code."
+    )
     E_CROSS_MODEL = "E_CROSS_MODEL", "A state/full edge between agents on different models."
     E_TEMPLATE = "E_TEMPLATE", "A malformed template, or one that uses unknown fields."
     E_NO_OUTPUT = "E_NO_OUTPUT", "No node is marked `output: true`."
@@ -89,6 +92,13 @@ class ErrorCode(str, Enum):
     )
     E_INPUT_SIZE = "E_INPUT_SIZE", "Run inputs larger than the input size limit (bytes), refused before tokenizing."
     E_PATH = "E_PATH", "A profile path outside the topology's directory tree (without trust)."
+    E_FUNCTION = "E_FUNCTION", (
+        "A function node with fields only agents use, or on a `state`/`full` edge (only `text` edges reach functions)."
+    )
+    E_INTERRUPT = "E_INTERRUPT", (
+        "An interrupt that cannot work (a question without interrupt, `before` without `{answer}` in the prompt), "
+        "or an answer for a node that takes none."
+    )
     E_CONTEXT = "E_CONTEXT", (
         "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
         "the tokenizer before any model is loaded), an agent `context_limit` above its model's, a `full` edge "
@@ -254,6 +264,21 @@ class RemoteNodeFailure(RclcGraphError):
 
 class HostDied(RclcGraphError, RuntimeError):
     """The process or actor holding a replica is gone; a resume continues on a fresh one."""
+
+
+class Interrupt(RclcGraphError):
+    """Raised by a function node to stop the run until a person answers `question`.
+
+    The node does not finish: the run ends with status "waiting", and resuming it with an
+    answer for the node (`--answer NODE=TEXT`, `answers={NODE: TEXT}`) calls the function
+    again with the answer in `inputs["answer"]`. Not an error: nothing failed.
+    """
+
+    def __init__(self, question: str) -> None:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question: an Interrupt asks a person something; pass the question as non-empty text")
+        super().__init__(question)
+        self.question = question
 
 
 class ExecutorUnavailable(RclcGraphError, ImportError):

@@ -27,6 +27,7 @@ import anyio
 
 from .errors import HostDied
 from .executors.contract import Executor, Inbound, RunContext
+from .executors.function_node import run_function_node
 from .executors.placement import ReplicaGroup, group_label
 from .executors.pool import ModelPool
 from .executors.prompts import compose_content
@@ -113,6 +114,10 @@ class FakeExecutor(Executor):
     # -- running -----------------------------------------------------------------------------
 
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
+        if node.is_function:  # a function needs no model: it runs for real, as on any executor
+            result = await run_function_node(ctx, node, inbound)
+            self._results.setdefault(ctx.run_id, {})[node.name] = result
+            return result
         self.log.append(("start", node.name, [edge.source for edge, _ in inbound]))
         self.running += 1
         self.peak = max(self.peak, self.running)
@@ -161,7 +166,7 @@ class FakeExecutor(Executor):
     def _hop(self, node: PlanNode, edge: PlanEdge, sender: NodeResult) -> Hop:
         if edge.policy.mode == "text":
             return compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
-                               payload_bytes=len((sender.text or "").encode("utf-8")), mode="text", policy="text",
+                               payload_bytes=len(sender.effective_text.encode("utf-8")), mode="text", policy="text",
                                edge=edge.id)
         kept = list(self.keep(edge, sender))
         return compose_hop(sender.lineage, kept, source=edge.source, target=node.name,

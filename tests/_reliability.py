@@ -11,7 +11,11 @@ from __future__ import annotations
 import collections
 import contextvars
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from rclc_graph import LocalExecutor
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
+PAUSED_CLI = ROOT / "tests" / "integration" / "_paused_cli.py"
 
 # Six nodes, two roots. d is a fan-in of a reading sender (a) and a generating sender (b)
 # with different policies; e takes a full state edge and a text edge; final fans in a state
@@ -97,6 +102,39 @@ def write_six(directory: Path, source: Path, *, max_new_tokens: int = 8) -> tupl
     inputs = directory / "six.json"
     inputs.write_text(json.dumps(SIX_INPUTS))
     return topology, inputs
+
+
+# -- a CLI run stopped at an exact point -------------------------------------------------------
+
+
+def cli_environment() -> dict[str, str]:
+    """The environment `rclc-graph` subprocesses run in: this checkout first on the path."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+
+
+def only_run_dir(out: Path) -> Path:
+    (run_dir,) = [path for path in out.iterdir() if path.is_dir()]
+    return run_dir
+
+
+def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path, *, hold: float | None = None,
+              extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`rclc-graph run` in a subprocess that pauses at `point` (see _paused_cli.py) and writes
+    `marker` there; returns once the marker exists, so a signal lands exactly at that point."""
+    command = [sys.executable, str(PAUSED_CLI)] + ([] if hold is None else ["--hold", str(hold)])
+    command += [point, str(marker), "--", "run", str(topology), "--input", str(inputs), "--out", str(out), "--json",
+                *extra]
+    process = subprocess.Popen(command, cwd=ROOT, env=cli_environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"the run never reached {point}")
+        time.sleep(0.01)
+    return process
 
 
 # -- counting model work per node --------------------------------------------------------------

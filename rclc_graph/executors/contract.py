@@ -25,7 +25,7 @@ Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """`await publish(kind, payload)`: emit one event of the run (kinds in results.events.KINDS)."""
 
 Inbound = list[tuple[PlanEdge, NodeResult]]
-"""A node's incoming edges with their senders' results, in arrival (declaration) order."""
+"""A node's incoming edges that fired, with their senders' results, in arrival (declaration) order."""
 
 
 @dataclass
@@ -51,8 +51,11 @@ class Executor(ABC):
     @abstractmethod
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
         """Run one node. Called by the scheduler, in the node's own task, once every sender of
-        the node finished. Raises NodeFailed naming the node and edge (any other exception is
-        wrapped by the scheduler); a cancelled run cancels this call."""
+        the node settled and at least one inbound edge fired; `inbound` holds the fired edges
+        only. A function node (`node.is_function`) runs through `function_node.run_function_node`
+        wherever the executor's scheduler side is; it may raise `Interrupt`, which passes
+        through. Raises NodeFailed naming the node and edge (any other exception is wrapped by
+        the scheduler); a cancelled run cancels this call."""
 
     @abstractmethod
     def agent(self, run_id: str, node: str) -> Any | None:

@@ -32,6 +32,7 @@ from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
+from .function_node import run_function_node
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
 from .transfer_options import state_groups, transfer_options
@@ -123,6 +124,8 @@ class LocalExecutor(Executor):
         )
 
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
+        if node.is_function:
+            return await run_function_node(ctx, node, inbound)  # no model, no agent state
         started = time.time()
         agent = self.bind(ctx, node)
         tokenizer = agent.tokenizer
@@ -135,7 +138,7 @@ class LocalExecutor(Executor):
         hops: list[Hop] = []
         for edge in text_edges:
             sender = senders[edge.id]
-            payload = len((sender.text or "").encode("utf-8"))
+            payload = len(sender.effective_text.encode("utf-8"))
             hops.append(
                 compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
                             payload_bytes=payload, mode="text", policy="text", edge=edge.id)

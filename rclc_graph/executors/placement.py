@@ -83,6 +83,8 @@ def check_pins(pins: Mapping[str, int], plan: Any, sizes: Mapping[str, int]) -> 
         if type(index) is not int or index < 0:
             raise ValueError(f"pins: {name}={index!r} is not a replica index; use an int >= 0")
         for node in plan.nodes:
+            if name in (node.name, node.declared) and node.model is None:
+                raise ValueError(f"pins: {name!r} is a function node, which runs where the scheduler runs; drop the pin")
             if name in (node.name, node.declared) and index >= sizes[node.model.name]:
                 raise ValueError(
                     f"pins: {name}={index} but model {node.model.name!r} has {sizes[node.model.name]} replica(s) "

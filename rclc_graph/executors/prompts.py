@@ -20,7 +20,8 @@ from ..results.run_result import NodeResult
 def compose_content(node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]]) -> str:
     """The user turn of a node: each text sender's answer (edge order), then its own prompt."""
     texts = [
-        f"Message from {edge.source}:\n{(result.text or '').strip()}" for edge, result in inbound if edge.policy.mode == "text"
+        f"Message from {edge.source}:\n{result.effective_text.strip()}" for edge, result in inbound
+        if edge.policy.mode == "text"
     ]
     return "\n\n".join(texts + [node.prompt])
 

@@ -11,6 +11,9 @@ actors is selected on the sender's actor and put into Ray's object store there
 which pulls the payload itself, so tensors never pass through the scheduler's process. Token
 events stream back through a Ray streaming generator as they are generated.
 
+Function nodes run on the scheduler's side (remote.py), in a worker thread there: they need
+no model, their inputs and outputs are text, and user code then runs in one known process.
+
 Cancelling a run sets the run's stop flag on its actors (generation ends at the next step) and
 cancels the in-flight actor calls with `ray.cancel`. An actor that dies fails the node it held
 (HostDied names the node, the replica, the actor and the Ray node); the next call that needs
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from typing import Any, Mapping, Sequence
 
@@ -238,7 +242,8 @@ class RayExecutor(RemoteExecutor):
         return _RayHandle(actor, label)
 
     def _share(self, plan: Any) -> Any:
-        return ray.put(plan)
+        # actors never run function nodes (the scheduler's side does), so their callables stay here
+        return ray.put(dataclasses.replace(plan, functions={}))
 
     def actor_of(self, replica: str) -> Any:
         """The live actor handle of replica `replica` ("base#1"), e.g. to kill it in a test."""

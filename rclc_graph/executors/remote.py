@@ -37,6 +37,7 @@ from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, Publish, RunContext
 from .fitting import SenderShape, fit_counts, refuse_unmatched
+from .function_node import run_function_node
 from .placement import ReplicaGroup, check_pins, group_key, pinned
 from .prompts import compose_content, group_request
 from .replica import RunTicket
@@ -208,6 +209,10 @@ class RemoteExecutor(Executor):
 
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
         run = self._open(ctx)
+        if node.is_function:  # on the scheduler's side: no model to place, text in and out
+            result = await run_function_node(ctx, node, inbound)
+            self._finish(run, node.name)
+            return result
         host = self._place(run, node)
         content = compose_content(node, inbound)
         handoffs: dict[int, list[Any]] = {}

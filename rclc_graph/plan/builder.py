@@ -9,6 +9,10 @@
     g.edge("worker", "final", Policy(ratio=8, request="{question}"))
     plan = g.plan({"question": "...", "documents": [...]})
 
+Function nodes take the callable itself (`g.function("lookup", find_order)`): it is not
+imported, so it needs no trust_code; the spec names it by `module:qualname`, which is how a
+YAML file (with trust_code) or a resume (`functions=graph.functions`) finds it again.
+
 Each call validates its own object at once (a bad field raises SpecError naming it);
 whole-graph checks run in `validate()`/`plan()`. `to_yaml()` writes a file that loads back
 into an equal spec. `chain_of_agents`, `fan_out`, `hierarchical` and `debate` return
@@ -17,7 +21,7 @@ ready-made builders that can still be edited.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -34,6 +38,7 @@ from ..spec.models import (
     ReasoningSpec,
     RoundsSpec,
     TransferPolicy,
+    is_callable_ref,
 )
 from .compile import compile_plan
 from .dag import Plan
@@ -87,6 +92,7 @@ class Graph:
         self._edges: list[EdgeSpec] = []
         self._policies: dict[str, TransferPolicy] = {}
         self._rounds = RoundsSpec()
+        self._functions: dict[str, Callable[..., Any]] = {}  # call reference -> the callable handed over
 
     @classmethod
     def from_spec(cls, spec: GraphSpec) -> Graph:
@@ -130,15 +136,70 @@ class Graph:
         self._add(self._nodes, "nodes", NodeSpec, {"name": name, "agent": agent, "prompt": prompt, **options})
         return self
 
+    def function(
+        self,
+        name: str,
+        fn: Callable[..., Any] | str,
+        *,
+        output: bool = False,
+        description: str = "",
+        **options: Any,
+    ) -> Graph:
+        """Declare a function node: `fn(inputs, senders)` runs instead of an agent (see
+        executors/function_node.py for its contract). `fn` is a callable, defined at module
+        level so records can name it (`module:qualname`), or such a reference as text (then
+        importing it needs trust_code). `options`: foreach, item, interrupt, question."""
+        if isinstance(fn, str):
+            reference = fn
+        elif callable(fn):
+            reference = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
+            if not is_callable_ref(reference):
+                raise SpecError.one(
+                    "E_FUNCTION", f"function {fn!r} has no importable name ({reference!r}): a lambda or a function "
+                    "defined inside another one", "define the function at module level, so records and resumes can name it",
+                    ("nodes", len(self._nodes), "call"))
+            known = self._functions.get(reference)
+            if known is not None and known is not fn:
+                raise SpecError.one(
+                    "E_FUNCTION", f"two different callables are both named {reference!r}",
+                    "give one of them another name", ("nodes", len(self._nodes), "call"))
+        else:
+            raise SpecError.one("E_FIELD", f"fn must be a callable or a 'module:callable' text, got {type(fn).__name__}",
+                                "pass the function itself", ("nodes", len(self._nodes), "call"))
+        self._add(self._nodes, "nodes", NodeSpec,
+                  {"name": name, "call": reference, "output": output, "description": description, **options})
+        if not isinstance(fn, str):
+            self._functions[reference] = fn
+        return self
+
+    @property
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """The callables of function nodes, by `call` reference (pass to `resume_run(functions=...)`)."""
+        return dict(self._functions)
+
     def edge(
-        self, source: str, target: str, policy: TransferPolicy | str | None = None, *, rounds: int | None = None, description: str = ""
+        self,
+        source: str,
+        target: str,
+        policy: TransferPolicy | str | None = None,
+        *,
+        rounds: int | None = None,
+        when: Any = None,
+        until: Any = None,
+        description: str = "",
     ) -> Graph:
         """Declare an edge: `policy` is a TransferPolicy (`Policy(...)`), a mapping of its
         fields, or the name of a declared policy (None: the default state policy); `rounds`
-        makes it the closing edge of a bounded loop."""
+        makes it the closing edge of a bounded loop. `when` (a condition mapping such as
+        {"contains": "billing"}, or a "module:callable" router) makes it fire only when the
+        sender's output satisfies it; `until` on a loop edge stops the loop after the first
+        round whose sender output satisfies it."""
         data: dict[str, Any] = {"source": source, "target": target, "description": description, "rounds": rounds}
         if policy is not None:
             data["policy"] = policy
+        for key, value in (("when", when), ("until", until)):
+            if value is not None:
+                data[key] = value
         self._edges.append(_build(EdgeSpec, ("edges", len(self._edges)), data))
         return self
 
@@ -172,11 +233,14 @@ class Graph:
 
     def validate(self, *, trust_code: bool = False) -> Blueprint:
         """Whole-graph checks without inputs; PlanError listing every problem."""
-        return validate(self.spec(), trust_code=trust_code)
+        return validate(self.spec(), trust_code=trust_code, functions=self._functions)
 
-    def plan(self, inputs: Mapping[str, Any], *, trust_code: bool = False) -> Plan:
-        """Validate and compile the graph for one run's inputs."""
-        return compile_plan(self.spec(), inputs, trust_code=trust_code)
+    def plan(
+        self, inputs: Mapping[str, Any], *, trust_code: bool = False, answers: Mapping[str, str] | None = None
+    ) -> Plan:
+        """Validate and compile the graph for one run's inputs (and people's answers to its
+        interrupts, by plan node name)."""
+        return compile_plan(self.spec(), inputs, trust_code=trust_code, answers=answers, functions=self._functions)
 
     def to_yaml(self) -> str:
         """The topology as YAML text that loads back into an equal spec."""

@@ -5,17 +5,24 @@ Expansion makes the concrete nodes (foreach copies `worker[0]`, loop rounds `a@2
 variables, and checks what only the inputs show (missing or mistyped inputs, indexes past
 a list's end, empty lists, prompts or requests the inputs render blank, plans above
 `rounds.max_nodes`). Pure: no model, no I/O.
+
+`answers` are what people answered to interrupts (`{node: text}`), given up front or when a
+waiting run is resumed: a node with `interrupt: before` reads its answer as `{answer}`, a
+function node receives it as `inputs["answer"]`, and after a node with `interrupt: after`
+its receivers read its output followed by the answer. Answers are not part of the plan's
+fingerprint: the same run, answered later, is the same run.
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import PlanError, Problem
 from ..spec import templates
-from ..spec.models import GraphSpec
-from .dag import Plan, PlanEdge, PlanNode
+from ..spec.models import ANSWER_VARIABLE, GraphSpec
+from .control import DEFAULT_QUESTIONS, answer_variable
+from .dag import LoopStop, Plan, PlanEdge, PlanNode
 from .input_checks import DEFAULT_MAX_INPUT_BYTES, input_text_problems
 from .size import expanded_size_problems
 from .validate import Blueprint, Step, validate
@@ -27,21 +34,33 @@ def compile_plan(
     *,
     trust_code: bool = False,
     max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Plan:
     """Validate (unless given a Blueprint) and expand over `inputs`; PlanError on any problem.
-    `max_input_bytes` bounds the inputs' text (input_checks.py; None: no limit)."""
+
+    `max_input_bytes` bounds the inputs' text (input_checks.py; None: no limit); `answers`: people's
+    answers to interrupts, by plan node name; `functions`: callables for function nodes by their
+    `call` reference (handed over in Python, so not imported)."""
     if isinstance(spec, Blueprint):
-        blueprint = spec if spec.trust_code or not trust_code else validate(spec.spec, trust_code=True)
+        known = {**spec.functions, **dict(functions or {})}
+        if (trust_code and not spec.trust_code) or known.keys() != spec.functions.keys():
+            spec = validate(spec.spec, trust_code=trust_code or spec.trust_code, functions=known)
+        blueprint = spec
     else:
-        blueprint = validate(spec, trust_code=trust_code)
-    return expand(blueprint, inputs, max_input_bytes=max_input_bytes)
+        blueprint = validate(spec, trust_code=trust_code, functions=functions)
+    return expand(blueprint, inputs, max_input_bytes=max_input_bytes, answers=answers)
 
 
 def expand(
-    blueprint: Blueprint, inputs: Mapping[str, Any], *, max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES
+    blueprint: Blueprint,
+    inputs: Mapping[str, Any],
+    *,
+    max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES,
+    answers: Mapping[str, str] | None = None,
 ) -> Plan:
     """A validated blueprint over one run's inputs: foreach copies, loop rounds, rendered
-    prompts and requests; PlanError (E_INPUT, E_INPUT_SIZE, E_TOO_LARGE, ...) naming every problem."""
+    prompts and requests; PlanError (E_INPUT, E_INPUT_SIZE, E_TOO_LARGE, E_INTERRUPT, ...) naming every problem."""
     values = _check_inputs(blueprint, inputs)
     text_problems = input_text_problems(values, max_input_bytes)
     if text_problems:
@@ -71,6 +90,7 @@ def expand(
         else:
             pairs = [(i, j) for i in indices(step_edge.source) for j in indices(step_edge.target)]
         policy = blueprint.policies[step_edge.edge]
+        stop = _loop_stop(blueprint, step_edge)
         for source_index, target_index in pairs:
             variables = _variables(blueprint, values, step_edge.target, target_index)
             request = None if policy.request is None else templates.render(policy.request, variables)
@@ -83,6 +103,8 @@ def expand(
                     policy=policy,
                     request=request,
                     loop=step_edge.loop,
+                    when=blueprint.spec.edges[step_edge.edge].when,
+                    stop=stop,
                 )
             )
     incoming: dict[str, list[int]] = {}
@@ -91,19 +113,29 @@ def expand(
         incoming.setdefault(edge.target, []).append(edge.id)
         outgoing.setdefault(edge.source, []).append(edge.id)
 
+    names = [name_of(step, index) for step in blueprint.steps for index in indices(step)]
+    given = _check_answers(blueprint, names, answers)
     nodes: list[PlanNode] = []
     for step in blueprint.steps:  # already topological; copies of one step are independent
         spec_node = blueprint.nodes[step.node]
-        agent = blueprint.agents[spec_node.agent]
+        agent = None if spec_node.agent is None else blueprint.agents[spec_node.agent]
         for index in indices(step):
             name = name_of(step, index)
             variables = _variables(blueprint, values, step, index)
+            answer = given.get(name)
+            question = None
+            if spec_node.question is not None:
+                question = templates.render(spec_node.question, variables)
+            elif spec_node.interrupt is not None:
+                question = DEFAULT_QUESTIONS[spec_node.interrupt].format(node=name)  # plain text, not a template
+            if answer_variable(spec_node):
+                variables[ANSWER_VARIABLE] = "" if answer is None else answer  # unanswered: the node waits
             nodes.append(
                 PlanNode(
                     name=name,
                     declared=step.node,
                     agent=agent,
-                    model=blueprint.models[agent.model],
+                    model=None if agent is None else blueprint.models[agent.model],
                     prompt=templates.render(spec_node.prompt, variables),
                     template=spec_node.prompt,
                     generate=spec_node.generate,
@@ -113,6 +145,10 @@ def expand(
                     item=None if index is None else values[spec_node.foreach][index],
                     incoming=tuple(incoming.get(name, ())),
                     outgoing=tuple(outgoing.get(name, ())),
+                    call=spec_node.call,
+                    interrupt=spec_node.interrupt,
+                    question=question,
+                    answer=answer,
                 )
             )
     _check_blank_texts(blueprint, nodes, edges)
@@ -127,7 +163,54 @@ def expand(
         outputs=tuple(node.name for node in nodes if node.output),
         _index=MappingProxyType(position),
         _levels=_levels(nodes, edges),
+        functions=blueprint.functions,
     )
+
+
+def _loop_stop(blueprint: Blueprint, step_edge: Any) -> LoopStop | None:
+    """How a loop that may stop early decides this edge: loop edges of such a loop go on
+    while its until condition does not hold; edges leaving it from a round before the last
+    fire when it held after that round. None for every other edge."""
+    loop = blueprint.loop_of(step_edge.source.node)
+    if loop is None or loop.until is None:
+        return None
+    round_number = step_edge.source.round
+    leaves = blueprint.loop_of(step_edge.target.node) is not loop
+    if not step_edge.loop and not leaves:
+        return None  # an edge within one round
+    if leaves and round_number == loop.rounds:
+        return None  # the last round leaves whenever it ran
+    check = f"{loop.check_node(blueprint.spec)}@{round_number}"
+    return LoopStop(check=check, until=blueprint.spec.edges[loop.until].until, round=round_number, exits=leaves)
+
+
+def _check_answers(blueprint: Blueprint, names: list[str], answers: Mapping[str, str] | None) -> dict[str, str]:
+    """Answers by plan node: only for nodes that can take one (an interrupt, or a function,
+    which may raise Interrupt), and only text."""
+    if answers is None:
+        return {}
+    if not isinstance(answers, Mapping):
+        raise PlanError([Problem("E_INTERRUPT", f"answers must be a mapping of node to text, got {type(answers).__name__}",
+                                 "pass answers={'node': 'text'}", ("answers",))])
+    takers = [name for name in names if _takes_answer(blueprint, name)]
+    problems = []
+    for key, value in answers.items():
+        if key not in takers:
+            known = ", ".join(takers) or "none: no node of this graph has an interrupt or is a function"
+            problems.append(Problem("E_INTERRUPT", f"answer for {key!r}, which is not a node that takes an answer",
+                                    f"answer one of: {known}", ("answers", str(key))))
+        elif not isinstance(value, str):
+            problems.append(Problem("E_INTERRUPT", f"the answer for {key!r} is a {type(value).__name__}, not text",
+                                    "pass the answer as a string", ("answers", key)))
+    if problems:
+        raise PlanError(problems)
+    return dict(answers)
+
+
+def _takes_answer(blueprint: Blueprint, name: str) -> bool:
+    declared = name.split("[", 1)[0].split("@", 1)[0]
+    node = blueprint.nodes[declared]
+    return node.interrupt is not None or node.is_function
 
 
 def _last_round(blueprint: Blueprint, step: Step) -> bool:
@@ -242,6 +325,8 @@ def _check_blank_texts(blueprint: Blueprint, nodes: list[PlanNode], edges: list[
         ))
 
     for node in nodes:
+        if node.is_function or (node.interrupt == "before" and node.answer is None):
+            continue  # a function has no prompt; an unanswered prompt is rendered once answered
         if not node.incoming and not node.prompt.strip():
             refuse(("nodes", declared[node.declared], "prompt"), f"the prompt of node {node.name!r}", node.template)
     for edge in edges:

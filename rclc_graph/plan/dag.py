@@ -8,6 +8,12 @@ arrive at a fan-in), and the output nodes. The scheduler asks the plan what may 
 (`describe`, `fingerprint`). compile.py builds plans.
 
 Naming: `name[i]` is copy i of a foreach node, `name@r` is round r of a loop node.
+
+Conditional edges (`when`, and the edges an `until` loop stop decides, `LoopStop`) are
+marked on the plan but decided at run time, from the outputs of finished nodes: a node
+runs once everything its inbound edges wait for is *settled* (finished or skipped) and at
+least one of them fired; a node none of whose edges fired is skipped (run/routing.py).
+The queries here take the settled set, so they stay pure.
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import networkx as nx
 
+from ..spec import predicates
 from ..spec.models import AgentSpec, GraphSpec, ModelSpec
 from .policy import ResolvedPolicy
 
@@ -31,8 +38,8 @@ class PlanNode:
 
     name: str  # unique in the plan: "final", "worker[2]", "a@3"
     declared: str  # the spec node it came from
-    agent: AgentSpec
-    model: ModelSpec
+    agent: AgentSpec | None  # None for a function node
+    model: ModelSpec | None  # None for a function node
     prompt: str  # rendered from the template with the run's inputs and node variables
     template: str
     generate: bool
@@ -42,14 +49,40 @@ class PlanNode:
     item: str | None  # the foreach item this copy reads
     incoming: tuple[int, ...]  # PlanEdge ids, in declaration order (handoff arrival order)
     outgoing: tuple[int, ...]
+    call: str | None = None  # a function node's package.module:callable
+    interrupt: str | None = None  # "before" | "after": the run stops there for a person's answer
+    question: str | None = None  # what the person is asked (rendered), for interrupt nodes
+    answer: str | None = None  # the person's answer, when the run was given one
+
+    @property
+    def is_function(self) -> bool:
+        """Whether a Python callable runs this node instead of an agent."""
+        return self.call is not None
 
     def sampling_seed(self, run_seed: int) -> int:
         """The seed this node samples with: its agent's `seed`, else one derived from the run's
         seed and the node's name (so every node of a run, and every rerun, differs yet repeats)."""
-        if self.agent.seed is not None:
+        if self.agent is not None and self.agent.seed is not None:
             return self.agent.seed
         digest = hashlib.sha256(f"{run_seed}:{self.name}".encode()).digest()
         return int.from_bytes(digest[:4], "big")
+
+
+@dataclass(frozen=True)
+class LoopStop:
+    """How a loop that may stop early (`until`) decides one edge: after round `round`, the
+    until condition is read on node `check`'s output. A loop edge into round + 1 fires while
+    the loop goes on (the condition did not hold); an edge leaving the loop from `round`
+    (`exits`) fires when the loop stopped there (it held)."""
+
+    check: str  # plan node whose output the condition reads, e.g. "critic@2"
+    until: Any  # the condition (spec/predicates.py) or a router reference
+    round: int
+    exits: bool
+
+    def describe(self) -> dict[str, Any]:
+        """Plain JSON data (plan descriptions and records)."""
+        return {"check": self.check, "until": predicates.describe(self.until), "round": self.round, "exits": self.exits}
 
 
 @dataclass(frozen=True)
@@ -63,12 +96,27 @@ class PlanEdge:
     policy: ResolvedPolicy
     request: str | None  # rendered request, None: use the receiver's prompt
     loop: bool  # a loop edge (round r -> r + 1)
+    when: Any = None  # the edge's own condition on its source's output (spec/predicates.py), or None
+    stop: LoopStop | None = None  # set on edges an `until` loop stop decides
+
+    @property
+    def conditional(self) -> bool:
+        """Whether the edge may not fire although its source finished (decided at run time)."""
+        return self.when is not None or self.stop is not None
+
+    @property
+    def waits_for(self) -> tuple[str, ...]:
+        """The nodes that must be settled before this edge is decided: its source, and the
+        node whose output stops the loop, when a loop stop decides it."""
+        if self.stop is None or self.stop.check == self.source:
+            return (self.source,)
+        return (self.source, self.stop.check)
 
 
 @dataclass(frozen=True)
 class _Wiring:
-    senders: Mapping[str, tuple[str, ...]]
-    receivers: Mapping[str, tuple[str, ...]]
+    waits_for: Mapping[str, tuple[str, ...]]  # per node: every node its inbound edges wait for
+    followers: Mapping[str, tuple[str, ...]]  # per node: the nodes that wait for it, in plan order
 
 
 @dataclass(frozen=True)
@@ -86,6 +134,9 @@ class Plan:
     outputs: tuple[str, ...]  # in topological order
     _index: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
     _levels: tuple[tuple[str, ...], ...] = field(repr=False, compare=False, default=())
+    # callables handed over in Python for function nodes, by `call` reference (not part of the
+    # fingerprint: the spec names them)
+    functions: Mapping[str, Callable[..., Any]] = field(repr=False, compare=False, default_factory=dict)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -124,56 +175,70 @@ class Plan:
         one level are independent branches that may run concurrently."""
         return self._levels
 
-    def ready(self, finished: Collection[str], started: Collection[str] = ()) -> tuple[str, ...]:
-        """Nodes not yet started whose senders have all finished, in plan order.
+    def ready(self, settled: Collection[str], started: Collection[str] = ()) -> tuple[str, ...]:
+        """Nodes not yet started whose inbound edges can all be decided (everything they wait
+        for is settled: finished or skipped), in plan order.
 
-        The scheduler's whole planning step: call it after every completion.
+        The scheduler's whole planning step: call it after every node settles. Whether a ready
+        node runs or is skipped is then decided from its fired edges (`run/routing.py`); in a
+        plan without conditions, settled means finished and every ready node runs.
         """
-        done = set(finished)
+        done = set(settled)
         begun = set(started) | done
+        waits = self._wiring.waits_for
         return tuple(
-            node.name
-            for node in self.nodes
-            if node.name not in begun and all(self.edges[edge].source in done for edge in node.incoming)
+            node.name for node in self.nodes if node.name not in begun and all(name in done for name in waits[node.name])
         )
 
     def ready_after(
-        self, name: str, finished: Collection[str], started: Collection[str] = ()
+        self, name: str, settled: Collection[str], started: Collection[str] = ()
     ) -> tuple[str, ...]:
-        """The nodes that `name` finishing made ready: its receivers, not yet started, whose
-        senders have all finished (`finished` already includes `name`), in plan order.
+        """The nodes that `name` settling made ready: those waiting for it, not yet started or
+        settled, everything else they wait for settled (`settled` already includes `name`),
+        in plan order.
 
         The incremental form of `ready()`: a scheduler that starts everything `ready()`
-        returns, then calls this after each completion, starts exactly the same nodes, but
+        returns, then calls this after each node settles, starts exactly the same nodes, but
         a chain of n nodes costs O(n) planning instead of O(n^2).
         """
         if name not in self._index:
             raise KeyError(f"node {name!r} is not in plan {self.name!r}")
         wiring = self._wiring
         return tuple(
-            receiver
-            for receiver in wiring.receivers[name]
-            if receiver not in started
-            and receiver not in finished
-            and all(sender in finished for sender in wiring.senders[receiver])
+            follower
+            for follower in wiring.followers[name]
+            if follower not in started
+            and follower not in settled
+            and all(other in settled for other in wiring.waits_for[follower])
         )
 
     @functools.cached_property
     def _wiring(self) -> _Wiring:
-        """Distinct senders and receivers per node (receivers in plan order), computed once."""
-        senders: dict[str, tuple[str, ...]] = {}
-        receivers: dict[str, list[str]] = {node.name: [] for node in self.nodes}
+        """What each node waits for, and who waits for it (in plan order), computed once."""
+        waits: dict[str, tuple[str, ...]] = {}
+        followers: dict[str, list[str]] = {node.name: [] for node in self.nodes}
         for node in self.nodes:
-            senders[node.name] = tuple(dict.fromkeys(self.edges[edge].source for edge in node.incoming))
-            for sender in senders[node.name]:
-                receivers[sender].append(node.name)  # plan order: nodes are visited in order
-        return _Wiring(MappingProxyType(senders), MappingProxyType({k: tuple(v) for k, v in receivers.items()}))
+            waits[node.name] = tuple(dict.fromkeys(
+                name for edge in node.incoming for name in self.edges[edge].waits_for
+            ))
+            for name in waits[node.name]:
+                followers[name].append(node.name)  # plan order: nodes are visited in order
+        return _Wiring(MappingProxyType(waits), MappingProxyType({k: tuple(v) for k, v in followers.items()}))
+
+    def conditional(self) -> bool:
+        """Whether any edge of the plan is decided at run time (`when` or a loop stop)."""
+        return any(edge.conditional for edge in self.edges)
+
+    def answers(self) -> dict[str, str]:
+        """The answers the run was given, by node (`compile_plan(..., answers=...)`)."""
+        return {node.name: node.answer for node in self.nodes if node.answer is not None}
 
     def models(self) -> tuple[ModelSpec, ...]:
         """Models the plan uses, in first-use order (what a model pool must load)."""
         seen: dict[str, ModelSpec] = {}
         for node in self.nodes:
-            seen.setdefault(node.model.name, node.model)
+            if node.model is not None:
+                seen.setdefault(node.model.name, node.model)
         return tuple(seen.values())
 
     def fingerprint(self) -> str:
@@ -204,8 +269,11 @@ class Plan:
                 {
                     "name": node.name,
                     "declared": node.declared,
-                    "agent": node.agent.name,
-                    "model": node.model.name,
+                    "agent": None if node.agent is None else node.agent.name,
+                    "model": None if node.model is None else node.model.name,
+                    "call": node.call,
+                    "interrupt": node.interrupt,
+                    "question": node.question,
                     "generate": node.generate,
                     "output": node.output,
                     "index": node.index,
@@ -223,6 +291,8 @@ class Plan:
                     "loop": edge.loop,
                     "request": edge.request,
                     "policy": edge.policy.to_dict(),
+                    "when": predicates.describe(edge.when),
+                    "stop": None if edge.stop is None else edge.stop.describe(),
                 }
                 for edge in self.edges
             ],

@@ -34,11 +34,14 @@ def plan_file(
     trust_code: bool = False,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_input_bytes: int | None = DEFAULT_MAX_INPUT_BYTES,
+    answers: Mapping[str, str] | None = None,
 ) -> Plan:
     """Load, validate and compile a topology for one run's inputs (`max_input_bytes`: the
-    inputs' text limit, see input_checks.py)."""
+    inputs' text limit, see input_checks.py) and people's answers to its interrupts, by node."""
     loaded = read_graph(path, max_bytes=max_bytes, trusted=trust_code)
     try:
-        return compile_plan(loaded.spec, inputs or {}, trust_code=trust_code, max_input_bytes=max_input_bytes)
+        return compile_plan(
+            loaded.spec, inputs or {}, trust_code=trust_code, max_input_bytes=max_input_bytes, answers=answers
+        )
     except PlanError as exc:
         raise exc.with_locations(loaded.locate) from None

@@ -6,6 +6,12 @@ cycles form a loop group; each runs once per round. Plain edges inside a group c
 of the same round; edges entering a group reach its first round and edges leaving it start
 from its last. Removing loop edges must leave a DAG, otherwise the cycle is undeclared.
 Nested loops (one group with loop edges of different counts) are refused.
+
+A loop whose loop edge carries `until` may stop after any round: its leaving edges are then
+unrolled from every round (round r's fire when the loop stops after round r, see
+compile.py's `LoopStop`), so whatever follows the loop reads the round it stopped at.
+Planning stays pure and bounded: the rounds a stop skips are in the plan, marked skipped
+at run time.
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ class Loop:
     nodes: tuple[str, ...]  # declaration order
     rounds: int
     edges: tuple[int, ...]  # indices of its loop edges in spec.edges
+    until: int | None = None  # index of the loop edge whose `until` may stop the loop early
+
+    def check_node(self, spec: GraphSpec) -> str | None:
+        """The declared node whose output `until` reads after each round (the until edge's source)."""
+        return None if self.until is None else spec.edges[self.until].source
 
 
 def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Loop, ...], dict[str, int]]:
@@ -122,9 +133,20 @@ def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Lo
                 )
             )
             continue
+        stops = [index for index in indices if spec.edges[index].until is not None]
+        if len(stops) > 1:
+            problems.append(
+                Problem(
+                    "E_LOOP",
+                    f"loop edges {', '.join(f'edges[{index}]' for index in stops)} of one loop all carry until",
+                    "keep until on one loop edge: its source's output decides after each round",
+                    ("edges", stops[-1], "until"),
+                )
+            )
+            continue
         for name in components[component]:
             loop_of[name] = len(loops)
-        loops.append(Loop(tuple(components[component]), counts.pop(), tuple(indices)))
+        loops.append(Loop(tuple(components[component]), counts.pop(), tuple(indices), stops[0] if stops else None))
     if problems:
         raise PlanError(problems)
     return tuple(loops), loop_of
@@ -155,9 +177,14 @@ def unroll(
                 for r in range(1, loops[source_loop].rounds + 1)
             ]
         else:
-            source = Step(edge.source, rounds_of(edge.source))  # the last round leaves the loop
             target = Step(edge.target, None if target_loop is None else 1)  # the first round enters it
-            step_edges.append(StepEdge(index, source, target, False))
+            if source_loop is not None and loops[source_loop].until is not None:
+                # a loop that may stop early is left from every round (the one it stopped at fires)
+                step_edges += [StepEdge(index, Step(edge.source, r), target, False)
+                               for r in range(1, loops[source_loop].rounds + 1)]
+            else:
+                source = Step(edge.source, rounds_of(edge.source))  # the last round leaves the loop
+                step_edges.append(StepEdge(index, source, target, False))
     graph = nx.DiGraph()
     graph.add_nodes_from(steps)
     graph.add_edges_from((edge.source, edge.target) for edge in step_edges)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import networkx as nx
 
 from ..errors import FieldPath, PlanError, Problem
 from ..spec import templates
-from ..spec.models import AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
+from ..spec.models import ANSWER_VARIABLE, AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
+from .control import answer_variable, check_control
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
 from .option_checks import option_problems
@@ -44,6 +45,8 @@ class Blueprint:
     steps: tuple[Step, ...]  # deterministic topological order
     step_edges: tuple[StepEdge, ...]  # (declared edge, round) order
     _loop_of: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
+    # callables the builder was handed for function nodes, by their `call` reference (not imported)
+    functions: Mapping[str, Callable[..., Any]] = field(repr=False, compare=False, default_factory=dict)
 
     def loop_of(self, node: str) -> Loop | None:
         """The bounded loop `node` belongs to, or None."""
@@ -58,11 +61,19 @@ class Blueprint:
             names |= {spec.item, "index"}
         if node in self._loop_of:
             names.add("round")
+        if answer_variable(spec):
+            names.add(ANSWER_VARIABLE)
         return frozenset(names)
 
 
-def validate(spec: GraphSpec, *, trust_code: bool = False) -> Blueprint:
-    """Check `spec` as a whole; raise PlanError listing every problem of the first failing phase."""
+def validate(
+    spec: GraphSpec, *, trust_code: bool = False, functions: Mapping[str, Callable[..., Any]] | None = None
+) -> Blueprint:
+    """Check `spec` as a whole; raise PlanError listing every problem of the first failing phase.
+
+    `functions` maps function nodes' `call` references to callables handed over in Python
+    (the builder's `Graph.function`): those are not imported, so they need no trust_code."""
+    functions = MappingProxyType(dict(functions or {}))
     _raise(_check_names(spec))
     models = {model.name: model for model in spec.models}
     agents = {agent.name: agent for agent in spec.agents}
@@ -72,6 +83,7 @@ def validate(spec: GraphSpec, *, trust_code: bool = False) -> Blueprint:
     _raise(_check_policies(spec, agents, nodes, policies, trust_code) + option_problems(spec) + text_problems(spec))
     loops, loop_of = find_loops(spec, nodes)
     _raise(unrolled_size_problems(spec, nodes, loops, loop_of))  # arithmetic first: never unroll a huge plan
+    _raise(check_control(spec, nodes, inputs, policies, loops, loop_of, trust_code=trust_code, functions=functions))
     steps, step_edges = unroll(spec, nodes, loops, loop_of)
     blueprint = Blueprint(
         spec=spec,
@@ -85,6 +97,7 @@ def validate(spec: GraphSpec, *, trust_code: bool = False) -> Blueprint:
         steps=steps,
         step_edges=step_edges,
         _loop_of=MappingProxyType(loop_of),
+        functions=functions,
     )
     _raise(_check_templates(blueprint))
     _raise(_check_flow(blueprint))
@@ -127,7 +140,7 @@ def _check_names(spec: GraphSpec) -> list[Problem]:
         if agent.model not in models:
             problems.append(_unknown("model", agent.model, models, ("agents", index, "model")))
     for index, node in enumerate(spec.nodes):
-        if node.agent not in agents:
+        if node.agent is not None and node.agent not in agents:
             problems.append(_unknown("agent", node.agent, agents, ("nodes", index, "agent")))
         if node.foreach is not None:
             if node.foreach not in inputs:
@@ -213,8 +226,10 @@ def _check_policies(
     for index, edge in enumerate(spec.edges):
         policy = policies[index]
         source, target = nodes[edge.source], nodes[edge.target]
-        source_model, target_model = agents[source.agent].model, agents[target.agent].model
-        if policy.mode != "text" and source_model != target_model:
+        source_model = None if source.agent is None else agents[source.agent].model
+        target_model = None if target.agent is None else agents[target.agent].model
+        functions = source.is_function or target.is_function  # control.py refuses their non-text edges
+        if policy.mode != "text" and source_model != target_model and not functions:
             problems.append(
                 Problem(
                     "E_CROSS_MODEL",
@@ -261,6 +276,8 @@ def _check_templates(blueprint: Blueprint) -> list[Problem]:
     spec = blueprint.spec
     for index, node in enumerate(spec.nodes):
         problems += _template_problems(blueprint, node.name, node.prompt, ("nodes", index, "prompt"))
+        if node.question is not None:
+            problems += _template_problems(blueprint, node.name, node.question, ("nodes", index, "question"))
     for index, edge in enumerate(spec.edges):
         request = blueprint.policies[index].request
         if request is None:
@@ -330,8 +347,13 @@ def _check_flow(blueprint: Blueprint) -> list[Problem]:
         if graph.in_degree(step) or step.node in reported:
             continue
         node = blueprint.nodes[step.node]
+        if node.is_function:
+            continue  # a function receives every input: it always has something to read
         reads = {found.name for found in templates.fields(node.prompt)}
-        if not reads & (set(blueprint.inputs) | ({node.item} if node.foreach else set())):
+        readable = set(blueprint.inputs) | ({node.item} if node.foreach else set())
+        if answer_variable(node):
+            readable.add(ANSWER_VARIABLE)
+        if not reads & readable:
             reported.add(step.node)
             which = f" in round {step.round}" if step.round is not None else ""
             problems.append(

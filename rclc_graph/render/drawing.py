@@ -26,6 +26,18 @@ PALETTE = (
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
 )
 MODE_COLOURS = {"state": "#4e79a7", "full": "#b07aa1", "text": "#7f7f7f"}
+SKIPPED_COLOUR = "#c8ccd1"  # nodes that did not run and edges that did not fire
+
+
+def _node_detail(agent: str | None, call: str | None, generate: bool) -> str:
+    if call is not None:
+        return f"function {call.rpartition(':')[2]}"
+    return f"agent {agent}" + ("" if generate else ", reads only")
+
+
+def _edge_label(label: str, when: Any, until: Any = None) -> str:
+    marks = [word for word, value in (("when", when), ("until", until)) if value is not None]
+    return label + "".join(f" · {mark}" for mark in marks)
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class SketchNode:
     detail: str = ""  # second line: agent, foreach, "reads only"
     output: bool = False
     generate: bool = True
+    skipped: bool = False  # a run's node that did not run (drawn greyed)
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,7 @@ class SketchEdge:
     label: str = ""
     mode: str = "state"
     loop: bool = False  # a declared loop edge (feeds the next round; drawn backwards, not layered)
+    idle: bool = False  # a run's edge that did not fire (drawn greyed)
 
 
 @dataclass
@@ -52,10 +66,11 @@ class Sketch:
     edges: list[SketchEdge] = field(default_factory=list)
 
     def colour(self, node: str) -> str:
-        """Each node's colour, by its position in the sketch (the same in every picture)."""
+        """Each node's colour, by its position in the sketch (the same in every picture);
+        grey for a node a run skipped."""
         for index, item in enumerate(self.nodes):
             if item.name == node:
-                return PALETTE[index % len(PALETTE)]
+                return SKIPPED_COLOUR if item.skipped else PALETTE[index % len(PALETTE)]
         return "#999999"
 
 
@@ -67,7 +82,9 @@ def sketch_blueprint(blueprint: Any) -> Sketch:
     spec = blueprint.spec
     nodes = []
     for node in spec.nodes:
-        parts = [f"agent {node.agent}"]
+        parts = [_node_detail(node.agent, node.call, True)]
+        if node.interrupt is not None:
+            parts.append(f"asks a person {node.interrupt}")
         if node.foreach is not None:
             parts.append(f"one per {node.foreach}")
         loop = blueprint.loop_of(node.name)
@@ -80,6 +97,7 @@ def sketch_blueprint(blueprint: Any) -> Sketch:
     for index, edge in enumerate(spec.edges):
         policy = blueprint.policies[index]
         label = policy.label if edge.rounds is None else f"{policy.label}, next round"
+        label = _edge_label(label, edge.when, edge.until)
         edges.append(SketchEdge(edge.source, edge.target, label, policy.mode, loop=edge.rounds is not None))
     return Sketch(spec.name, nodes, edges)
 
@@ -87,31 +105,39 @@ def sketch_blueprint(blueprint: Any) -> Sketch:
 def sketch_plan(plan: Any) -> Sketch:
     """Every concrete node of a compiled plan."""
     nodes = [
-        SketchNode(node.name, f"agent {node.agent.name}" + ("" if node.generate else ", reads only"),
+        SketchNode(node.name, _node_detail(None if node.agent is None else node.agent.name, node.call, node.generate),
                    output=node.output, generate=node.generate)
         for node in plan.nodes
     ]
     # a plan is acyclic (loop rounds are separate nodes), so its round edges lay out like any other
-    edges = [SketchEdge(edge.source, edge.target, edge.policy.label, edge.policy.mode) for edge in plan.edges]
+    edges = [SketchEdge(edge.source, edge.target, _edge_label(edge.policy.label, edge.when, edge.stop),
+                        edge.policy.mode) for edge in plan.edges]
     return Sketch(plan.name, nodes, edges)
 
 
 def sketch_record(record: dict[str, Any]) -> Sketch:
-    """A run record's plan, edges labelled with what each hop kept (kept/T)."""
+    """A run record's plan, edges labelled with what each hop kept (kept/T); nodes the run
+    skipped and conditional edges that did not fire are greyed."""
     plan = record["plan"]
     kept = {hop["edge"]: hop for hop in record.get("hops", []) if hop.get("edge") is not None}
-    nodes = [
-        SketchNode(node["name"], f"agent {node['agent']}" + ("" if node["generate"] else ", reads only"),
-                   output=node["output"], generate=node["generate"])
-        for node in plan["nodes"]
-    ]
+    skipped = record.get("skipped") or {}
+    fired = record.get("fired") or {}
+    nodes = []
+    for node in plan["nodes"]:
+        detail = _node_detail(node.get("agent"), node.get("call"), node["generate"])
+        if node["name"] in skipped:
+            detail = "skipped"
+        nodes.append(SketchNode(node["name"], detail, output=node["output"], generate=node["generate"],
+                                skipped=node["name"] in skipped))
     edges = []
     for edge in plan["edges"]:
-        label = edge["policy"].get("label", edge["policy"].get("mode", ""))
+        label = _edge_label(edge["policy"].get("label", edge["policy"].get("mode", "")), edge.get("when"),
+                            edge.get("stop"))
         hop = kept.get(edge["id"])
         if hop is not None and hop["mode"] != "text":
             label = f"{label}: {hop['kept_positions']}/{hop['total_positions']}"
-        edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state")))
+        idle = fired.get(str(edge["id"])) is False or edge["source"] in skipped
+        edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state"), idle=idle))
     return Sketch(plan["name"], nodes, edges)
 
 
@@ -319,9 +345,10 @@ def to_svg(sketch: Sketch) -> str:
         mode = route.edge.mode if route.edge.mode in MODE_COLOURS else "state"
         (x1, y1), (c1x, c1y), (c2x, c2y), (x2, y2) = route.points
         lx, ly = route.label_at
+        colour = SKIPPED_COLOUR if route.edge.idle else MODE_COLOURS[mode]
         parts.append(
             f'<g class="edge"><path d="M{x1:.1f},{y1:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {x2:.1f},{y2:.1f}" '
-            f'fill="none" stroke="{MODE_COLOURS[mode]}" stroke-width="2"{dashes[route.style]} '
+            f'fill="none" stroke="{colour}" stroke-width="2"{dashes[route.style]} '
             f'marker-end="url(#arrow-{mode})"/>'
             f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle" class="edge-label">'
             f"{html.escape(route.edge.label)}</text></g>"
@@ -330,9 +357,11 @@ def to_svg(sketch: Sketch) -> str:
         x, y, w, h = shape.boxes[node.name]
         colour = sketch.colour(node.name)
         stroke = 3 if node.output else 1.5
-        dash = "" if node.generate else ' stroke-dasharray="5 3"'
+        dash = "" if node.generate and not node.skipped else ' stroke-dasharray="5 3"'
+        opacity = ' opacity="0.55"' if node.skipped else ""
         parts.append(
-            f'<g class="node"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.0f}" rx="9" '
+            f'<g class="node{" skipped" if node.skipped else ""}"{opacity}>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.0f}" rx="9" '
             f'fill="{colour}22" stroke="{colour}" stroke-width="{stroke}"{dash}/>'
             f'<text x="{x + w / 2:.1f}" y="{y + 19:.1f}" text-anchor="middle" class="node-name">'
             f"{html.escape(node.name)}</text>"
@@ -368,8 +397,9 @@ def save_png(sketch: Sketch, path: str | Path, *, dpi: int = 150) -> Path:
     styles = {"solid": "solid", "dashed": (0, (5, 3)), "dotted": (0, (1.5, 3))}
     for route in shape.routes:
         curve = CurvePath(list(route.points), [CurvePath.MOVETO, CurvePath.CURVE4, CurvePath.CURVE4, CurvePath.CURVE4])
+        colour = SKIPPED_COLOUR if route.edge.idle else MODE_COLOURS.get(route.edge.mode, "#4e79a7")
         axes.add_patch(FancyArrowPatch(path=curve, arrowstyle="-|>", mutation_scale=12, linewidth=1.5,
-                                       linestyle=styles[route.style], color=MODE_COLOURS.get(route.edge.mode, "#4e79a7")))
+                                       linestyle=styles[route.style], color=colour))
         axes.text(*route.label_at, route.edge.label, ha="center", va="center", fontsize=7, color="#1f2328",
                   bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     for node in sketch.nodes:

@@ -117,8 +117,43 @@ def _header(record: dict[str, Any]) -> str:
         error = f'<div class="error"><b>Error</b> {_e(record["error"])}</div>'
     return (
         f"<header><h1>{_e(record.get('graph', 'run'))} {_status_badge(record.get('status', '?'))}</h1>"
-        f'<p class="description">{_e(description)}</p><div class="facts">{items}</div>{error}</header>'
+        f'<p class="description">{_e(description)}</p><div class="facts">{items}</div>{error}'
+        f"{_waiting(record)}</header>"
     )
+
+
+def _waiting(record: dict[str, Any]) -> str:
+    """Who the run waits for, what they are asked and shown, and the command that answers."""
+    waiting = record.get("waiting") or []
+    if record.get("status") != "waiting" or not waiting:
+        return ""
+    blocks = []
+    for item in waiting:
+        shown = "".join(
+            f'<div class="label">{_e(name)}</div><div class="text">{_e(text)}</div>'
+            for name, text in (item.get("shown") or {}).items()
+        )
+        blocks.append(
+            f"<p><b>{_e(item.get('node'))}</b> ({_e(item.get('interrupt'))}): {_e(item.get('question'))}</p>{shown}"
+        )
+    command = f"rclc-graph resume runs/{record.get('run_id')} --answer {waiting[0].get('node')}='...'"
+    return (f'<div class="waiting"><b>Waiting for a person</b>{"".join(blocks)}'
+            f'<p class="mono">{_e(command)}</p></div>')
+
+
+def _skipped(record: dict[str, Any]) -> str:
+    skipped = record.get("skipped") or {}
+    if not skipped:
+        return ""
+    outputs = {node["name"] for node in record.get("plan", {}).get("nodes", []) if node.get("output")}
+    rows = "".join(
+        f"<tr class='skipped'><td>{_e(name)}{' (output)' if name in outputs else ''}</td><td>{_e(reason)}</td></tr>"
+        for name, reason in skipped.items()
+    )
+    explain = ('<p class="note">A node runs when at least one of its inbound edges fired; these did not run '
+               "(greyed in the graph), so they hold no state and passed nothing on. An output node among them "
+               "is left out of Outputs.</p>")
+    return f"<section><h2>Skipped</h2><table><tr><th>node</th><th>why</th></tr>{rows}</table>{explain}</section>"
 
 
 def _outputs(record: dict[str, Any]) -> str:
@@ -138,6 +173,7 @@ def _graph(record: dict[str, Any], sketch: Sketch) -> str:
         '<span><i class="line full"></i>full state</span><span><i class="line text"></i>text edge</span>'
         '<span><i class="box dashed"></i>reads only (no decoding)</span>'
         '<span><i class="box bold"></i>output node</span>'
+        '<span><i class="box grey"></i>skipped node / edge that did not fire</span>'
         "<span>edge labels: policy: positions kept / positions the sender held</span></div>"
     )
     return f'<section><h2>Graph</h2><div class="graph">{to_svg(sketch)}</div>{legend}</section>'
@@ -312,7 +348,10 @@ border-bottom:1px solid var(--line)}h3{font-size:15px;margin:16px 0 6px}
 .facts{display:flex;flex-wrap:wrap;gap:6px 18px;color:var(--muted);font-size:13px}.facts b{color:var(--ink)}
 .badge{font-size:13px;padding:2px 9px;border-radius:10px;vertical-align:middle;color:#fff;background:#59636e}
 .badge.finished{background:#1a7f37}.badge.failed{background:#cf222e}.badge.cancelled{background:#9a6700}
-.badge.running{background:#0969da}
+.badge.running{background:#0969da}.badge.waiting{background:#8250df}.badge.skipped{background:#8c959f}
+.waiting{margin-top:10px;padding:8px 12px;border:1px solid #c297ff;background:#fbefff;border-radius:6px}
+.waiting .label{font-size:12px;color:var(--muted)}.waiting .text{white-space:pre-wrap}
+tr.skipped td{color:#8c959f}.legend .grey{border-color:#c8ccd1;background:#c8ccd122}
 .error{margin-top:10px;padding:8px 12px;border:1px solid #ff8182;background:#ffebe9;border-radius:6px}
 .output{border:1px solid var(--line);border-left:4px solid #1a7f37;border-radius:6px;padding:10px 14px;margin:8px 0}
 .output .label{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.04em}
@@ -355,6 +394,7 @@ def render_report(record: dict[str, Any]) -> str:
             _header(record),
             _outputs(record),
             _graph(record, sketch),
+            _skipped(record),
             _hops(record, sketch),
             _lineage(record, sketch),
             _spans(record, sketch),

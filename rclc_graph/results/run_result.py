@@ -26,6 +26,17 @@ class NodeResult:
     finished_at: float = 0.0
     hops: list[HopRecord] = field(default_factory=list)  # the handoffs this node received
     placement: dict[str, str] | None = None  # where it ran ({"replica", "actor", "node"}); None in-process
+    kind: str = "agent"  # "agent" (a model) or "function" (a Python callable; no state, no lineage)
+    answer: str | None = None  # a person's answer after the node ran (interrupt: after)
+
+    @property
+    def effective_text(self) -> str:
+        """What receivers, conditions and outputs read: the text, then a person's answer to an
+        `interrupt: after` on its own paragraph ("" for a node that only reads)."""
+        text = self.text or ""
+        if self.answer is None:
+            return text
+        return f"{text}\n\n{self.answer}" if text else self.answer
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (node files and records)."""
@@ -45,6 +56,8 @@ class NodeResult:
             "finished_at": self.finished_at,
             "hops": [hop.to_dict() for hop in self.hops],
             "placement": None if self.placement is None else dict(self.placement),
+            "kind": self.kind,
+            "answer": self.answer,
         }
 
     @classmethod
@@ -65,21 +78,27 @@ class NodeResult:
             finished_at=data.get("finished_at", 0.0),
             hops=[HopRecord(**hop) for hop in data.get("hops", [])],
             placement=data.get("placement"),
+            kind=data.get("kind", "agent"),
+            answer=data.get("answer"),
         )
 
 
 @dataclass
 class RunResult:
-    """A whole run: status, the output nodes' texts, every node's result, every hop in plan order."""
+    """A whole run: status, the output nodes' texts, every node's result, every hop in plan order,
+    the nodes it skipped (with why), and the people it waits for."""
 
     run_id: str
-    status: str  # finished | failed | cancelled
+    status: str  # finished | failed | cancelled | waiting
     outputs: dict[str, str]
     nodes: dict[str, NodeResult]
     hops: list[HopRecord]
     error: str | None = None
     seconds: float = 0.0
     failed_node: str | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # node -> why it did not run
+    waiting: list[dict[str, Any]] = field(default_factory=list)  # [{node, question, when, output}] (status waiting)
+    fired: dict[int, bool] = field(default_factory=dict)  # conditional edge id -> whether it fired
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
@@ -92,4 +111,7 @@ class RunResult:
             "seconds": self.seconds,
             "hops": [hop.to_dict() for hop in self.hops],
             "nodes": {name: result.to_dict() for name, result in self.nodes.items()},
+            "skipped": dict(self.skipped),
+            "waiting": [dict(item) for item in self.waiting],
+            "fired": {str(edge): fired for edge, fired in self.fired.items()},
         }

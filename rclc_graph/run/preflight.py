@@ -11,9 +11,9 @@ The check reads only each model's tokenizer and config (`ModelPool.profile`). It
 lower bound on purpose: inherited rows are fitted to the receiver's room by the
 transfer core, so only a node's own prompt plus its output can make a run impossible.
 
-`check_code` does the same for code a trusted topology names (module:callable selectors
-and reasoning methods): it imports each one before any model work, so a typo in a
-module name is refused at once instead of when its edge is reached.
+`check_code` does the same for code a trusted topology names (module:callable selectors,
+reasoning methods, function nodes and routers): it imports each one before any model work,
+so a typo in a module name is refused at once instead of when its node or edge is reached.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..executors.prompts import render_prompt
 from ..executors.trusted_code import import_callable
 from ..plan.dag import Plan
 from .capacity import fan_in_problems, prompt_counter
+from ..spec import predicates
 
 
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
@@ -73,6 +74,8 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
     reported_agents: set[str] = set()
     limits: dict[str, int] = {}
     for node in plan.nodes:
+        if node.model is None:
+            continue  # a function node: no model, no context
         profile = pool.profile(node.model, base_dir)
         limit = profile.context_limit
         spec = node.agent
@@ -137,6 +140,25 @@ def check_code(plan: Plan) -> None:
         return
     problems: list[Problem] = []
     seen: set[tuple[int, str]] = set()
+    declared = {node.name: index for index, node in enumerate(plan.spec.nodes)}
+    references: list[tuple[str, str, tuple[str | int, ...]]] = []
+    for node in plan.spec.nodes:
+        if node.call is not None and node.call not in plan.functions:
+            references.append(("call", node.call, ("nodes", declared[node.name], "call")))
+    for index, edge_spec in enumerate(plan.spec.edges):
+        for field_name in ("when", "until"):
+            for reference in predicates.routers(getattr(edge_spec, field_name)):
+                references.append((f"{field_name} router", reference, ("edges", index, field_name)))
+    for field_name, reference, path in references:
+        try:
+            import_callable(reference, trust_code=True, field_name=field_name)
+        except Exception as error:  # an import runs the module's code, which may raise anything
+            problems.append(Problem(
+                "E_UNKNOWN_REF",
+                f"{field_name} {reference!r} cannot be used: {type(error).__name__}: {error}",
+                "check the module is importable (on PYTHONPATH) and names a callable",
+                path,
+            ))
     for edge in plan.edges:
         policy = edge.policy
         references = [("selector", policy.selector)]

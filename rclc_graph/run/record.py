@@ -20,7 +20,8 @@ directory while a run goes; recorded.py runs a plan with a recorder.
 Node files are written as each node finishes, before any node that reads from it starts
 (the recording executor saves inside `run_node`), which is what crash-resume relies on. A
 node counts as finished on disk only when its JSON exists, its snapshot exists, and the
-snapshot's SHA-256 matches the one the JSON names (`finished_nodes`). The snapshot is
+snapshot's SHA-256 matches the one the JSON names (`finished_nodes`); a function node
+keeps no state, so its JSON alone (kind "function", no snapshot) says it finished. The snapshot is
 written first and the JSON second, so a crash between them leaves a node that is simply
 not finished.
 """
@@ -180,7 +181,12 @@ def finished_nodes(run_dir: str | os.PathLike[str]) -> dict[str, NodeResult]:
     for path in sorted(directory.glob("*.json")):
         try:
             result, snapshot = read_node(path)
-            if path.stem != safe_name(result.node) or not isinstance(snapshot, dict):
+            if path.stem != safe_name(result.node):
+                continue
+            if snapshot is None and result.kind == "function":  # a function keeps no state: no snapshot
+                finished[result.node] = result
+                continue
+            if not isinstance(snapshot, dict):
                 continue
             snapshot_path = member(directory, snapshot.get("file"), f"{path.stem}.safetensors")
             regular(snapshot_path, "snapshot")

@@ -37,7 +37,8 @@ class RecordingExecutor(DelegatingExecutor):
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: list[tuple[Any, NodeResult]]) -> NodeResult:
         self.recorder.started_nodes.add(node.name)
         result = await self.inner.run_node(ctx, node, inbound)
-        await self.recorder.save_node(result, self.inner.agent(ctx.run_id, node.name))
+        agent = None if node.is_function else self.inner.agent(ctx.run_id, node.name)  # a function keeps no state
+        await self.recorder.save_node(result, agent)
         return result
 
 

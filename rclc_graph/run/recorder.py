@@ -189,7 +189,7 @@ class RunRecorder:
         for name in self.plan.order:
             if name in self.nodes:
                 hops.extend(self.nodes[name].hops)
-        outputs = {name: self.nodes[name].text or "" for name in self.plan.outputs if name in self.nodes}
+        outputs = {name: self.nodes[name].effective_text for name in self.plan.outputs if name in self.nodes}
         return RunResult(self.run_id, status, outputs, dict(self.nodes), hops, error=error, seconds=seconds)
 
     def finish(self, result: RunResult, *, report: bool = True) -> dict[str, Any]:
@@ -214,6 +214,7 @@ class RunRecorder:
         for name in ordered:
             hops.extend(nodes[name].hops)
         outputs = {} if result is None else dict(result.outputs)
+        skipped = {} if result is None else dict(result.skipped)
         finished_at = None if status == "running" else time.time()
         attempt = {**self.attempt, "status": status, "finished_at": finished_at, "seconds": seconds}
         return {
@@ -231,10 +232,16 @@ class RunRecorder:
             },
             "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **plan.describe()},
             "inputs": _plain(dict(plan.inputs)),
+            "answers": plan.answers(),
             "outputs": outputs,
+            # nodes that did not run, and why; an output node among them is why `outputs` lacks it
+            "skipped": {name: skipped[name] for name in plan.order if name in skipped},
+            "waiting": [] if result is None else [dict(item) for item in result.waiting],
+            "fired": {} if result is None else {str(edge): fired for edge, fired in sorted(result.fired.items())},
             "seeds": {
                 "run": self.seed,
-                "nodes": {node.name: node.sampling_seed(self.seed) for node in plan.nodes if node.generate},
+                "nodes": {node.name: node.sampling_seed(self.seed) for node in plan.nodes
+                          if node.generate and not node.is_function},
             },
             "models": self._models(),
             "versions": versions(),
@@ -263,10 +270,27 @@ class RunRecorder:
                 }
                 for name in ordered
             },
-            "unfinished": [name for name in plan.order if name not in nodes],
+            "node_status": self._statuses(nodes, skipped, result),
+            "unfinished": [name for name in plan.order if name not in nodes and name not in skipped],
             "interrupted": [name for name in plan.order if name in self.started_nodes and name not in nodes],
             "attempts": [*self.attempts, attempt],
         }
+
+    def _statuses(self, nodes: Mapping[str, NodeResult], skipped: Mapping[str, str],
+                  result: RunResult | None) -> dict[str, str]:
+        """Each plan node's status: finished, skipped, waiting (for a person) or not run."""
+        waiting = {item["node"] for item in (result.waiting if result is not None else [])}
+        statuses = {}
+        for name in self.plan.order:
+            if name in waiting:
+                statuses[name] = "waiting"
+            elif name in nodes:
+                statuses[name] = "finished"
+            elif name in skipped:
+                statuses[name] = "skipped"
+            else:
+                statuses[name] = "not run"
+        return statuses
 
     def _models(self) -> list[dict[str, Any]]:
         """Each model the plan uses; the fingerprint only where the pool has it loaded (a

@@ -18,6 +18,13 @@ configuration or vocabulary), node files that are damaged, edited or from anothe
 snapshots that fail their own checks (truncated, edited, another model or layout), and a
 trust_code run resumed without trust_code. The directory is locked for the whole resume,
 so a run still going (or a second resume) cannot write the same nodes.
+
+A run that waits for a person (status "waiting") is resumed with their answers
+(`answers={node: text}`, `--answer NODE=TEXT`): they join the answers the run already had
+(kept in record.json; a finished node's answer cannot change) and the run continues. A
+waiting run resumed without an answer for any node it waits for is refused, naming them.
+Function nodes handed over as Python callables (`Graph.function`) are found again through
+`functions={call reference: callable}`, else imported from their reference (trust_code).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import anyio
 
@@ -34,6 +41,7 @@ from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
 from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
+from ..executors.trusted_code import import_callable
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -85,7 +93,44 @@ def _field(record: Mapping[str, Any], *path: str) -> Any:
     return value
 
 
-def _rebuild_plan(record: Mapping[str, Any], trust_code: bool) -> Plan:
+def _answers(record: Mapping[str, Any], given: Mapping[str, str] | None, finished: set[str]) -> dict[str, str]:
+    """The answers the run had, joined by the ones given now (a finished node keeps its own)."""
+    recorded = record.get("answers") or {}
+    if not isinstance(recorded, Mapping):
+        raise ResumeError("run_dir: record.json answers is not a mapping; the record was edited")
+    joined = dict(recorded)
+    for name, answer in dict(given or {}).items():
+        if name in recorded and recorded[name] != answer and name in finished:
+            raise ResumeError(
+                f"answers: node {name!r} already ran with the answer {recorded[name]!r}; a finished node keeps its "
+                "answer (start a new run to answer it otherwise)"
+            )
+        joined[name] = answer
+    return joined
+
+
+def _check_waiting(record: Mapping[str, Any], plan: Plan) -> None:
+    """A waiting run continues only once at least one node it waits for has an answer."""
+    if record.get("status") != "waiting":
+        return
+    waiting = [item.get("node") for item in record.get("waiting") or [] if isinstance(item, Mapping)]
+    answered = plan.answers()
+    if waiting and not any(name in answered for name in waiting):
+        asked = "; ".join(f"{item.get('node')}: {item.get('question')}" for item in record.get("waiting") or []
+                          if isinstance(item, Mapping))
+        first = waiting[0]
+        raise ResumeError(
+            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT "
+            f"(answers={{{first!r}: ...}})"
+        )
+
+
+def _rebuild_plan(
+    record: Mapping[str, Any],
+    trust_code: bool,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
+) -> Plan:
     recorded_trust = _field(record, "plan", "trust_code")
     if recorded_trust is True and not trust_code:
         raise ResumeError(
@@ -94,9 +139,25 @@ def _rebuild_plan(record: Mapping[str, Any], trust_code: bool) -> Plan:
         )
     try:
         spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
+        functions = _functions(spec, functions, trust_code and not recorded_trust)
         # the inputs were accepted when the run started (and the fingerprint below pins them): no size limit
-        plan = compile_plan(spec, _field(record, "inputs"), trust_code=bool(recorded_trust), max_input_bytes=None)
+        plan = compile_plan(
+            spec,
+            _field(record, "inputs"),
+            trust_code=bool(recorded_trust),
+            max_input_bytes=None,
+            answers=answers,
+            functions=functions,
+        )
     except GraphError as error:
+        if all(problem.path[:1] == ("answers",) for problem in error.problems):
+            raise ResumeError(f"answers: {error}") from None
+        if all(problem.code == "E_TRUST_CODE" and problem.path[-1:] == ("call",) for problem in error.problems):
+            names = ", ".join(sorted({str(spec.nodes[int(problem.path[1])].call) for problem in error.problems}))
+            raise ResumeError(
+                f"functions: this run's function nodes ({names}) were handed over as Python callables; pass "
+                "functions=graph.functions to resume_run, or trust_code=True (--trust-code) to import them by name"
+            ) from None
         raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
     recorded = _field(record, "plan", "fingerprint")
     if plan.fingerprint() != recorded:
@@ -105,6 +166,26 @@ def _rebuild_plan(record: Mapping[str, Any], trust_code: bool) -> Plan:
             f"{str(recorded)[:12]}; the record was edited or this rclc-graph plans differently; start a new run"
         )
     return plan
+
+
+def _functions(
+    spec: GraphSpec, given: Mapping[str, Callable[..., Any]] | None, importing: bool
+) -> dict[str, Callable[..., Any]]:
+    """The callables of function nodes for a run that was handed them in Python (it recorded
+    trust_code off): those given, and with the caller's trust_code the others imported from
+    their references (the plan, and so its fingerprint, stays the one recorded)."""
+    functions = dict(given or {})
+    if importing:
+        for index, node in enumerate(spec.nodes):
+            if node.call is not None and node.call not in functions:
+                try:
+                    functions[node.call] = import_callable(node.call, trust_code=True, field_name=f"nodes[{index}].call")
+                except Exception as error:  # an import runs the module's code, which may raise anything
+                    raise ResumeError(
+                        f"functions: function node {node.name!r} names {node.call!r}, which cannot be imported "
+                        f"({type(error).__name__}: {error}); pass functions={{{node.call!r}: ...}}"
+                    ) from None
+    return functions
 
 
 def _check_code(record: Mapping[str, Any]) -> None:
@@ -157,6 +238,9 @@ def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str,
         if result.node not in known or path.stem != safe_name(result.node):
             raise ResumeError(f"run_dir: {where} holds node {result.node!r}, which is not this file's node of the plan; "
                               "remove it")
+        if snapshot is None and plan.node(result.node).is_function:
+            finished[result.node] = result  # a function keeps no state: its result is all there is
+            continue
         if not isinstance(snapshot, dict):
             continue  # recorded without a snapshot (an executor without agents): not resumable state
         fix = f"delete {where} to run node {result.node!r} again"
@@ -204,13 +288,32 @@ def _check_snapshot_describes(path: Path, snapshot: Mapping[str, Any], result: N
             )
 
 
+def _ran(run_dir: Path) -> set[str]:
+    """Nodes that wrote a node file (they ran, whatever else a resume will check about them)."""
+    names = set()
+    for path in (run_dir / NODES_DIR).glob("*.json"):
+        try:
+            names.add(str(json.loads(path.read_text(encoding="utf-8"))["node"]))
+        except (ValueError, KeyError, TypeError, OSError):
+            continue  # a damaged file: _finished_on_disk refuses it with the fix
+    return names
+
+
 def _node_run_id(path: Path) -> Any:
     data = read_json(path, "path")
     return data.get("run_id") if isinstance(data, dict) else None
 
 
-def read_resume_point(run_dir: str | os.PathLike[str], *, trust_code: bool = False) -> ResumePoint:
-    """Read and check a run directory for resuming; loads no model and writes nothing."""
+def read_resume_point(
+    run_dir: str | os.PathLike[str],
+    *,
+    trust_code: bool = False,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
+) -> ResumePoint:
+    """Read and check a run directory for resuming (with `answers` for nodes that wait for a
+    person, and `functions` for function nodes built from Python callables); loads no model
+    and writes nothing."""
     directory = Path(run_dir)
     try:
         record = read_record(directory)
@@ -218,7 +321,8 @@ def read_resume_point(run_dir: str | os.PathLike[str], *, trust_code: bool = Fal
     except ValueError as error:
         raise ResumeError(str(error)) from None
     run_id = str(_field(record, "run_id"))
-    plan = _rebuild_plan(record, trust_code)
+    plan = _rebuild_plan(record, trust_code, _answers(record, answers, _ran(directory)), functions)
+    _check_waiting(record, plan)
     _check_code(record)
     seed = _field(record, "seeds", "run")
     if type(seed) is not int:
@@ -242,8 +346,13 @@ async def resume_run(
     executor: Executor | None = None,
     events: EventStream | None = None,
     trust_code: bool = False,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
 ) -> tuple[RunResult, dict[str, Any], Path]:
     """Continue the run recorded in `run_dir`; returns (result, record, run_dir) like run_recorded.
+
+    `answers` ({node: text}) answer the nodes a waiting run waits for; `functions` are the
+    callables of function nodes built in Python (`Graph.function`), by `call` reference.
 
     Refusals (ResumeError) leave the directory exactly as it was. The resumed attempt is
     recorded in the same directory: its nodes next to the old ones, and the record's
@@ -255,7 +364,7 @@ async def resume_run(
     lock = DirectoryLock(directory)
     lock.acquire()  # before reading: nothing may change between the checks and the run
     try:
-        point = read_resume_point(directory, trust_code=trust_code)
+        point = read_resume_point(directory, trust_code=trust_code, answers=answers, functions=functions)
         pool = pool if pool is not None else default_pool()
         inner = executor if executor is not None else LocalExecutor(pool)
         if executor is None:

@@ -1,11 +1,19 @@
-"""The anyio run loop: start every node whose senders finished, collect results, publish events.
+"""The anyio run loop: start every node whose senders settled, collect results, publish events.
 
-Planning is the plan's pure `ready()`; this module only runs what it says. A node runs in
-its own task once all its senders finished, so independent branches overlap (model work
-itself is serialised by the transfer core's locks). A failing node cancels the rest of
-the run; cancelling the run stops generation at the next step, waits for worker threads,
-retires the run's event epoch and re-raises. Where a node executes is the executor's
-business (`LocalExecutor` in-process; others can place nodes elsewhere).
+Planning is the plan's pure `ready()`; this module only runs what it says. A node is ready
+once everything its inbound edges wait for is settled (finished or skipped); routing.py
+then decides from the finished outputs whether it runs (at least one inbound edge fired,
+or it has none) or is skipped, and skipping propagates. A node that runs does so in its
+own task, so independent branches overlap (model work itself is serialised by the transfer
+core's locks). A failing node cancels the rest of the run; cancelling the run stops
+generation at the next step, waits for worker threads, retires the run's event epoch and
+re-raises. Where a node executes is the executor's business (`LocalExecutor` in-process;
+others can place nodes elsewhere).
+
+A node that waits for a person (`interrupt: before` without an answer, `interrupt: after`
+once it finished, or a function that raised `Interrupt`) stops the run: nodes already
+running finish and are recorded, nothing new starts, and the run ends with status
+"waiting" (interrupts.py); a resume with an answer continues from there.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from ..errors import NodeFailed, ObserverFailed
+from ..errors import Interrupt, NodeFailed, ObserverFailed
 from ..executors import make_executor
 from ..executors.contract import Executor, RunContext, require_executor
 from ..executors.local import LocalExecutor
@@ -28,6 +36,8 @@ from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
+from .interrupts import Waiting, with_answers
+from .routing import Routing
 
 
 class RunObserver(Protocol):
@@ -69,7 +79,9 @@ async def run_plan(
 
     `completed` holds results of nodes that already finished (resume): they are not run
     again, and the executor must already hold their state. A node failure ends the run
-    with status "failed" (the error names node, edge and cause); cancellation propagates.
+    with status "failed" (the error names node, edge and cause); a node that waits for a
+    person ends it with status "waiting" (`RunResult.waiting` says who and what is asked);
+    cancellation propagates.
     `executor` is an executor object or a name ("local", "ray": see rclc_graph.executors);
     one made from a name here is closed when the run ends.
     """
@@ -86,12 +98,13 @@ async def run_plan(
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
     ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)
-    results: dict[str, NodeResult] = dict(completed or {})
+    results: dict[str, NodeResult] = with_answers(plan, dict(completed or {}))
+    walk = _Walk(plan, executor, ctx, results, observer)
     begun = time.perf_counter()
     await publish("run", {"status": "started", "plan": plan.name, "nodes": len(plan.nodes), "resumed": len(results)})
     failure: NodeFailed | None = None
     try:
-        await _drive(plan, executor, ctx, results, observer)
+        await walk.drive()
     except BaseException as error:
         ctx.stop.set()
         if is_cancellation(error):
@@ -106,72 +119,137 @@ async def run_plan(
             raise
     seconds = time.perf_counter() - begun
     hops = _hops_in_order(plan, results)
-    outputs = {name: results[name].text or "" for name in plan.outputs if name in results}
+    waiting = walk.waiting.described(plan, results)
+    outputs = {name: results[name].effective_text for name in plan.outputs
+               if name in results and name not in walk.waiting}
+    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))
     if failure is not None:
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,
                                 "message": str(failure)})
         await publish("run", {"status": "failed", "seconds": seconds})
         executor.release(run_id)
-        return RunResult(run_id, "failed", outputs, results, hops, error=str(failure), seconds=seconds,
-                         failed_node=failure.node)
+        return RunResult(run_id, "failed", outputs, results, hops, error=str(failure), failed_node=failure.node,
+                         waiting=waiting, **common)
+    if waiting:
+        await publish("run", {"status": "waiting", "node": waiting[0]["node"], "question": waiting[0]["question"]})
+        return RunResult(run_id, "waiting", outputs, results, hops, waiting=waiting, **common)
     await publish("run", {"status": "finished", "seconds": seconds, "outputs": outputs})
-    return RunResult(run_id, "finished", outputs, results, hops, seconds=seconds)
+    return RunResult(run_id, "finished", outputs, results, hops, **common)
 
 
-async def _drive(
-    plan: Plan, executor: Executor, ctx: RunContext, results: dict[str, NodeResult], observer: RunObserver | None
-) -> None:
-    finished = set(results)
-    started = set(finished)
-    if len(finished) == len(plan.nodes):
-        return
-    send, receive = anyio.create_memory_object_stream[str](math.inf)
+class _Walk:
+    """One run's walk over its plan: which nodes settled (finished or skipped), which run,
+    which wait for a person; `drive` runs it to its end."""
 
-    async def run_one(name: str) -> None:
-        node = plan.node(name)
-        inbound = [(edge, results[edge.source]) for edge in plan.incoming(name)]
+    def __init__(self, plan: Plan, executor: Executor, ctx: RunContext, results: dict[str, NodeResult],
+                 observer: RunObserver | None) -> None:
+        self.plan, self.executor, self.ctx, self.results, self.observer = plan, executor, ctx, results, observer
+        self.skipped: dict[str, str] = {}
+        self.routing = Routing(plan, results, self.skipped, ctx.publish)
+        self.waiting = Waiting()
+        self.started: set[str] = set(results)
+        self.settled: set[str] = set()
+        self.running = 0
+
+    async def drive(self) -> None:
+        """Run every node that can run now; return when none is running and none can start."""
+        send, receive = anyio.create_memory_object_stream[tuple[str, str | None]](math.inf)
+        async with send, receive, anyio.create_task_group() as group:
+            group.start_soon(self._stop_generation_on_cancel)
+            for name in list(self.results):  # finished before (resume): settled, unless waiting for an answer
+                if self._waits_after(name):
+                    await self._wait(name, "after", self.plan.node(name).question or "")
+                else:
+                    self.settled.add(name)
+            await self._advance(group, send, self.plan.ready(self.settled, self.started))
+            while self.running:
+                name, question = await receive.receive()
+                self.running -= 1
+                if question is not None:
+                    await self._wait(name, "raised", question)
+                elif self._waits_after(name):
+                    await self._wait(name, "after", self.plan.node(name).question or "")
+                else:
+                    await self._advance(group, send, self._settle(name))
+            group.cancel_scope.cancel()  # only the watcher is left
+        if not self.waiting and len(self.settled) < len(self.plan.nodes):  # pragma: no cover - a planning bug
+            left = [name for name in self.plan.order if name not in self.settled]
+            raise RuntimeError(f"the run stopped with nodes neither finished nor skipped: {', '.join(left)}")
+
+    async def _advance(self, group: Any, send: Any, names: tuple[str, ...] | list[str]) -> None:
+        """Skip, hold or start each ready node; a skip settles at once and may ready more."""
+        queue = list(names)
+        while queue:
+            name = queue.pop(0)
+            if name in self.started:
+                continue
+            fired, reason = await self.routing.decide(name)
+            if reason is not None:
+                self.skipped[name] = reason
+                self.started.add(name)
+                await self.ctx.publish("node", {"node": name, "status": "skipped", "reason": reason})
+                queue += self._settle(name)
+                continue
+            node = self.plan.node(name)
+            if node.interrupt == "before" and node.answer is None:
+                self.started.add(name)
+                await self._wait(name, "before", node.question or "")
+                continue
+            if self.waiting:
+                continue  # a person is asked: nothing new starts (a resume with the answer starts it)
+            self.started.add(name)
+            self.running += 1
+            inbound = [(edge, self.results[edge.source]) for edge in fired]
+            group.start_soon(self._run_or_wait, send, name, inbound, name=f"node {name}")
+
+    async def _run_or_wait(self, send: Any, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
+        try:
+            await self._run_one(name, inbound)
+        except Interrupt as raised:  # a function node asked for a person: it did not finish
+            await send.send((name, raised.question))
+            return
+        await send.send((name, None))
+
+    async def _run_one(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
+        ctx, node = self.ctx, self.plan.node(name)
         await ctx.publish("node", {"node": name, "status": "started"})
         try:
-            result = await executor.run_node(ctx, node, inbound)
-        except NodeFailed:
+            result = await self.executor.run_node(ctx, node, inbound)
+        except (NodeFailed, Interrupt):
             raise
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as error:
             raise NodeFailed(name, error) from error
-        results[name] = result
+        self.results[name] = with_answers(self.plan, {name: result})[name]
         for hop in result.hops:
             await ctx.publish("hop", hop.to_dict())
         await ctx.publish("node", {"node": name, "status": "finished", "positions": result.positions,
                                    "text": result.text})
-        if observer is not None:
+        if self.observer is not None:
             try:
-                observer.node_finished(ctx.run_id, result)
+                self.observer.node_finished(ctx.run_id, result)
             except Exception as error:  # a broken callback fails the run like a broken node
-                raise NodeFailed(name, ObserverFailed(f"observer {type(observer).__name__}.node_finished raised "
+                raise NodeFailed(name, ObserverFailed(f"observer {type(self.observer).__name__}.node_finished raised "
                                                       f"{type(error).__name__}: {error}")) from error
-        await send.send(name)
 
-    async def stop_generation_on_cancel() -> None:
+    async def _stop_generation_on_cancel(self) -> None:
         try:
             await anyio.sleep_forever()
         finally:
-            ctx.stop.set()  # ends native generation at its next step, so cancellation is prompt
+            self.ctx.stop.set()  # ends native generation at its next step, so cancellation is prompt
 
-    async with send, receive, anyio.create_task_group() as group:
-        group.start_soon(stop_generation_on_cancel)
+    def _settle(self, name: str) -> list[str]:
+        self.settled.add(name)
+        return list(self.plan.ready_after(name, self.settled, self.started))  # O(who waits for it), not O(plan)
 
-        def launch(names: tuple[str, ...]) -> None:
-            for name in names:
-                started.add(name)
-                group.start_soon(run_one, name, name=f"node {name}")
+    def _waits_after(self, name: str) -> bool:
+        node = self.plan.node(name)
+        return node.interrupt == "after" and node.answer is None and name in self.results
 
-        launch(plan.ready(finished, started))
-        while len(finished) < len(plan.nodes):
-            name = await receive.receive()
-            finished.add(name)
-            launch(plan.ready_after(name, finished, started))  # O(its receivers), not O(plan)
-        group.cancel_scope.cancel()  # only the watcher is left
+    async def _wait(self, name: str, when: str, question: str) -> None:
+        self.waiting.add(name, when, question)
+        await self.ctx.publish("node", {"node": name, "status": "waiting", "question": question})
 
 
 def _hops_in_order(plan: Plan, results: dict[str, NodeResult]) -> list[HopRecord]:

@@ -6,6 +6,7 @@ but its torch-free policy names (`rclc.policy`); import-linter contracts in pypr
 check it.
 """
 
+from . import predicates as conditions
 from .load import LoadedGraph, load_agent, load_graph, load_graph_text, load_model, read_graph
 from .models import (
     AgentSpec,
@@ -31,6 +32,7 @@ __all__ = [
     "ReasoningSpec",
     "RoundsSpec",
     "TransferPolicy",
+    "conditions",
     "json_schema",
     # files to specs
     "LoadedGraph",

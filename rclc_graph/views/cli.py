@@ -1,8 +1,9 @@
 """`rclc-graph`: run, validate, draw and inspect topologies from a terminal.
 
 Exit codes: 0 success; 1 a run failed or `validate` found problems; 2 a usage error (bad
-option, missing or malformed file, invalid topology or inputs for `run`/`draw`); 130 the
-run was interrupted with Ctrl-C (the nodes that finished are recorded).
+option, missing or malformed file, invalid topology or inputs for `run`/`draw`); 3 the run
+waits for a person's answer (`resume --answer NODE=TEXT` continues it); 130 the run was
+interrupted with Ctrl-C (the nodes that finished are recorded).
 
 User mistakes never print a traceback: GraphError and ValueError become one message plus
 the fix. Anything else is a bug and keeps its traceback.
@@ -37,7 +38,9 @@ from ..spec import json_schema, read_graph
 from .console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_WAITING,
     fail,
+    parse_answers,
     print_graph_error,
     stderr_console,
     stdout_console,
@@ -91,12 +94,19 @@ MAX_INPUT_BYTES_OPTION = typer.Option(
 # -- inputs ------------------------------------------------------------------------------------
 
 
-def _plans(topology: Path, runs: list[tuple[str, dict[str, Any]]], trust_code: bool,
-           max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> list[Any]:
+def _plans(
+    topology: Path,
+    runs: list[tuple[str, dict[str, Any]]],
+    trust_code: bool,
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    answers: dict[str, str] | None = None,
+) -> list[Any]:
     plans = []
     for label, inputs in runs:
         try:
-            plans.append(plan_file(topology, inputs, trust_code=trust_code, max_input_bytes=max_input_bytes))
+            plans.append(
+                plan_file(topology, inputs, trust_code=trust_code, max_input_bytes=max_input_bytes, answers=answers)
+            )
         except GraphError as error:
             if len(runs) > 1:
                 stderr_console().print(Text(f"in the inputs of {label}:", style="bold"))
@@ -121,6 +131,8 @@ def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         "hops": record["hops"],
         "lineage": record["lineage"],
         "unfinished": record["unfinished"],
+        "skipped": record.get("skipped", {}),
+        "waiting": record.get("waiting", []),
     }
 
 
@@ -150,6 +162,8 @@ def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interr
             console.print(Text(f"interrupted; finished nodes: {finished}", style="yellow"))
             console.print(Text(f"continue it with: rclc-graph resume {run_dir}", style="yellow"))
         raise typer.Exit(EXIT_INTERRUPTED)
+    if record["status"] == "waiting":
+        return EXIT_WAITING
     return 0 if record["status"] == "finished" else EXIT_FAILED
 
 
@@ -192,6 +206,9 @@ def run(
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary per run instead of tables"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
     seed: int = typer.Option(0, "--seed", metavar="N", help="run seed (sampling nodes derive theirs from it)"),
+    answer: list[str] = typer.Option(
+        [], "--answer", "-a", help="NODE=TEXT: answer a node's interrupt up front (repeatable)"
+    ),
     executor_name: str = typer.Option(
         "local", "--executor", "-e", metavar="NAME", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
     ),
@@ -211,7 +228,7 @@ def run(
     try:
         check_out_dir(out)
         runs = read_inputs(input, max_input_bytes=max_input_bytes)
-        plans = _plans(topology, runs, trust_code, max_input_bytes)
+        plans = _plans(topology, runs, trust_code, max_input_bytes, parse_answers(answer))
         pins = parse_pins(pin)
         counts = parse_replicas(replicas)
         if executor_name != "ray" and (address is not None or pins or counts):
@@ -287,11 +304,15 @@ def resume(
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
     trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
+    answer: list[str] = typer.Option(
+        [], "--answer", "-a", help="NODE=TEXT: answer a node the run waits for (repeatable)"
+    ),
 ) -> None:
-    """Continue a crashed, cancelled or failed run: finished nodes are kept, the rest runs."""
+    """Continue a crashed, cancelled, failed or waiting run: finished nodes are kept, the rest runs."""
     console = stdout_console()
     try:
-        point = read_resume_point(run_dir, trust_code=trust_code)
+        answers = parse_answers(answer)
+        point = read_resume_point(run_dir, trust_code=trust_code, answers=answers)
     except ValueError as error:
         usage_error(error)
     pool = default_pool()
@@ -301,7 +322,8 @@ def resume(
                            f"{len(point.plan.nodes)} nodes finished before; to run: {remaining}", style="dim"))
     try:
         record, directory, interrupted = anyio.run(
-            lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code)
+            lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code,
+                                   answers=answers)
         )
     except KeyboardInterrupt:  # Ctrl-C while models load: nothing was written
         stderr_console().print(Text("interrupted", style="yellow"))

@@ -23,6 +23,7 @@ from ..render.terminal_text import printable
 
 EXIT_FAILED = 1  # a run failed, or `validate` found problems
 EXIT_USAGE = 2  # a usage error: bad option, missing or malformed file, invalid topology or inputs
+EXIT_WAITING = 3  # the run waits for a person's answer (continue it with `rclc-graph resume --answer`)
 EXIT_INTERRUPTED = 130  # Ctrl-C (the nodes that finished are recorded)
 
 
@@ -72,6 +73,20 @@ def fail(message: str, fix: str | None = None, code: int = EXIT_USAGE) -> NoRetu
     if fix:
         console.print(Text("  fix: ", style="green") + Text(printable(fix)), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def parse_answers(items: list[str]) -> dict[str, str]:
+    """`["final=yes", "review[0]=fix the date"]` (the CLI's --answer) -> {node: text}; the text
+    is everything after the first '=' (it may hold '=' itself, or be empty)."""
+    answers: dict[str, str] = {}
+    for item in items:
+        node, sep, text = item.partition("=")
+        if not sep or not node.strip():
+            raise ValueError(f"--answer: {item!r} is not NODE=TEXT; write e.g. --answer final='approved'")
+        if node.strip() in answers:
+            raise ValueError(f"--answer: node {node.strip()!r} is answered twice; give one answer per node")
+        answers[node.strip()] = text
+    return answers
 
 
 def usage_error(error: Exception, code: int = EXIT_USAGE) -> NoReturn:

@@ -74,12 +74,13 @@ async def execute(
 
 
 async def execute_resume(
-    point: Any, *, pool: Any, console: Console, quiet: bool, trust_code: bool, executor: Any = None
+    point: Any, *, pool: Any, console: Console, quiet: bool, trust_code: bool, executor: Any = None,
+    answers: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], Path, bool]:
     """`execute` for a resume (run/resume.py): the same progress view, record and Ctrl-C."""
     async def start(events: EventStream) -> dict[str, Any]:
         _, record, _ = await resume_run(point.run_dir, pool=pool, executor=executor, events=events,
-                                        trust_code=trust_code)
+                                        trust_code=trust_code, answers=answers)
         return record
 
     return await _interactive(point.plan, point.run_dir, start, console=console, quiet=quiet,

@@ -24,12 +24,14 @@ from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream
 
 STATUS_STYLE = {
-    "waiting": ("·", "dim"),
+    "pending": ("·", "dim"),  # not started yet
     "running": ("▶", "bold cyan"),
     "finished": ("✓", "green"),
     "failed": ("✗", "bold red"),
     "cancelled": ("■", "yellow"),
     "crashed": ("✗", "bold red"),
+    "skipped": ("–", "dim"),  # none of its inbound edges fired
+    "waiting": ("?", "bold magenta"),  # waits for a person's answer
 }
 MAX_LIVE_ROWS = 24
 
@@ -58,7 +60,7 @@ class ProgressView:
         self.console = console
         self.quiet = quiet
         self.live = console.is_terminal and not quiet
-        self.status: dict[str, str] = {name: "waiting" for name in plan.order}
+        self.status: dict[str, str] = {name: "pending" for name in plan.order}
         self.started: dict[str, float] = {}
         self.ended: dict[str, float] = {}
         self.tokens: dict[str, int] = {}
@@ -81,6 +83,11 @@ class ProgressView:
                 self.ended[name] = time.perf_counter()
                 self.positions[name] = payload.get("positions", 0)
                 self._print_finished(name)
+            elif payload["status"] in ("skipped", "waiting"):
+                self.status[name] = payload["status"]
+                detail = payload.get("reason") if payload["status"] == "skipped" else payload.get("question")
+                self.received.setdefault(name, []).append(str(detail or ""))
+                self._print_settled(name, payload["status"], str(detail or ""))
         elif event.kind == "token":
             name = payload["node"]
             self.tokens[name] = self.tokens.get(name, 0) + 1
@@ -119,6 +126,16 @@ class ProgressView:
             line.append(f"\n      ← {received}", style="dim")
         self.console.print(line)
 
+    def _print_settled(self, name: str, status: str, detail: str) -> None:
+        if self.live or self.quiet:
+            return
+        mark, style = STATUS_STYLE[status]
+        line = Text(f"  {mark} ", style=style)
+        line.append(name, style="bold" if status == "waiting" else "dim")
+        line.append(f"  {status}: ", style=style)
+        line.append(detail, style="dim" if status == "skipped" else "")
+        self.console.print(line)
+
     async def consume(self, events: EventStream) -> None:
         if not self.live:
             async for event in events:
@@ -141,7 +158,7 @@ class ProgressView:
         table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=70)
         names = list(self.status)
         if len(names) > MAX_LIVE_ROWS:
-            running = [name for name in names if self.status[name] in ("running", "failed", "cancelled")]
+            running = [name for name in names if self.status[name] in ("running", "failed", "cancelled", "waiting")]
             finished = [name for name in names if self.status[name] == "finished"][-(MAX_LIVE_ROWS // 2):]
             names = [name for name in names if name in set(running) | set(finished)][:MAX_LIVE_ROWS]
         for name in names:
@@ -182,6 +199,40 @@ def _status_text(status: str) -> Text:
     return Text(f"{mark} {status}", style=style)
 
 
+def _print_waiting(console: Console, record: dict[str, Any], run_dir: str | None) -> None:
+    """Who the run waits for, what they are asked and shown, and the command that answers."""
+    waiting = record.get("waiting") or []
+    if record.get("status") != "waiting" or not waiting:
+        return
+    console.print()
+    console.print(Text("Waiting for your answer", style="bold magenta underline"))
+    for item in waiting:
+        line = Text(f"  {item.get('node')}", style="bold")
+        line.append(f" ({item.get('interrupt')}): ")
+        line.append(str(item.get("question", "")))
+        console.print(line)
+        for name, text in (item.get("shown") or {}).items():
+            console.print(Text(f"    {name}: ", style="dim") + Text(_one_line(str(text), 300)))
+    first = waiting[0].get("node")
+    where = run_dir if run_dir is not None else f"runs/{record.get('run_id')}"
+    console.print(Text(f"continue with: rclc-graph resume {where} --answer {first}='...'", style="magenta"))
+
+
+def _print_skipped(console: Console, record: dict[str, Any]) -> None:
+    skipped = record.get("skipped") or {}
+    if not skipped:
+        return
+    outputs = {node["name"] for node in record.get("plan", {}).get("nodes", []) if node.get("output")}
+    console.print()
+    console.print(Text("Skipped", style="bold underline"), Text("  nodes that did not run, and why", style="dim"))
+    for name, reason in skipped.items():
+        line = Text(f"  – {name}", style="bold" if name in outputs else "dim")
+        if name in outputs:
+            line.append(" (output: left out of Outputs)", style="yellow")
+        line.append(f": {reason}", style="dim")
+        console.print(line)
+
+
 def render_record(
     console: Console, record: dict[str, Any], run_dir: str | None = None, *, every_node: bool = False,
     node: str | None = None,
@@ -200,8 +251,10 @@ def render_record(
     if record.get("error"):
         console.print(Text("error: ", style="bold red") + Text(str(record["error"])))
     unfinished = record.get("unfinished") or []
-    if unfinished and record.get("status") != "finished":
+    if unfinished and record.get("status") not in ("finished", "waiting"):
         console.print(Text(f"not finished: {', '.join(unfinished)}", style="yellow"))
+    _print_waiting(console, record, run_dir)
+    _print_skipped(console, record)
 
     outputs = record.get("outputs", {})
     if outputs:

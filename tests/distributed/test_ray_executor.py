@@ -242,3 +242,107 @@ def test_the_cli_runs_a_topology_on_ray(cluster, tmp_path):
     assert summary["status"] == "finished"
     assert all(hop["crossed_bytes"] == hop["payload_bytes"] > 0 for hop in summary["hops"])
     assert ray.is_initialized()  # the CLI joined the test's cluster and left it running
+
+
+# -- routing, loops that stop, function nodes (issue 13) --------------------------------------
+
+TRIAGE = ROOT / "topologies" / "triage.yaml"
+REVIEW = ROOT / "topologies" / "review_loop.yaml"
+
+
+def assert_same_steering(local, remote):
+    assert remote.status == local.status, remote.error
+    assert remote.outputs == local.outputs and remote.skipped == local.skipped and remote.fired == local.fired
+    assert remote.waiting == local.waiting
+    for name, node in local.nodes.items():
+        other = remote.nodes[name]
+        assert (other.text, other.positions, other.lineage, other.kind) == (node.text, node.positions, node.lineage,
+                                                                             node.kind), name
+
+
+@pytest.mark.integration
+def test_triage_routes_on_ray_as_it_does_locally(cluster):
+    for message in ("I was charged twice for my subscription this month.", "The app crashes when I open settings."):
+        plan = plan_file(TRIAGE, {"message": message})
+        local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+        with RayExecutor(replicas={"base": 2}, pins={"triage": 1}) as executor:
+            remote = run_plan_sync(plan, executor=executor)  # the specialist reads triage's state across machines
+        assert_same_steering(local, remote)
+        assert len(remote.skipped) == 1 and len(crossing(remote)) == 1
+
+
+def test_triage_on_a_tiny_model_routes_and_skips_on_ray(cluster, tiny_dir):
+    plan = on_model(TRIAGE, tiny_dir, {"message": "My invoice is wrong."}, max_new_tokens=6)
+    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    with RayExecutor(replicas={"base": 2}, pins={"triage": 1}) as executor:
+        remote = run_plan_sync(plan, executor=executor)
+    assert_same_steering(local, remote)
+    assert len(remote.skipped) == 1
+
+
+def classify(inputs, senders):
+    """A rule on the scheduler's side: which specialist gets the message."""
+    return {"route": "billing" if "invoice" in inputs["message"] else "technical", "pid": os.getpid()}
+
+
+def test_function_nodes_and_a_stopping_loop_run_on_ray_with_local_outputs(cluster, tiny_dir):
+    from rclc_graph import Graph, Policy
+
+    text = Policy(mode="text")
+    graph = Graph("steered").input("message")
+    graph.model("base", str(tiny_dir)).agent("a", model="base", max_new_tokens=5)
+    graph.function("classify", classify)
+    graph.node("billing", agent="a", prompt="{message} billing", output=True)
+    graph.node("technical", agent="a", prompt="{message} technical", output=True)
+    graph.node("writer", agent="a", prompt="{message} round {round}")
+    graph.node("critic", agent="a", prompt="Review:")
+    graph.node("final", agent="a", prompt="Final:", output=True)
+    graph.edge("classify", "billing", text, when={"json": {"path": "route", "equals": "billing"}})
+    graph.edge("classify", "technical", text, when={"json": {"path": "route", "equals": "technical"}})
+    graph.edge("billing", "writer", text)
+    graph.edge("writer", "critic", Policy(ratio=2))
+    graph.edge("critic", "writer", Policy(ratio=2), rounds=3, until={"matches": "(?s)."})  # stops after round 1
+    graph.edge("writer", "final", text)
+    graph.edge("critic", "final", text)
+    plan = graph.plan({"message": "My invoice is wrong."})
+    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    with RayExecutor(replicas={"base": 2}, pins={"critic": 1}) as executor:
+        remote = run_plan_sync(plan, executor=executor)
+    assert remote.nodes["classify"].placement is None  # ran here, not on an actor
+    assert json.loads(remote.nodes["classify"].text)["pid"] == os.getpid()
+    assert_same_steering(local, remote)
+    assert set(remote.skipped) == {"technical", "writer@2", "critic@2", "writer@3", "critic@3"}
+    assert crossing(remote)  # writer@1 -> critic@1 crossed machines
+
+
+def test_a_run_waiting_on_ray_resumed_there_with_an_answer_equals_local_answered_up_front(cluster, tiny_dir, tmp_path):
+    """Interrupts on Ray: the run stops before `review` (on the other machine), a resume on Ray
+    restores `draft`'s snapshot onto an actor and hands its state across with the answer."""
+    from rclc_graph import Graph, Policy, resume_run_sync
+
+    graph = Graph("approval").input("topic")
+    graph.model("base", str(tiny_dir)).agent("a", model="base", max_new_tokens=5)
+    graph.node("draft", agent="a", prompt="Write about {topic}:")
+    graph.node("review", agent="a", prompt="Reviewer's notes: {answer}\nRevise:", output=True, interrupt="before")
+    graph.edge("draft", "review", Policy(ratio=2))
+    data = {"topic": "tides"}
+    local = run_plan_sync(graph.plan(data, answers={"review": "shorter"}), executor=LocalExecutor(ModelPool()))
+    assert local.status == "finished", local.error
+
+    async def first_attempt(executor):
+        with anyio.fail_after(LIMIT):
+            return await run_recorded(graph.plan(data), tmp_path, executor=executor)
+
+    with RayExecutor(replicas={"base": 2}, pins={"draft": 0, "review": 1}) as executor:
+        waiting, record, run_dir = anyio.run(first_attempt, executor)
+    assert waiting.status == "waiting" and [item["node"] for item in waiting.waiting] == ["review"]
+    assert not record.get("skipped") and "review" not in record["nodes"]
+    with RayExecutor(replicas={"base": 2}, pins={"draft": 0, "review": 1}) as executor:
+        resumed, record, _ = resume_run_sync(run_dir, answers={"review": "shorter"}, executor=executor)
+    assert resumed.status == "finished", resumed.error
+    assert record["attempts"][-1]["ran"] == ["review"]  # draft was restored, not run again
+    assert resumed.outputs == local.outputs
+    for name in ("draft", "review"):
+        mine, theirs = local.nodes[name], resumed.nodes[name]
+        assert (theirs.text, theirs.positions, theirs.lineage) == (mine.text, mine.positions, mine.lineage), name
+    assert crossing(resumed)  # draft's state reached review on the other machine

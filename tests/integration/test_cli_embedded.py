@@ -23,7 +23,7 @@ from rclc_graph.run.record import finished_nodes, read_record
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ["chain_of_agents", "debate", "fanout_qa", "hierarchical"]
+SHIPPED = ["chain_of_agents", "debate", "fanout_qa", "hierarchical", "triage", "review_loop"]
 runner = CliRunner()
 
 

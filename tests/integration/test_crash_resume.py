@@ -11,7 +11,6 @@ a generation step."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,23 +28,18 @@ from _reliability import (
     CountingExecutor,
     ForwardCounter,
     assert_same_runs,
+    cli_environment,
+    only_run_dir,
+    run_until,
     save_tiny,
     write_six,
 )
 
 pytestmark = pytest.mark.integration
 
-PAUSED = Path(__file__).with_name("_paused_cli.py")
 KILL_POINTS = ["start", "after:1", "after:2", "after:3", "after:4", "after:5", "torn:3", "forward:4"]
-
-
-def _environment() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-
-
-def _only_run_dir(out: Path) -> Path:
-    (run_dir,) = [path for path in out.iterdir() if path.is_dir()]
-    return run_dir
+_environment = cli_environment
+_only_run_dir = only_run_dir
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +58,7 @@ def six(tmp_path_factory):
 
 
 def _run_until(six, point: str, out: Path, marker: Path, *, hold: float | None = None) -> subprocess.Popen:
-    command = [sys.executable, str(PAUSED)] + ([] if hold is None else ["--hold", str(hold)])
-    command += [point, str(marker), "--", "run", str(six["topology"]), "--input", str(six["inputs"]),
-                "--out", str(out), "--json"]
-    process = subprocess.Popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"the run never reached {point}")
-        time.sleep(0.01)
-    return process
+    return run_until(six["topology"], six["inputs"], point, out, marker, hold=hold)
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)

@@ -34,7 +34,7 @@ from rclc_graph.errors import ErrorCode
 CODES = {code.value for code in ErrorCode}
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ["chain_of_agents", "fanout_qa", "hierarchical", "debate"]
+SHIPPED = ["chain_of_agents", "fanout_qa", "hierarchical", "debate", "triage", "review_loop"]
 
 # Documents per test; together well over the 2,000 the issue asks for.
 STRUCTURED, EDITED, RAW, BUILDER = 900, 600, 250, 600
@@ -143,6 +143,27 @@ POLICY_FIELDS = {
     "representation": field(st.sampled_from(["embeddings", "token_ids+continuous", "pixels"])),
 }
 POLICY = mapping(POLICY_FIELDS)
+# conditions (`when`, `until`): every operator, with plausible and broken operands, nested
+LEAF_CONDITIONS = st.one_of(
+    mapping({"contains": field(TEXTS), "ignore_case": field(st.booleans())}, required=("contains",)),
+    mapping({"matches": field(st.sampled_from(["^yes", "(?i)approved", "(a+)+$", "(", "[", "x{1,3}", "a" * 300])),
+             "ignore_case": field(st.booleans())}, required=("matches",)),
+    mapping({"equals": field(TEXTS), "ignore_case": field(st.booleans())}, required=("equals",)),
+    st.fixed_dictionaries({"json": mapping({
+        "path": field(st.sampled_from(["route", "a.b", "a..b", "0", ""])), "equals": field(SCALARS),
+        "in": field(st.lists(SCALARS, max_size=3))}, required=("path",))}),
+    field(st.sampled_from(["mod.routes:pick", "os:system", "not a router", "_fault_plugins:flaky_selector"]), 50),
+)
+CONDITIONS = st.recursive(
+    LEAF_CONDITIONS,
+    lambda inner: st.one_of(
+        st.fixed_dictionaries({"all": st.lists(inner, max_size=3)}),
+        st.fixed_dictionaries({"any": st.lists(inner, max_size=3)}),
+        st.fixed_dictionaries({"not": inner}),
+        st.fixed_dictionaries({"all": inner, "not": inner}),
+    ),
+    max_leaves=4,
+)
 NODE_NAMES = st.sampled_from(["a", "b", "final"] * 4 + ["c", "x y", ""])
 AGENT_NAMES = st.sampled_from(["reader", "answerer"] * 4 + ["writer", "1st", ""])
 INPUT_TYPES = st.sampled_from(["str", "str", "list[str]", "list[str]", "int"])
@@ -154,11 +175,15 @@ NODE = mapping({
     "name": NODE_NAMES, "agent": field(AGENT_NAMES), "prompt": field(TEXTS),
     "generate": field(st.booleans()), "output": field(st.booleans()),
     "foreach": field(st.sampled_from(["documents", "documents", "question", "nothing"])),
-    "item": field(st.sampled_from(["document", "item", "question", "1"])),
+    "item": field(st.sampled_from(["document", "item", "question", "1", "answer"])),
+    "call": field(st.sampled_from(["json:dumps", "os:system", "no.such:module", "not a ref"])),
+    "interrupt": field(st.sampled_from(["before", "after", "during"])),
+    "question": field(TEXTS),
 }, required=("name", "agent", "prompt"))
 EDGE = mapping({
     "source": NODE_NAMES, "target": NODE_NAMES, "rounds": field(POSITIVE),
     "policy": st.one_of(st.sampled_from(["handoff", "missing"]), POLICY),
+    "when": CONDITIONS, "until": CONDITIONS,
 }, required=("source", "target"))
 MODEL = st.fixed_dictionaries({"name": st.sampled_from(["base", "base", "b", ""]),
                                "source": field(st.sampled_from(["embedded", "embedded", "./missing-model"]))})
@@ -209,18 +234,33 @@ def near_valid(draw) -> dict[str, Any]:
         reader.update(foreach="documents", item="document", prompt="Question: {question}\nDocument {index}: {document}")
     else:
         reader["prompt"] = draw(st.sampled_from(["Question: {question}", "{documents[0]} {question}"]))
+    final: dict[str, Any] = {"name": "final", "agent": "answerer", "output": True, "prompt": "Answer {question}:"}
+    if draw(st.integers(0, 3)) == 0:
+        final.update(interrupt=draw(st.sampled_from(["before", "after"])), prompt="Answer {question}: {answer}")
+    edge: dict[str, Any] = {"source": "a", "target": "final", "policy": draw(st.fixed_dictionaries({}, optional={
+        "mode": st.sampled_from(["state", "full", "text"]), "ratio": st.integers(1, 8),
+        "selector": st.sampled_from(["cacheback", "qsnap", "chunkkv", "recent", "random"]),
+        "request": st.sampled_from(["{question}", "why {question}"])}))}
+    if draw(st.integers(0, 2)) == 0:
+        edge["when"] = draw(CONDITIONS)
     doc = {
         "version": 1, "name": "near",
         "inputs": {"question": "str", "documents": {"type": "list[str]", "description": "one per reader"}},
         "models": [{"name": "base", "source": "embedded"}],
         "agents": [{"name": "reader", "model": "base", "max_new_tokens": draw(st.integers(1, 64))},
                    {"name": "answerer", "model": "base"}],
-        "nodes": [reader, {"name": "final", "agent": "answerer", "output": True, "prompt": "Answer {question}:"}],
-        "edges": [{"source": "a", "target": "final", "policy": draw(st.fixed_dictionaries({}, optional={
-            "mode": st.sampled_from(["state", "full", "text"]), "ratio": st.integers(1, 8),
-            "selector": st.sampled_from(["cacheback", "qsnap", "chunkkv", "recent", "random"]),
-            "request": st.sampled_from(["{question}", "why {question}"])}))}],
+        "nodes": [reader, final],
+        "edges": [edge],
     }
+    if draw(st.integers(0, 3)) == 0:  # a loop that may stop, or a function node in between
+        extra = draw(st.sampled_from(["loop", "function"]))
+        if extra == "loop":
+            doc["edges"].append({"source": "final", "target": "a", "rounds": draw(st.integers(1, 4)),
+                                 "policy": {"mode": "text"}, "until": draw(CONDITIONS)})
+        else:
+            doc["nodes"].append({"name": "f", "call": "json:dumps"})
+            doc["edges"] += [{"source": "a", "target": "f", "policy": {"mode": draw(st.sampled_from(["text", "state"]))}},
+                             {"source": "f", "target": "final", "policy": {"mode": "text"}}]
     for _ in range(draw(st.integers(0, 2))):
         paths = _paths(doc)
         _mutate(doc, draw(st.sampled_from(paths)), draw(st.integers(0, 2)), draw(JSONISH))
@@ -283,6 +323,8 @@ EDITS = st.sampled_from([
     ": ", "- ", "\n", "\n  ", "\t", "{", "}", "[", "]", "&a ", "*a", "<<: *a\n", "!!python/object:os.system ", "!!binary ",
     "'", '"', "#", "|\n", ">\n", "~", "null", "0", "-1", "1e999", ".nan", "---\n", "...\n", "%YAML 1.1\n", "\x00", "\ufeff",
     "name: x\n", "ratio: 0", "budget: -4", "selector: os:system", "rounds: 0", "foreach: question",
+    "when: {contains: x}", "when: os:system", "until: {matches: '(a*)*'}", "interrupt: before", "call: os:system",
+    "question: why?", "when: {json: {path: a}}", "{answer}",
 ])
 
 
@@ -384,7 +426,17 @@ CALLS = st.one_of(
     st.tuples(st.just("reasoning"), st.fixed_dictionaries({}, optional={
         "method": field(st.sampled_from(["latent_mass", "x:y"])), "steps": field(POSITIVE), "budget": field(POSITIVE),
         "context": field(st.sampled_from(["full", "selected"]))})),
+    st.tuples(st.just("function"), field(NAMES), st.sampled_from(["callable", "json:dumps", "lambda", 3]),
+              st.dictionaries(st.sampled_from(["output", "foreach", "interrupt", "prompt"]),
+                              field(st.one_of(st.booleans(), st.sampled_from(["documents", "before", "x"]))),
+                              max_size=2)),
+    st.tuples(st.just("conditional"), field(NAMES), field(NAMES), CONDITIONS, st.one_of(st.none(), CONDITIONS),
+              st.one_of(st.none(), field(POSITIVE))),
 )
+
+
+def _fuzz_function(inputs: Any, senders: Any) -> str:
+    return "fuzz"
 
 
 def _call(graph: Graph, call: tuple) -> None:
@@ -404,6 +456,11 @@ def _call(graph: Graph, call: tuple) -> None:
         graph.policy(args[0], Policy(**args[1]))
     elif kind == "limits":
         graph.limits(rounds=args[0], max_nodes=args[1])
+    elif kind == "function":
+        fn = {"callable": _fuzz_function, "lambda": lambda inputs, senders: "x"}.get(args[1], args[1])
+        graph.function(args[0], fn, **args[2])
+    elif kind == "conditional":
+        graph.edge(args[0], args[1], Policy(mode="text"), when=args[2], until=args[3], rounds=args[4])
     else:
         Reasoning(**args[0])
 

@@ -1,0 +1,132 @@
+"""Running a function node: a Python callable between agents (a lookup, a validator, a rule).
+
+The contract a function follows (docs/graphs.md#function-nodes):
+
+    def fn(inputs: dict, senders: dict[str, str]) -> str | dict | list | int | float | bool
+
+- `inputs`: the run's inputs (lists as lists), plus the node's own variables: its foreach
+  item (under the node's `item` name) and `index`, `round` in a loop, and `answer` once a
+  person answered the node (it raised `Interrupt`, or has `interrupt: before`).
+- `senders`: each sender whose edge fired, by plan node name, to the text it wrote (in
+  arrival order). Only `text` edges reach a function node (validation refuses others).
+- It returns text, or JSON data, which is stored as canonical JSON text (sorted keys, no
+  extra spaces) so text edges downstream read one deterministic string.
+- It may be `async def`. Either way it runs in a worker thread (an async one on its own
+  event loop there), so a slow or blocking function never stalls the run's event loop.
+  Cancellation waits for the function to return: Python cannot stop a thread, and a run
+  never leaves a thread computing behind it.
+- It may raise `rclc_graph.Interrupt(question)` to stop the run for a person; anything
+  else it raises fails the node like a model error would.
+
+A function node holds no model state, so its result is recorded without a snapshot, and a
+resume skips it once finished. The callable is the one the builder was handed
+(`plan.functions`), else imported from `call` (which validation allowed only with
+trust_code). Executors that run nodes elsewhere (Ray) call `run_function_node` on the
+scheduler's side: a function needs no model, and its inputs and outputs are text.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import time
+from typing import Any, Callable
+
+import anyio
+import anyio.to_thread
+import sniffio
+
+from ..errors import Interrupt, NodeFailed
+from ..plan.dag import Plan, PlanNode
+from ..results.lineage import Lineage, compose_hop
+from ..results.run_result import NodeResult
+from .contract import Inbound, RunContext
+from .trusted_code import import_callable
+
+
+def function_of(plan: Plan, node: PlanNode) -> Callable[..., Any]:
+    """The callable that runs `node`: handed over in Python, else imported (trust_code)."""
+    if node.call is None:
+        raise ValueError(f"node: {node.name!r} is not a function node")
+    given = plan.functions.get(node.call)
+    if given is not None:
+        return given
+    return import_callable(node.call, trust_code=plan.trust_code, field_name=f"nodes.{node.declared}.call")
+
+
+def function_inputs(plan: Plan, node: PlanNode) -> dict[str, Any]:
+    """What a function node receives as `inputs` (see the module docstring)."""
+    values: dict[str, Any] = {key: list(value) if isinstance(value, tuple) else value
+                              for key, value in plan.inputs.items()}
+    spec = next(item for item in plan.spec.nodes if item.name == node.declared)
+    if node.index is not None:
+        values[spec.item] = node.item
+        values["index"] = node.index
+    if node.round is not None:
+        values["round"] = node.round
+    if node.answer is not None:
+        values["answer"] = node.answer
+    return values
+
+
+def canonical_text(value: Any, node: str) -> str:
+    """A function's return value as the text receivers read: strings as they are, JSON data as
+    canonical JSON (sorted keys, compact). ValueError naming the node for anything else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list, int, float, bool)) and value is not None:
+        try:
+            return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"function node {node!r} returned data that is not JSON ({error}); return text, or "
+                             "dicts/lists of strings, numbers, booleans and null") from None
+    raise ValueError(f"function node {node!r} returned {type(value).__name__}; return text (str) or JSON data "
+                     "(dict, list, number, boolean)")
+
+
+async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
+    """Run a function node: call it in a worker thread with the run's inputs and the fired
+    senders' texts; Interrupt passes through (the scheduler makes the node wait); any other
+    error becomes NodeFailed naming the node."""
+    started = time.time()
+    try:
+        function = function_of(ctx.plan, node)
+    except Exception as error:  # an import runs the module's code, which may raise anything
+        raise NodeFailed(node.name, error) from error
+    inputs = function_inputs(ctx.plan, node)
+    senders = {edge.source: result.effective_text for edge, result in inbound}
+    call = functools.partial(function, inputs, senders)
+    try:
+        if inspect.iscoroutinefunction(function):
+            backend = sniffio.current_async_library()
+            value = await anyio.to_thread.run_sync(lambda: anyio.run(call, backend=backend))
+        else:
+            value = await anyio.to_thread.run_sync(call)
+        text = canonical_text(value, node.name)
+    except Interrupt:
+        raise
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as error:
+        raise NodeFailed(node.name, error) from error
+    hops = [
+        compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
+                    payload_bytes=len(result.effective_text.encode("utf-8")), mode="text", policy="text",
+                    edge=edge.id).record
+        for edge, result in inbound
+    ]
+    return NodeResult(
+        node=node.name,
+        text=text,
+        positions=0,
+        inherited_positions=0,
+        lineage=Lineage(),
+        prompt_text="",
+        prompt_start=0,
+        prompt_offsets=[],
+        started_at=started,
+        finished_at=time.time(),
+        hops=hops,
+        kind="function",
+    )

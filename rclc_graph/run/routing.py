@@ -1,0 +1,139 @@
+"""Run-time decisions of conditional edges: which fired, and so which nodes run or are skipped.
+
+The plan marks edges conditional (`when`, or a loop stop from `until`) and says what each
+edge waits for (`PlanEdge.waits_for`); this module decides them once those nodes settled:
+
+- an edge fires when its source finished, its loop stop (if any) lets it through, and its
+  own `when` (if any) holds on the text its source's receivers read;
+- a loop edge into round r + 1 lets through while the loop goes on: the until condition did
+  not hold on the check node's output of round r; an edge leaving the loop from round r lets
+  through when it stopped there (the condition held, or the check node was skipped, which
+  leaves no verdict to go on with);
+- a node with inbound edges runs when at least one fired, and is skipped otherwise, with a
+  short reason; nodes without inbound edges always run.
+
+Conditions are data (spec/predicates.py) evaluated here; routers (`module:callable`) are
+imported only with trust_code and called in a worker thread, once per router and sender
+output, whatever the number of edges they decide.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Awaitable, Callable
+
+import anyio.to_thread
+
+from ..errors import NodeFailed
+from ..executors.trusted_code import import_callable
+from ..plan.dag import Plan, PlanEdge
+from ..results.run_result import NodeResult
+from ..spec import predicates
+
+Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class Routing:
+    """Decides one run's conditional edges from its results; every decision is made once,
+    published as an `edge` event, and kept in `fired`."""
+
+    def __init__(self, plan: Plan, results: dict[str, NodeResult], skipped: dict[str, str], publish: Publish) -> None:
+        self.plan, self.results, self.skipped, self.publish = plan, results, skipped, publish
+        self.fired: dict[int, bool] = {}  # conditional edge id -> decision
+        self.stopped: dict[str, str | None] = {}  # check node -> why its loop stopped there (None: it went on)
+        self._routed: dict[tuple[str, str], Any] = {}  # (router, source node) -> what it answered
+
+    async def decide(self, name: str) -> tuple[list[PlanEdge], str | None]:
+        """(the inbound edges of `name` that fired, in arrival order; the reason it is skipped,
+        or None when it runs). Everything its edges wait for must be settled."""
+        incoming = self.plan.incoming(name)
+        fired = [edge for edge in incoming if await self.fires(edge)]
+        if not incoming or fired:
+            return fired, None
+        return [], await self._reason(incoming)
+
+    async def fires(self, edge: PlanEdge) -> bool:
+        """Whether `edge` fired (its source and loop check must be settled)."""
+        if not edge.conditional:
+            return edge.source in self.results
+        if edge.id in self.fired:
+            return self.fired[edge.id]
+        decision = edge.source in self.results
+        if decision and edge.stop is not None:
+            stopped = await self._stopped(edge)
+            decision = stopped if edge.stop.exits else not stopped
+        if decision and edge.when is not None:
+            decision = await self._holds(edge, edge.when, edge.source, until=False)
+        self.fired[edge.id] = decision
+        await self.publish("edge", {"edge": edge.id, "source": edge.source, "target": edge.target, "fired": decision})
+        return decision
+
+    async def _stopped(self, edge: PlanEdge) -> bool:
+        """Whether the loop stopped after `edge.stop.round`: its until held on the check node,
+        or the check node was skipped (no verdict to go on with)."""
+        stop = edge.stop
+        assert stop is not None
+        if stop.check not in self.stopped:
+            if stop.check not in self.results:
+                self.stopped[stop.check] = f"{stop.check} was skipped"
+            elif await self._holds(edge, stop.until, stop.check, until=True):
+                self.stopped[stop.check] = "until held"
+            else:
+                self.stopped[stop.check] = None
+        return self.stopped[stop.check] is not None
+
+    async def _holds(self, edge: PlanEdge, condition: Any, reader: str, *, until: bool) -> bool:
+        text = self.results[reader].effective_text
+        references = list(predicates.routers(condition))
+        if not references:
+            return predicates.holds(condition, text)
+        target = self.plan.node(edge.target).declared
+        answers = {reference: await self._route(edge, reference, reader, text) for reference in references}
+
+        def routed(reference: str) -> bool:
+            answer = answers[reference]
+            if until:
+                if not isinstance(answer, bool):
+                    raise ValueError(f"until router {reference!r} returned {type(answer).__name__} {answer!r}; "
+                                     "an until router returns True (stop) or False (go on)")
+                return answer
+            return predicates.router_fires(answer, target, reference)
+
+        try:
+            return predicates.holds(condition, text, routed)
+        except ValueError as error:
+            raise NodeFailed(edge.target, error, edge) from error
+
+    async def _route(self, edge: PlanEdge, reference: str, reader: str, text: str) -> Any:
+        key = (reference, reader)
+        if key not in self._routed:
+            field_name = f"edges[{edge.declared}] router"
+            try:
+                router = import_callable(reference, trust_code=self.plan.trust_code, field_name=field_name)
+                self._routed[key] = await anyio.to_thread.run_sync(functools.partial(router, text))
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as error:  # user code may raise anything: the edge's receiver fails
+                raise NodeFailed(edge.target, error, edge) from error
+        return self._routed[key]
+
+    async def _reason(self, incoming: tuple[PlanEdge, ...]) -> str:
+        """Why a node none of whose edges fired is skipped, in a few words."""
+        if self.plan.node(incoming[0].target).round is not None:
+            for edge in incoming:  # a later round of a stopped loop says where it stopped
+                inherited = self.skipped.get(edge.source, "")
+                if inherited.startswith("loop stopped after round"):
+                    return inherited
+        for edge in incoming:
+            stop = edge.stop
+            if stop is not None and not stop.exits and await self._stopped(edge):
+                return f"loop stopped after round {stop.round} ({self.stopped[stop.check]})"
+        parts = []
+        for edge in incoming:
+            if edge.source in self.skipped:
+                parts.append(f"{edge.source} skipped")
+            elif edge.stop is not None and edge.stop.exits and not self.stopped.get(edge.stop.check):
+                parts.append(f"{edge.source} -> {edge.target}: the loop went on after round {edge.stop.round}")
+            else:
+                parts.append(f"{edge.source} -> {edge.target}: condition not met")
+        return "no inbound edge fired (" + "; ".join(dict.fromkeys(parts)) + ")"

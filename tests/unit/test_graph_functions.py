@@ -1,0 +1,222 @@
+"""Function nodes (executors/function_node.py): a Python callable between agents. What it
+receives, what its results become, that it runs in a worker thread (sync or async), how it
+fails, and that records and resume treat it like a node without state. Agents run on a tiny
+random model; the functions are real."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import types
+
+import anyio
+import pytest
+
+from rclc_graph import (
+    Graph,
+    LocalExecutor,
+    ModelPool,
+    Policy,
+    ResumeError,
+    finished_nodes,
+    read_resume_point,
+    resume_run_sync,
+    run_plan_sync,
+    run_recorded_sync,
+)
+from rclc_graph.executors.function_node import canonical_text
+from rclc_graph.spec.models import ModelSpec
+from rclc_graph.testing import FakeExecutor, InProcessReplicasExecutor
+
+TEXT = Policy(mode="text")
+SEEN: list[tuple] = []
+
+
+def lookup(inputs, senders):
+    """A lookup between two agents: reads an input and a sender's text, answers JSON."""
+    SEEN.append(("lookup", dict(inputs), dict(senders), threading.current_thread().name))
+    return {"order": inputs["order"], "status": "shipped", "noted": len(senders["reader"]) > 0}
+
+
+async def shout(inputs, senders):
+    """An async function: reads every sender's text."""
+    await anyio.sleep(0)
+    SEEN.append(("shout", threading.current_thread().name))
+    return " | ".join(f"{name}={text.upper()}" for name, text in senders.items())
+
+
+def per_item(inputs, senders):
+    return f"{inputs['index']}:{inputs['doc']}"
+
+
+@pytest.fixture
+def pool(tiny):
+    model, tokenizer = tiny
+    pool = ModelPool()
+    pool.add(ModelSpec(name="base", source="embedded"), model, tokenizer)
+    return pool
+
+
+def mixed() -> Graph:
+    graph = Graph("mixed").input("order").input("question")
+    graph.model("base").agent("a", model="base", max_new_tokens=4)
+    graph.node("reader", agent="a", prompt="Order {order}: {question}")
+    graph.function("lookup", lookup)
+    graph.function("shout", shout)
+    graph.node("answer", agent="a", prompt="Answer:", output=True)
+    graph.edge("reader", "lookup", TEXT).edge("lookup", "shout", TEXT).edge("reader", "shout", TEXT)
+    graph.edge("shout", "answer", TEXT).edge("lookup", "answer", TEXT)
+    return graph
+
+
+def test_a_function_reads_inputs_and_fired_senders_and_its_json_is_canonical(pool):
+    SEEN.clear()
+    result = run_plan_sync(mixed().plan({"order": "A-17", "question": "where?"}), pool=pool)
+    assert result.status == "finished", result.error
+    reader = result.nodes["reader"].text
+    assert result.nodes["lookup"].text == '{"noted":true,"order":"A-17","status":"shipped"}'
+    assert result.nodes["shout"].text == f'lookup={result.nodes["lookup"].text.upper()} | reader={reader.upper()}'
+    kind, inputs, senders, thread = SEEN[0]
+    assert inputs == {"order": "A-17", "question": "where?"} and senders == {"reader": reader}
+    assert thread != threading.main_thread().name and SEEN[1][1] != threading.main_thread().name
+    answer = result.nodes["answer"]
+    assert f"Message from lookup:\n{result.nodes['lookup'].text}" in answer.prompt_text  # text edges read it
+    lookup_result = result.nodes["lookup"]
+    assert lookup_result.kind == "function" and lookup_result.positions == 0 and len(lookup_result.lineage) == 0
+    assert [hop.source for hop in lookup_result.hops] == ["reader"] and lookup_result.hops[0].mode == "text"
+    assert answer.inherited_positions == 0  # functions pass text, never positions
+
+
+def test_foreach_copies_of_a_function_get_their_item_and_index():
+    graph = Graph("each").input("docs", "list[str]")
+    graph.function("f", per_item, foreach="docs", item="doc", output=True)
+    result = run_plan_sync(graph.plan({"docs": ["x", "y"]}), executor=FakeExecutor())
+    assert result.outputs == {"f[0]": "0:x", "f[1]": "1:y"}
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [("plain", "plain"), ({"b": 1, "a": [True, None]}, '{"a":[true,null],"b":1}'), ([1.5, "é"], '[1.5,"é"]'),
+     (3, "3"), (False, "false")],
+)
+def test_canonical_text(value, text):
+    assert canonical_text(value, "f") == text
+
+
+@pytest.mark.parametrize(
+    "value, words", [(None, "returned NoneType"), ({"x": {1, 2}}, "not JSON"), (float("nan"), "not JSON"),
+                     (b"bytes", "returned bytes")],
+)
+def test_results_that_are_not_text_or_json_fail_the_node(monkeypatch, value, words):
+    module = types.ModuleType("bad_returns")
+    module.give = lambda inputs, senders: value
+    monkeypatch.setitem(sys.modules, "bad_returns", module)
+    graph = Graph("bad").input("q").function("f", "bad_returns:give", output=True)
+    result = run_plan_sync(graph.plan({"q": "q"}, trust_code=True), executor=FakeExecutor())
+    assert result.status == "failed" and result.failed_node == "f" and words in result.error
+
+
+def raises(inputs, senders):
+    raise KeyError("no such order")
+
+
+def test_a_raising_function_fails_its_node_and_the_run_names_it():
+    graph = Graph("bad").input("q").function("f", raises, output=True)
+    result = run_plan_sync(graph.plan({"q": "q"}), executor=FakeExecutor())
+    assert result.status == "failed" and result.error == "node 'f': KeyError: 'no such order'"
+
+
+def blocking(inputs, senders):
+    threading.Event().wait(0.3)
+    return "slept"
+
+
+def test_a_blocking_function_does_not_block_the_event_loop():
+    graph = Graph("slow").input("q")
+    graph.function("slow", blocking, output=True)
+    graph.model("base").agent("a", model="base")
+    graph.node("quick", agent="a", prompt="{q}", output=True)
+    ticks = []
+
+    async def main():
+        async def tick():
+            for _ in range(5):
+                ticks.append(1)
+                await anyio.sleep(0.02)
+
+        from rclc_graph import run_plan
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(tick)
+            result = await run_plan(graph.plan({"q": "q"}), executor=FakeExecutor())
+        return result
+
+    result = anyio.run(main)
+    assert result.outputs["slow"] == "slept" and len(ticks) == 5
+
+
+def test_a_function_node_is_recorded_without_a_snapshot_and_a_resume_skips_it(pool, tmp_path):
+    SEEN.clear()
+    graph = mixed()
+    plan = graph.plan({"order": "A-17", "question": "where?"})
+    reference, record, run_dir = run_recorded_sync(plan, tmp_path / "ref", pool=pool)
+    assert reference.status == "finished" and record["nodes"]["lookup"]["snapshot"] is None
+    assert not (run_dir / "nodes" / "lookup.safetensors").exists()
+    assert set(finished_nodes(run_dir)) == set(plan.order)
+    # a crash after reader and lookup: the run directory as it would be
+    crashed = tmp_path / "crashed" / run_dir.name
+    crashed.parent.mkdir()
+    import shutil
+
+    shutil.copytree(run_dir, crashed)
+    for name in ("shout", "answer"):
+        for path in (crashed / "nodes").glob(f"{name}.*"):
+            path.unlink()
+    record["status"] = "running"
+    (crashed / "record.json").write_text(json.dumps(record))
+    point = read_resume_point(crashed, functions=graph.functions)
+    assert set(point.finished) == {"reader", "lookup"} and point.restore == ()
+    SEEN.clear()
+    resumed, record2, _ = resume_run_sync(crashed, pool=pool, functions=graph.functions)
+    assert resumed.status == "finished" and resumed.outputs == reference.outputs
+    assert [entry[0] for entry in SEEN] == ["shout"]  # lookup did not run again
+    assert record2["attempts"][-1]["ran"] == ["shout", "answer"]
+
+
+def test_a_resume_finds_builder_functions_by_reference_with_trust_code(pool, tmp_path):
+    plan = mixed().plan({"order": "A-1", "question": "q"})
+    _, record, run_dir = run_recorded_sync(plan, tmp_path, pool=pool)
+    record["status"] = "running"
+    (run_dir / "record.json").write_text(json.dumps(record))
+    for path in (run_dir / "nodes").glob("answer.*"):
+        path.unlink()
+    with pytest.raises(ResumeError) as caught:
+        read_resume_point(run_dir)
+    assert "pass functions=graph.functions to resume_run, or trust_code=True" in str(caught.value)
+    resumed, _, _ = resume_run_sync(run_dir, pool=pool, trust_code=True)  # imports this module's functions
+    assert resumed.status == "finished"
+
+
+def test_hosted_replicas_run_function_nodes_on_the_schedulers_side(pool):
+    plan = mixed().plan({"order": "A-17", "question": "where?"})
+    local = run_plan_sync(plan, executor=LocalExecutor(pool))
+    executor = InProcessReplicasExecutor(pool)
+    try:
+        hosted = run_plan_sync(plan, executor=executor)
+    finally:
+        executor.close()
+    assert hosted.status == "finished", hosted.error
+    assert hosted.outputs == local.outputs
+    assert hosted.nodes["lookup"].placement is None and hosted.nodes["reader"].placement is not None
+    assert {name: node.text for name, node in hosted.nodes.items()} == {name: n.text for name, n in local.nodes.items()}
+
+
+def test_pins_naming_a_function_node_are_refused(pool):
+    plan = mixed().plan({"order": "A", "question": "q"})
+    executor = InProcessReplicasExecutor(pool, pins={"lookup": 0})
+    try:
+        result = run_plan_sync(plan, executor=executor)
+    finally:
+        executor.close()
+    assert result.status == "failed" and "function node, which runs where the scheduler runs" in result.error
