@@ -14,7 +14,9 @@ run we compute, in plan order, a lower bound of every node's state and refuse
 - a receiver whose deliveries, at their least, plus its own prompt and output allowance
   exceed its context limit.
 
-Both bounds are lower bounds on what the run needs (text handoffs and generated tokens only
+Only deliveries that surely happen count: an edge with a condition (`when`, a loop's `until`)
+may not fire, a sender that may be skipped may deliver nothing, and a function node keeps no
+state. Both bounds are lower bounds on what the run needs (text handoffs and generated tokens only
 add to them), so a refused plan could never have run; a plan that passes may still fail on
 what only the run shows (a sender generating more than fits a full edge), and fails then
 with an error naming the edge (`executors/transfer_options.py:keep_everything`).
@@ -64,12 +66,19 @@ def fan_in_problems(plan: Plan, limits: dict[str, int], tokens: Tokens) -> list[
     declared_edges = {edge.id: edge.declared for edge in plan.edges}
     declared_nodes = {node.name: index for index, node in enumerate(plan.spec.nodes)}
     least: dict[str, int] = {}  # node -> fewest positions its state holds after it ran
+    sure: dict[str, bool] = {}  # node -> it runs whenever the run gets that far (no condition can skip it)
     problems: list[Problem] = []
     for node in plan.nodes:
+        inbound = list(plan.incoming(node.name))
+        surely_delivered = [edge for edge in inbound if not edge.conditional and sure[edge.source]]
+        sure[node.name] = not inbound or bool(surely_delivered)
+        if node.is_function:  # a function node keeps no state and only text edges touch it
+            least[node.name] = 0
+            continue
         info = _Node(limits[node.name], node.agent.max_new_tokens)
         own = tokens(node, node.prompt, node.generate)
         delivered = 0
-        for group in state_groups(list(plan.incoming(node.name))):
+        for group in state_groups(surely_delivered):
             at_least = _least_delivered(group, least)
             delivered += at_least
             if group[0].policy.mode != "full":

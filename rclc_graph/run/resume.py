@@ -293,7 +293,7 @@ def _ran(run_dir: Path) -> set[str]:
     names = set()
     for path in (run_dir / NODES_DIR).glob("*.json"):
         try:
-            names.add(str(json.loads(path.read_text(encoding="utf-8"))["node"]))
+            names.add(read_node(path)[0].node)
         except (ValueError, KeyError, TypeError, OSError):
             continue  # a damaged file: _finished_on_disk refuses it with the fix
     return names

@@ -207,7 +207,7 @@ def run(
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
     seed: int = typer.Option(0, "--seed", metavar="N", help="run seed (sampling nodes derive theirs from it)"),
     answer: list[str] = typer.Option(
-        [], "--answer", "-a", help="NODE=TEXT: answer a node's interrupt up front (repeatable)"
+        [], "--answer", "-a", metavar="NODE=TEXT", help="answer a node's interrupt up front (repeatable)"
     ),
     executor_name: str = typer.Option(
         "local", "--executor", "-e", metavar="NAME", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
@@ -305,7 +305,7 @@ def resume(
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
     trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
     answer: list[str] = typer.Option(
-        [], "--answer", "-a", help="NODE=TEXT: answer a node the run waits for (repeatable)"
+        [], "--answer", "-a", metavar="NODE=TEXT", help="answer a node the run waits for (repeatable)"
     ),
 ) -> None:
     """Continue a crashed, cancelled, failed or waiting run: finished nodes are kept, the rest runs."""
