@@ -22,6 +22,7 @@ import networkx as nx
 from ..errors import FieldPath, PlanError, Problem
 from ..spec import templates
 from ..spec.models import AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
+from .agent_features import api_edge, check_agent_features
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
 
@@ -66,7 +67,8 @@ def validate(spec: GraphSpec, *, trust_code: bool = False) -> Blueprint:
     nodes = {node.name: node for node in spec.nodes}
     inputs = spec.input_specs()
     policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
-    _raise(_check_policies(spec, agents, nodes, policies, trust_code))
+    _raise(_check_policies(spec, models, agents, nodes, policies, trust_code)
+           + check_agent_features(spec, models, agents, nodes, policies, trust_code))
     loops, loop_of = find_loops(spec, nodes)
     steps, step_edges = unroll(spec, nodes, loops, loop_of)
     blueprint = Blueprint(
@@ -181,6 +183,7 @@ def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
 
 def _check_policies(
     spec: GraphSpec,
+    models: Mapping[str, ModelSpec],
     agents: Mapping[str, AgentSpec],
     nodes: Mapping[str, NodeSpec],
     policies: tuple[ResolvedPolicy, ...],
@@ -210,7 +213,7 @@ def _check_policies(
         policy = policies[index]
         source, target = nodes[edge.source], nodes[edge.target]
         source_model, target_model = agents[source.agent].model, agents[target.agent].model
-        if policy.mode != "text" and source_model != target_model:
+        if policy.mode != "text" and source_model != target_model and not api_edge(spec, models, agents, nodes, index):
             problems.append(
                 Problem(
                     "E_CROSS_MODEL",

@@ -11,8 +11,9 @@ The check reads only each model's tokenizer and config (`ModelPool.profile`). It
 lower bound on purpose: inherited rows are fitted to the receiver's room by the
 transfer core, so only a node's own prompt plus its output can make a run impossible.
 
-`check_code` does the same for code a trusted topology names (module:callable selectors
-and reasoning methods): it imports each one before any model work, so a typo in a
+`check_code` does the same for code a trusted topology names (module:callable selectors,
+reasoning methods and tools, which are also described for the model): it imports each one
+before any model work, so a typo in a
 module name is refused at once instead of when its edge is reached.
 """
 
@@ -23,14 +24,18 @@ from typing import Any
 
 from ..errors import PlanError, Problem
 from ..executors.prompts import render_prompt
+from ..executors.tools import load_toolbox, tool_prompt
 from ..executors.trusted_code import import_callable
 from ..plan.dag import Plan
 
 
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
-    """Tokens of the node's own rendered prompt (chat template applied, no text messages)."""
+    """Tokens of the node's own rendered prompt (chat template applied, tools described, no text messages)."""
     node = plan.node(name)
-    text = render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate)
+    if node.agent.tools and plan.trust_code:
+        text, _ = tool_prompt(tokenizer, node.agent.system, node.prompt, load_toolbox(node.agent, trust_code=True))
+    else:
+        text = render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -45,6 +50,8 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
     problems: list[Problem] = []
     reported_agents: set[str] = set()
     for node in plan.nodes:
+        if node.model.is_api:  # the server counts its own context; we have no tokenizer for it
+            continue
         profile = pool.profile(node.model, base_dir)
         limit = profile.context_limit
         spec = node.agent
@@ -113,5 +120,22 @@ def check_code(plan: Plan) -> None:
                     "check the module is importable (on PYTHONPATH) and names a callable",
                     ("edges", edge.declared, "policy", *field_name.split(".")),
                 ))
+    agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
+    described: set[str] = set()
+    for node in plan.nodes:
+        spec = node.agent
+        if not spec.tools or spec.name in described:
+            continue
+        described.add(spec.name)
+        try:
+            load_toolbox(spec, trust_code=True)
+        except Exception as error:  # an import runs the module's code, which may raise anything
+            problems.append(Problem(
+                "E_UNKNOWN_REF",
+                f"agent {spec.name!r}: a tool cannot be used: {type(error).__name__}: {error}",
+                "check each tool's module is importable (on PYTHONPATH), names a function, and that the function has "
+                "type hints and a docstring",
+                ("agents", agents.get(spec.name, 0), "tools"),
+            ))
     if problems:
         raise PlanError(problems)

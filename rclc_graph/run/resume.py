@@ -150,7 +150,9 @@ def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str,
             raise ResumeError(f"run_dir: {where} holds node {result.node!r}, which is not this file's node of the plan; "
                               "remove it")
         if not isinstance(snapshot, dict):
-            continue  # recorded without a snapshot (an executor without agents): not resumable state
+            if plan.node(result.node).model.is_api:  # text is all an API node leaves: it is finished
+                finished[result.node] = result
+            continue  # else recorded without a snapshot (an executor without agents): not resumable state
         snapshot_path = directory / str(snapshot.get("file", ""))
         fix = f"delete {where} to run node {result.node!r} again"
         if snapshot_path.name != f"{path.stem}.safetensors" or not snapshot_path.is_file():
