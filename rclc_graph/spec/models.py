@@ -128,6 +128,13 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _changed(spec: BaseModel, names: tuple[str, ...]) -> list[str]:
+    """The fields of `names` whose value is not their default. (Not `model_fields_set`: a
+    record's spec is dumped with every default written out and must validate again.)"""
+    fields = type(spec).model_fields
+    return [name for name in names if getattr(spec, name) != fields[name].get_default(call_default_factory=True)]
+
+
 class ModelSpec(_Spec):
     """A model, loaded once per process and shared by every node whose agent names it."""
 
@@ -213,10 +220,7 @@ class ModelSpec(_Spec):
                     f"backend openai needs {' and '.join(missing)}",
                     "set base_url (e.g. http://127.0.0.1:8000/v1) and model (the name the server serves)",
                 )
-            local = [
-                name for name in _LOCAL_FIELDS
-                if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default
-            ]
+            local = _changed(self, _LOCAL_FIELDS)
             if local:
                 raise _error(
                     "E_FIELD",
@@ -224,7 +228,7 @@ class ModelSpec(_Spec):
                     f"remove {', '.join(local)}",
                 )
         else:
-            api = [name for name in _API_FIELDS if name in self.model_fields_set]
+            api = _changed(self, _API_FIELDS)
             if api:
                 raise _error(
                     "E_FIELD",
@@ -306,7 +310,7 @@ class AgentSpec(_Spec):
     def _sampling(self) -> AgentSpec:
         if self.top_p is not None and self.temperature is None:
             raise _error("E_FIELD", "top_p is set but generation is greedy", "set temperature as well, or drop top_p")
-        loop = [name for name in ("max_tool_calls", "tool_timeout") if name in self.model_fields_set]
+        loop = _changed(self, ("max_tool_calls", "tool_timeout"))
         if loop and not self.tools:
             raise _error("E_FIELD", f"{', '.join(loop)} set without tools", f"add tools, or remove {', '.join(loop)}")
         return self
