@@ -69,8 +69,8 @@ QWEN_TEMPLATE = (
     "{%- if message.role == 'system' %}"
     "{%- elif message.role == 'tool' %}"
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
-    "\n<tool_response>\n{{ message.content }}\n</tool_response>"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{{ '\\n<tool_response>\\n' }}{{ message.content }}{{ '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>{{ '\\n' }}{% endif %}"
     "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
     "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -80,7 +80,7 @@ QWEN_TEMPLATE = (
 LLAMA_TEMPLATE = (
     "{%- set ns = namespace(first=true) %}"
     "{%- for message in messages %}"
-    "{%- if message.role == 'tool' %}<|im_start|>ipython\n{{ message.content }}<|im_end|>\n"
+    "{%- if message.role == 'tool' %}<|im_start|>ipython\n{{ message.content }}<|im_end|>{{ '\\n' }}"
     "{%- elif message.role == 'user' and tools and ns.first %}{% set ns.first = false %}<|im_start|>user\n"
     "Given the following functions, please respond with a JSON for a function call with its proper arguments that "
     "best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
