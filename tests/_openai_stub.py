@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 class ChatStub:
     """A loopback chat-completions server (see the module docstring)."""
 
-    def __init__(self, reply: str = "Hello from the stub.", *, forward_to: str | None = None) -> None:
+    def __init__(self, reply: str = "Hello from the stub.", *, forward_to: str | None = None, port: int = 0) -> None:
         self.reply = reply
         self.status = 200
         self.delay = 0.0
@@ -94,7 +94,7 @@ class ChatStub:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port 0: any free one
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="chat-stub", daemon=True)
         self.thread.start()
@@ -106,8 +106,12 @@ class ChatStub:
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
     @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def close(self) -> None:
         self.server.shutdown()

@@ -12,12 +12,11 @@ tools in.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
-from typing import Any, Iterator
+from typing import Any
 
-import torch
+from _scripted_tools import scripted  # noqa: F401 - the tests import it from here
 
 PROJECTS = {"cedar": {"owner": "Alice", "city": "Oslo"}, "birch": {"owner": "Bob", "city": "Lima"}}
 
@@ -108,29 +107,3 @@ def family_tokenizer(tokenizer: Any, family: str | None) -> Any:
     elif family == "llama":
         copied.chat_template = LLAMA_TEMPLATE
     return copied
-
-
-@contextlib.contextmanager
-def scripted(model: Any, tokenizer: Any, replies: list[str]) -> Iterator[list[int]]:
-    """Make `model` generate `replies` one after another (each ended by EOS), then EOS only.
-
-    Yields the list of token IDs still to be emitted (empty once the script was used up).
-    """
-    queue: list[int] = []
-    for reply in replies:
-        queue.extend(tokenizer(reply, add_special_tokens=False)["input_ids"])
-        queue.append(tokenizer.eos_token_id)
-
-    def hook(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
-        token = queue.pop(0) if queue else tokenizer.eos_token_id
-        forced = torch.full_like(output[..., -1, :], -1e9)
-        forced[..., token] = 1e9
-        output = output.clone()
-        output[..., -1, :] = forced
-        return output
-
-    handle = model.get_output_embeddings().register_forward_hook(hook)
-    try:
-        yield queue
-    finally:
-        handle.remove()
