@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topologies" / "tool_agent.yaml"
 INPUTS = ROOT / "examples" / "inputs" / "tool_agent.json"
 SCRIPTED_CLI = Path(__file__).with_name("_scripted_cli.py")
-# start; support finished; support's snapshot written, its node file not; inside support's
-# first turn (the call), inside its second turn (after the tool result was appended); inside reply.
-KILL_POINTS = ["start", "after:1", "torn:1", "forward:5", "forward:40", "forward:75"]
+# support finished; inside support's first turn
+# (the call); inside its second turn (after the tool result was appended).
+KILL_POINTS = ["after:1", "forward:5", "forward:40"]
 
 
 def _environment(scripted: bool = True) -> dict[str, str]:
@@ -134,7 +134,9 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_outputs(reference,
     assert result.status == "finished", result.error
     assert_same_runs(reference, run_dir)
     assert sorted(record["attempts"][-1]["ran"]) == sorted({"support", "reply"} - before)
-    assert record["nodes"]["support"]["tool_calls"] == read_record(reference)["nodes"]["support"]["tool_calls"]
+    calls = [{**call, "seconds": 0} for call in record["nodes"]["support"]["tool_calls"]]
+    assert calls == [{**call, "seconds": 0} for call in read_record(reference)["nodes"]["support"]["tool_calls"]]
+    assert len(calls) == 1
 
 
 def test_a_run_resumed_in_process_without_trust_code_is_refused(reference, tmp_path):
