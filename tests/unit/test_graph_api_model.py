@@ -210,3 +210,23 @@ def test_local_state_around_an_api_model_is_refused_at_plan_time():
     assert "E_CROSS_MODEL" not in caught.value.codes()  # one clear problem per edge, with its fix
     assert all("mode: text" in problem.fix for problem in caught.value.problems
                if problem.path[0] == "edges" and problem.code == "E_API_MODEL")
+
+
+def test_remote_executors_ask_the_server_from_the_scheduler_side(stub, pool, tmp_path):
+    """Replicas hold local models only: an API node runs where the scheduler runs, starts no
+    replica, keeps no agent, and its record has no snapshot, like in-process."""
+    from rclc_graph.testing import InProcessReplicasExecutor
+
+    plan = api_graph(stub.base_url, key=False)
+    local, _, _ = run(plan, pool, tmp_path / "local")
+    executor = InProcessReplicasExecutor(pool, replicas={"base": 2}, pins={"draft": 1})
+    try:
+        remote, record, _ = anyio.run(lambda: run_recorded(plan, tmp_path / "remote", pool=pool, executor=executor))
+        fingerprints = anyio.run(lambda: executor.fingerprints(plan))
+    finally:
+        executor.close()
+    assert remote.status == "finished", remote.error
+    assert remote.outputs == local.outputs == {"final": "The owner is Alice."}
+    assert remote.nodes["final"].placement is None and record["nodes"]["final"]["snapshot"] is None
+    assert executor.started == 2  # the two replicas of base; none for the API model
+    assert fingerprints["remote"] != fingerprints["base"] and len(fingerprints["remote"]) == 64
