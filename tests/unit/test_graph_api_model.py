@@ -10,15 +10,17 @@ once the server is back. (The vLLM tier runs the same against `vllm serve`.)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import anyio
 import pytest
 
 from _openai_stub import ChatStub, free_port
 from rclc_graph import ApiModelFailed, EventStream, Graph, ModelPool, Policy, PlanError, SpecError, read_record
-from rclc_graph import resume_run_sync, run_recorded
+from rclc_graph import load_graph, load_graph_text, resume_run_sync, run_recorded
 from rclc_graph.spec.models import ModelSpec
 
+ROOT = Path(__file__).resolve().parents[2]
 KEY_VARIABLE = "RCLC_TEST_API_KEY"
 SECRET = "sk-test-5ecret-never-stored"
 
@@ -230,3 +232,28 @@ def test_remote_executors_ask_the_server_from_the_scheduler_side(stub, pool, tmp
     assert remote.nodes["final"].placement is None and record["nodes"]["final"]["snapshot"] is None
     assert executor.started == 2  # the two replicas of base; none for the API model
     assert fingerprints["remote"] != fingerprints["base"] and len(fingerprints["remote"]) == 64
+
+
+def test_the_shipped_api_example_is_incident_review_with_a_served_editor(stub, pool, tmp_path):
+    """examples/topologies/incident_review_api.yaml (docs/graphs.md's example) differs from the
+    walk-through's incident_review.yaml only in the editor's model, and runs: local readers and
+    drafter (the tiny model stands in for the embedded one), the editor asked over the API."""
+    path = ROOT / "examples" / "topologies" / "incident_review_api.yaml"
+    shipped, walkthrough = load_graph(path), load_graph(ROOT / "examples" / "topologies" / "incident_review.yaml")
+    assert (shipped.nodes, shipped.edges, shipped.inputs, shipped.policies) == (
+        walkthrough.nodes, walkthrough.edges, walkthrough.inputs, walkthrough.policies)
+    editor = next(agent for agent in shipped.agents if agent.name == "editor")
+    assert [agent for agent in shipped.agents if agent.name != "editor"] == [
+        agent for agent in walkthrough.agents if agent.name != "editor"]
+    served = next(model for model in shipped.models if model.name == editor.model)
+    assert served.is_api and served.base_url == "http://127.0.0.1:8000/v1" and served.api_key_env is None
+    text = path.read_text(encoding="utf-8").replace("http://127.0.0.1:8000/v1", stub.base_url)
+    inputs = json.loads((ROOT / "examples" / "inputs" / "incident_review.json").read_text(encoding="utf-8"))
+    plan = Graph.from_spec(load_graph_text(text)).plan(inputs)
+    result, record, _ = run(plan, pool, tmp_path)
+    assert result.status == "finished", result.error
+    assert result.outputs == {"editor": "The owner is Alice."}
+    [request] = stub.requests
+    drafted = (result.nodes["drafter"].text or "").strip()
+    assert request["body"]["messages"][1]["content"].startswith(f"Message from drafter:\n{drafted}\n\nQuestion: ")
+    assert record["nodes"]["editor"]["snapshot"] is None and record["nodes"]["drafter"]["snapshot"] is not None

@@ -213,3 +213,25 @@ def test_the_event_stream_carries_the_served_tokens(server, uninterrupted):
     tokens = [event.payload["text"] for event in seen if event.kind == "token" and event.payload["node"] == "final"]
     assert "".join(tokens).strip() == result.outputs["final"] == uninterrupted[0].outputs["final"]
     assert SECRET not in json.dumps([event.payload for event in seen], default=str)
+
+
+def test_the_shipped_api_example_runs_through_the_cli(server, tmp_path):
+    """examples/topologies/incident_review_api.yaml, as docs/graphs.md runs it, against this
+    server (the file's base_url, port 8000, pointed at the fixture's port)."""
+    root = Path(__file__).resolve().parents[2]
+    shipped = root / "examples" / "topologies" / "incident_review_api.yaml"
+    topology = tmp_path / shipped.name
+    topology.write_text(shipped.read_text(encoding="utf-8").replace("http://127.0.0.1:8000", server), encoding="utf-8")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "rclc_graph", "run", str(topology), "--input",
+         str(root / "examples" / "inputs" / "incident_review.json"), "--out", str(tmp_path / "runs"), "--json"],
+        cwd=root, env=environment, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    [run_dir] = [path for path in (tmp_path / "runs").iterdir() if path.is_dir()]
+    record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+    assert record["status"] == "finished" and record["outputs"]["editor"]
+    editor, drafter = record["nodes"]["editor"], record["nodes"]["drafter"]
+    assert editor["snapshot"] is None and editor["positions"] == 0 and editor["generated_tokens"] > 0
+    assert drafter["snapshot"] is not None and drafter["inherited_positions"] > 0  # the readers' state arrived
