@@ -17,6 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+import anyio
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -24,7 +25,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from _scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall  # noqa: E402
-from rclc_graph import LocalExecutor, ModelPool, plan_file, run_plan_sync  # noqa: E402
+from rclc_graph import EventStream, LocalExecutor, ModelPool, plan_file, run_plan  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
@@ -63,12 +64,34 @@ def _without_seconds(calls):
     return [{key: value for key, value in call.items() if key != "seconds"} for call in calls]
 
 
+def _tool_events(plan, executor):
+    """The run's result and its `tool` events' payloads (they come from the replica on Ray)."""
+    events = EventStream()
+    seen: list = []
+
+    async def main():
+        async def consume():
+            async for event in events:
+                seen.append(event)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(consume)
+            result = await run_plan(plan, executor=executor, events=events)
+            events.close()
+        return result
+
+    result = anyio.run(main)
+    return result, [dict(event.payload) for event in seen if event.kind == "tool"]
+
+
 def test_tool_agent_on_ray_equals_local(cluster, plan):
-    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    local, local_events = _tool_events(plan, LocalExecutor(ModelPool()))
     assert local.status == "finished", local.error
     assert [call["name"] for call in local.nodes["support"].tool_calls] == ["lookup_order"]
+    assert [event["phase"] for event in local_events] == ["call", "result"]
     with RayExecutor(replicas={"base": 2}, pins={"support": 0, "reply": 1}) as executor:
-        remote = run_plan_sync(plan, executor=executor)
+        remote, remote_events = _tool_events(plan, executor)
+    assert remote_events == local_events  # the call and its result, published from the actor
     assert remote.status == "finished", remote.error
     assert remote.outputs == local.outputs
     for name, node in local.nodes.items():
