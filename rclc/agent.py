@@ -210,6 +210,7 @@ class Agent(HFReceiver):
         on_token: TokenCallback | None = None,
         stop: threading.Event | None = None,
         refresh: bool = False,
+        from_state: bool = False,
     ) -> GenerationResult:
         """Generate natively from queued handoffs (or a prompt alone) and record the continuation.
 
@@ -224,13 +225,27 @@ class Agent(HFReceiver):
         records it. `refresh=True` then re-prefills it as `refresh()` does (vLLM
         continuations already are one prefill).
 
+        With `from_state=True` generation continues the retained state itself (no prompt, no
+        handoff taken): after `append` of a tool result, say, the agent generates its next
+        turn from everything it holds, and the state grows by the new tokens. The HF backend
+        reuses the state's cache (only its last position is forwarded again); vLLM prefills
+        the rows as one prompt.
+
         Setting `stop` ends an HF generation after the current step; what was generated is
         recorded and the result says `stopped`. Cancelling the awaiting task also ends it
         after the current step, but records nothing. On any error or cancellation the state,
         the queue and any pending continuation are as they were.
         """
         sampling = check_generate_options(sampling, deliveries, max_new_tokens, on_token, stop, refresh)
+        require_bool("from_state", from_state)
         self._require_no_pending("agent")
+        if from_state:
+            if prompt is not None or deliveries:
+                raise RclcError(
+                    "from_state: it continues the retained state; pass no prompt and no deliveries "
+                    "(append text first with agent.append)"
+                )
+            return await self._generate_from_state(max_new_tokens, sampling, on_token, stop, refresh)
         count = len(self._queue) if deliveries is None else deliveries
         taken = self._take(count) if count else []
         if not taken and prompt is None:
@@ -258,6 +273,36 @@ class Agent(HFReceiver):
         state, result = await run_in_worker(generate)
         for _ in taken:
             self._queue.popleft()
+        self._state, self._from_history, self._pending = state, False, None
+        return result
+
+    async def _generate_from_state(
+        self,
+        max_new_tokens: int | None,
+        sampling: Sampling,
+        on_token: TokenCallback | None,
+        stop: threading.Event | None,
+        refresh: bool,
+    ) -> GenerationResult:
+        """`generate(from_state=True)`: the retained state's rows and cache, then new tokens."""
+        backend = self._backend
+
+        def generate() -> tuple[SenderState, GenerationResult]:
+            with preparation_lock:
+                state = self._resolve_state()
+            output = max_new_tokens or self.max_new_tokens or 1
+            if state.positions + output > self.context_limit:
+                raise ContextLimitError(
+                    f"context space: {state.positions} positions + {output} output exceed the context limit "
+                    f"of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the state"
+                )
+            inputs = backend.state_inputs(state, output)
+            return generate_continuation(
+                backend, inputs, state.known_ids().clone(), state.inherited_positions,
+                sampling=sampling, on_token=on_token, stop=stop, refresh=refresh,
+            )
+
+        state, result = await run_in_worker(generate)
         self._state, self._from_history, self._pending = state, False, None
         return result
 

@@ -7,6 +7,7 @@ planning, loading and validation work, and stay fast, without a model.
 """
 
 from .errors import (
+    ApiModelFailed,
     ErrorCode,
     ExecutorUnavailable,
     GraphError,
@@ -177,6 +178,7 @@ __all__ = [
     "run_recorded",
     "run_recorded_sync",
     # errors (errors.py)
+    "ApiModelFailed",
     "ErrorCode",
     "ExecutorUnavailable",
     "GraphError",

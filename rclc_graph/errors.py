@@ -11,6 +11,7 @@
     ├── ObserverFailed         a run observer's callback raised after a node finished
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
+    ├── ApiModelFailed         a request to a `backend: openai` model failed after its retries (a RuntimeError)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
     ├── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
     └── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
@@ -70,9 +71,14 @@ class ErrorCode(str, Enum):
         "or cannot use."
     )
     E_TRUST_CODE = "E_TRUST_CODE", (
-        "A `module:callable` selector, reasoning method, scorer, router or function node without trust_code."
+        "A `module:callable` selector, reasoning method, scorer, router, function node or tool without trust_code."
     )
     E_CROSS_MODEL = "E_CROSS_MODEL", "A state/full edge between agents on different models."
+    E_API_MODEL = "E_API_MODEL", (
+        "An agent on a `backend: openai` model where local state is needed: a state/full edge, "
+        "`generate: false`, tools or `context_limit`."
+    )
+    E_TOOLS = "E_TOOLS", "A tool-calling agent that cannot run its tool loop (a node of it with `generate: false`)."
     E_TEMPLATE = "E_TEMPLATE", "A malformed template, or one that uses unknown fields."
     E_NO_OUTPUT = "E_NO_OUTPUT", "No node is marked `output: true`."
     E_UNREACHABLE = "E_UNREACHABLE", "A node (or a round of it) that lies on no path to an output node."
@@ -260,6 +266,11 @@ class RemoteNodeFailure(RclcGraphError):
     def __init__(self, info: Mapping[str, Any]) -> None:
         super().__init__(info.get("message"))
         self.info = info
+
+
+class ApiModelFailed(RclcGraphError, RuntimeError):
+    """A request to a `backend: openai` model failed for good (refused connection, timeout,
+    an error status) after its retries; names the model, the server and what to check."""
 
 
 class HostDied(RclcGraphError, RuntimeError):

@@ -14,9 +14,9 @@ Who calls what, and when:
 - for native generation in the user's own loop: `generation_inputs` (from `pop()` and
   `inputs()`), then `continuation` from `update(inputs=..., generation=...)`, which
   reads the rows back with `prefix_rows`;
-- for `Agent.generate`: `generation_inputs` or `prompt_inputs`, then `generate`, then
-  `continuation`, then `restore` when a refresh is asked for and `records_by_prefill`
-  is False.
+- for `Agent.generate`: `generation_inputs` or `prompt_inputs` (or `state_inputs` when it
+  continues the retained state), then `generate`, then `continuation`, then `restore`
+  when a refresh is asked for and `records_by_prefill` is False.
 
 Every method returns a new, validated `SenderState` (or inputs) and leaves its arguments
 untouched; `generate` and the state builders are blocking and run in worker threads.
@@ -97,6 +97,15 @@ class Backend(ABC):
     @abstractmethod
     def prompt_inputs(self, ids: torch.Tensor, output: int) -> dict[str, Any]:
         """Native generation inputs for a token-ID prompt `[1, n]` with `output` new tokens at most."""
+
+    def state_inputs(self, state: SenderState, output: int) -> dict[str, Any]:
+        """Native generation inputs that continue `state` itself (after `Agent.append`, say).
+
+        What `continuation` then records is `state`'s rows followed by the new tokens, as for
+        `generation_inputs(state.input_embeds, output)`, which is this default: backends that
+        can reuse the state's cache override it so the history is not prefilled again.
+        """
+        return self.generation_inputs(state.input_embeds, output)
 
     @abstractmethod
     def prefix_rows(self, inputs: dict[str, Any], positions: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from .._cache import cache_length, extend
+from .._cache import cache_keyword, cache_length, crop_cache, extend
 from .._locks import attention_lock
 from .._worker import check_stop, stop_requested
 from ..errors import IncompatibleStateError, RclcError
@@ -109,6 +109,16 @@ class HFBackend(Backend):
     def generation_inputs(self, rows: torch.Tensor, output: int) -> dict[str, Any]:
         """`model.generate` keyword arguments: the rows as `inputs_embeds`, the output cap."""
         return hf_generation_inputs(rows, output)
+
+    def state_inputs(self, state: SenderState, output: int) -> dict[str, Any]:
+        """`generation_inputs` for the state's rows plus a view of its cache without the last
+        position: `generate` forwards only that position before the first new token, so a
+        long history (a tool loop's earlier turns) is never prefilled again."""
+        inputs = hf_generation_inputs(state.input_embeds, output)
+        if state.past_key_values is not None and state.positions > 1:
+            cache = crop_cache(self.model, state.past_key_values, state.positions - 1)
+            inputs[cache_keyword(self.model)] = cache
+        return inputs
 
     def prompt_inputs(self, ids: torch.Tensor, output: int) -> dict[str, Any]:
         """`model.generate` keyword arguments for a token prompt `[1, n]`, the output cap."""

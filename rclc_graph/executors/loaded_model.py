@@ -24,6 +24,7 @@ class ModelKey:
     dtype: str
     device: str
     backend: str
+    api_model: str | None = None  # backend openai: the served model's name (source is the base URL)
 
 
 @dataclass
@@ -60,6 +61,8 @@ def _resolve_dtype(dtype: str, device: str) -> str:
 
 
 def model_key(spec: ModelSpec, base_dir: Path | None = None) -> ModelKey:
+    if spec.is_api:  # a server, not weights: nothing to resolve (and no torch to ask about devices)
+        return ModelKey(str(spec.base_url), "none", "remote", spec.backend, api_model=spec.model)
     source = spec.source
     if spec.source_kind == "path":
         path = Path(source).expanduser()

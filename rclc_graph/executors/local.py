@@ -7,7 +7,9 @@ This is where the graph meets the transfer core, through rclc's public API only:
   (transfer_options.py);
 - a `generate: true` node generates with `Agent.generate` from all its deliveries plus its
   prompt (HF or vLLM: the agent's backend decides how), which records the continuation; a
-  `generate: false` node absorbs them without decoding.
+  `generate: false` node absorbs them without decoding;
+- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py), and a node
+  on a `backend: openai` model asks its server (openai_model.py) and holds no state.
 The executor keeps each run's bound agents so later nodes can send from them.
 
 `import rclc` is cheap and torch-free; torch-backed names (`rclc.bind`, `rclc.transfer`, ...)
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,22 @@ from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
 from .function_node import run_function_node
+from .openai_model import run_api_node
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
+from .tools import ToolConversation, Toolbox, encode_tool_prompt, load_toolbox, run_tool_loop, tool_prompt
 from .transfer_options import state_groups, transfer_options
+
+
+@dataclass
+class _Finished:
+    """What a node's last step left: tokens, seconds and text, plus a tool loop's extra turns."""
+
+    generated: int = 0
+    seconds: float = 0.0
+    text: str | None = None
+    tail: list[tuple[str, int]] = field(default_factory=list)  # (lineage kind, positions) after the prompt
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _TokenEvents:
@@ -55,10 +70,12 @@ class _TokenEvents:
     def __init__(self, ctx: RunContext, node: str, *, live: bool) -> None:
         self.ctx, self.node, self.live = ctx, node, live
         self.held: list[tuple[int, str]] = []
+        self.offset = 0  # tokens of the node's earlier generations (a tool loop generates several times)
 
     def __call__(self, index: int, text: str) -> None:
         if self.ctx.stop.is_set():
             raise RunStopped(f"run {self.ctx.run_id!r} was stopped while node {self.node!r} generated")
+        index += self.offset
         if self.live:
             anyio.from_thread.run(self.ctx.publish, "token", {"node": self.node, "index": index, "text": text})
         else:
@@ -67,6 +84,7 @@ class _TokenEvents:
     async def publish_held(self) -> None:
         for index, text in self.held:
             await self.ctx.publish("token", {"node": self.node, "index": index, "text": text})
+        self.held.clear()
 
 
 class LocalExecutor(Executor):
@@ -126,6 +144,10 @@ class LocalExecutor(Executor):
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
         if node.is_function:
             return await run_function_node(ctx, node, inbound)  # no model, no agent state
+        if node.model.is_api:  # a server answers; no agent, no state, nothing to snapshot
+            result = await run_api_node(ctx, node, inbound)
+            self._agents[(ctx.run_id, node.name)] = None
+            return result
         started = time.time()
         agent = self.bind(ctx, node)
         tokenizer = agent.tokenizer
@@ -133,7 +155,17 @@ class LocalExecutor(Executor):
         text_edges = [edge for edge, _ in inbound if edge.policy.mode == "text"]
         state_edges = [edge for edge, _ in inbound if edge.policy.mode != "text"]
         content = compose_content(node, inbound)
-        prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
+        tools: tuple[Toolbox, ToolConversation] | None = None
+        if node.agent.tools:
+            try:
+                toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
+                text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
+                prompt = encode_tool_prompt(tokenizer, text, conversation)
+            except Exception as error:
+                raise NodeFailed(node.name, error) from error
+            tools = (toolbox, conversation)
+        else:
+            prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
         prompt_text = prompt.text
         hops: list[Hop] = []
         for edge in text_edges:
@@ -158,14 +190,18 @@ class LocalExecutor(Executor):
             for edge, message in zip(group, delivery.messages):
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
-        generated, generation_seconds, text = await self._finish_state(ctx, node, agent, prompt.ids, deliveries)
+        finished = await self._finish_state(ctx, node, agent, prompt.ids, deliveries, tools)
+        generated, generation_seconds, text = finished.generated, finished.seconds, finished.text
         # In a worker: sender_state takes the preparation lock, which another run's update may
         # hold while it waits for the attention lock of a generation that is itself waiting for
         # this event loop to publish its next token (a deadlock if the loop blocked here).
         state = await rclc.run_in_worker(agent.sender_state)
         lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
-        prompt_positions = state.positions - inherited - generated
-        lineage = lineage.extend(node.name, prompt_positions, "prompt").extend(node.name, generated, "token")
+        tail = finished.tail or [("token", generated)]
+        prompt_positions = state.positions - inherited - sum(length for _, length in tail)
+        lineage = lineage.extend(node.name, prompt_positions, "prompt")
+        for kind, length in tail:  # generated tokens, and a tool loop's results between its turns
+            lineage = lineage.extend(node.name, length, kind)  # type: ignore[arg-type]
         if len(lineage) != state.positions:
             raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {state.positions} positions"))
         if prompt.offsets is None:
@@ -189,6 +225,7 @@ class LocalExecutor(Executor):
             started_at=started,
             finished_at=time.time(),
             hops=records,
+            tool_calls=finished.calls,
         )
 
     async def _deliver_group(
@@ -226,10 +263,16 @@ class LocalExecutor(Executor):
         )
 
     async def _finish_state(
-        self, ctx: RunContext, node: PlanNode, agent: Any, prompt_ids: tuple[int, ...], deliveries: int
-    ) -> tuple[int, float, str | None]:
-        """Absorb or generate `prompt_ids` (the prompt, user text literal: prompts.py); returns
-        (generated tokens, generation seconds, text)."""
+        self,
+        ctx: RunContext,
+        node: PlanNode,
+        agent: Any,
+        prompt_ids: tuple[int, ...],
+        deliveries: int,
+        tools: tuple[Toolbox, ToolConversation] | None = None,
+    ) -> _Finished:
+        """Absorb, generate, or run the tool loop over `prompt_ids` (the prompt, user text
+        literal: prompts.py); returns what the node produced."""
         prompt = _ids_tensor(prompt_ids)
         if not node.generate:
             try:
@@ -239,24 +282,50 @@ class LocalExecutor(Executor):
                     await rclc.run_in_worker(functools.partial(agent.update, prompt))
             except Exception as error:
                 raise NodeFailed(node.name, error) from error
-            return 0, 0.0, None
+            return _Finished()
         if ctx.stop.is_set():  # the run was stopped before this node generated: start no model work
             raise anyio.get_cancelled_exc_class()()
         spec = node.agent
         sampling = rclc.Sampling(temperature=spec.temperature, top_p=spec.top_p, seed=node.sampling_seed(ctx.seed))
         tokens = _TokenEvents(ctx, node.name, live=agent.backend == "hf")
+        # With deliveries: their rows, then the prompt; without: the prompt alone. A node whose
+        # state a receiver selects from is re-prefilled after generation (`refresh`): generation
+        # built the cache token by token, a snapshot restores it in one prefill, and a resumed
+        # run must select exactly what this run selects.
+        refresh = sends_state(ctx.plan, node)
+        generate = functools.partial(self._generate, ctx, node, agent, tokens, sampling)
+        if tools is None:
+            result = await generate(prompt, deliveries=deliveries, refresh=refresh)
+            return _Finished(result.tokens, result.seconds, result.text)
+        toolbox, conversation = tools
         try:
-            # With deliveries: their rows, then the prompt; without: the prompt alone. A node whose
-            # state a receiver selects from is re-prefilled after generation (`refresh`): generation
-            # built the cache token by token, a snapshot restores it in one prefill, and a resumed
-            # run must select exactly what this run selects.
+            loop = await run_tool_loop(
+                node=node.name, agent_spec=spec, toolbox=toolbox, conversation=conversation, agent=agent,
+                generate=generate, publish=ctx.publish, prompt=prompt, deliveries=deliveries,
+            )
+            if refresh:  # as above, once the loop's last turn is known
+                await agent.refresh()
+        except (NodeFailed, anyio.get_cancelled_exc_class()):
+            raise
+        except Exception as error:
+            raise NodeFailed(node.name, error) from error
+        return _Finished(loop.generated_tokens, loop.generation_seconds, loop.text, loop.tail,
+                         [call.to_dict() for call in loop.calls])
+
+    async def _generate(
+        self, ctx: RunContext, node: PlanNode, agent: Any, tokens: _TokenEvents, sampling: Any,
+        prompt: Any = None, *, deliveries: int = 0, from_state: bool = False, refresh: bool = False,
+    ) -> Any:
+        """One `Agent.generate` of a node, its stop and errors turned into the run's terms."""
+        try:
             result = await agent.generate(
                 prompt,
-                deliveries=deliveries,
+                deliveries=None if from_state else deliveries,
                 sampling=sampling,
                 on_token=tokens,
                 stop=ctx.stop,
-                refresh=sends_state(ctx.plan, node),
+                refresh=refresh,
+                from_state=from_state,
             )
         except RunStopped:
             raise anyio.get_cancelled_exc_class()() from None
@@ -267,7 +336,8 @@ class LocalExecutor(Executor):
         if ctx.stop.is_set():  # stopped during the last step: the run records nothing of this node
             raise anyio.get_cancelled_exc_class()()
         await tokens.publish_held()
-        return result.tokens, result.seconds, result.text
+        tokens.offset += result.tokens
+        return result
 
 
 def sends_state(plan: Plan, node: PlanNode) -> bool:

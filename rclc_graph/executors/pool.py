@@ -16,7 +16,7 @@ from typing import Any
 from rclc.models import EMBEDDED_NAME, load, local_dir
 
 from ..spec.models import ModelSpec
-from . import vllm_engine
+from . import openai_model, vllm_engine
 from .loaded_model import LoadedModel, ModelKey, model_key
 
 
@@ -101,6 +101,8 @@ class ModelPool:
 
     @staticmethod
     def _load(key: ModelKey) -> LoadedModel:
+        if key.backend == "openai":
+            return openai_model.load_model(key)
         if key.backend == "vllm":
             return vllm_engine.load_model(key)
         model, tokenizer = load(key.source, dtype=key.dtype, device=key.device)

@@ -38,6 +38,9 @@ from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, Publish, RunContext
 from .fitting import SenderShape, fit_counts, refuse_unmatched
 from .function_node import run_function_node
+from .loaded_model import model_key
+from .openai_model import load_model as load_api_model
+from .openai_model import run_api_node
 from .placement import ReplicaGroup, check_pins, group_key, pinned
 from .prompts import compose_content, group_request
 from .replica import RunTicket
@@ -186,6 +189,8 @@ class RemoteExecutor(Executor):
         so its timing shows the run, not the loading). Returns the hosts' placements."""
         targets = []
         for spec in plan.models():
+            if spec.is_api:
+                continue  # a server, not a replica to start
             group = self._group(spec, base_dir)
             targets.extend((self.host(group, index), spec) for index in range(group.size))
         async with anyio.create_task_group() as tasks:
@@ -200,6 +205,9 @@ class RemoteExecutor(Executor):
         """Model name -> identity hash, computed by a replica (the scheduler loads no model)."""
         result = {}
         for spec in plan.models():
+            if spec.is_api:
+                result[spec.name] = load_api_model(model_key(spec, base_dir)).fingerprint
+                continue
             handle = self.host(self._group(spec, base_dir), 0)
             base = None if base_dir is None else str(base_dir)
             result[spec.name] = await self._guard(handle, None, handle.call("fingerprint", spec, base))
@@ -211,6 +219,10 @@ class RemoteExecutor(Executor):
         run = self._open(ctx)
         if node.is_function:  # on the scheduler's side: no model to place, text in and out
             result = await run_function_node(ctx, node, inbound)
+            self._finish(run, node.name)
+            return result
+        if node.model.is_api:  # a server answers; it needs no replica and leaves no state to hold
+            result = await run_api_node(ctx, node, inbound)
             self._finish(run, node.name)
             return result
         host = self._place(run, node)
@@ -300,8 +312,10 @@ class RemoteExecutor(Executor):
             hops.append(replace(record, placement=placement, crossed_bytes=record.payload_bytes if crossed else 0))
         return replace(result, hops=hops, placement=dict(host.placement))
 
-    def agent(self, run_id: str, node: str) -> RemoteAgent:
+    def agent(self, run_id: str, node: str) -> RemoteAgent | None:
         run = self._runs[run_id]
+        if run.plan.node(node).model.is_api:
+            return None
         proxy = RemoteAgent(self, run_id, run.plan.node(node), run.where[node])
         proxy.shape = run.shapes.get(node)
         return proxy

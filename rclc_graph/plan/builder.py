@@ -21,6 +21,7 @@ ready-made builders that can still be edited.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
@@ -126,7 +127,11 @@ class Graph:
 
     def agent(self, name: str, *, model: str, system: str = "", **options: Any) -> Graph:
         """Declare an agent profile on a declared model (`options`: the other AgentSpec fields
-        such as max_new_tokens, greedy, temperature, seed, context_limit)."""
+        such as max_new_tokens, greedy, temperature, seed, context_limit, and `tools`: functions
+        or "module:callable" references, see `tool_reference`)."""
+        if isinstance(options.get("tools"), (list, tuple)):
+            options["tools"] = [tool_reference(tool, ("agents", len(self._agents), "tools", index))
+                                for index, tool in enumerate(options["tools"])]
         self._add(self._agents, "agents", AgentSpec, {"name": name, "model": model, "system": system, **options})
         return self
 
@@ -257,6 +262,31 @@ class Graph:
                     (kind, len(items), "name"),
                 )
         items.append(built)
+
+
+def tool_reference(tool: Any, path: tuple[Any, ...] = ("tools",)) -> Any:
+    """A tool as the topology names it: "module:qualified.name" for a function, a string as is.
+
+    A topology holds references, not objects, so it writes out as YAML and every process (a
+    Ray actor too) imports the same function. So a tool must be reachable by import: a
+    function defined at the top level of an importable module. Lambdas, nested functions and
+    functions of the script being run (`__main__`) are refused with that fix.
+    """
+    if isinstance(tool, str) or not callable(tool):
+        return tool  # a reference (checked by AgentSpec), or a value AgentSpec refuses
+    module = getattr(tool, "__module__", None)
+    qualname = getattr(tool, "__qualname__", None)
+    fix = ("define the tool with def at the top level of a module (a .py file your script imports) and pass that "
+           "function, or pass 'module:function'")
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        raise SpecError.one("E_FIELD", f"tool {tool!r} cannot be named by import (module {module!r}, "
+                            f"name {qualname!r})", fix, path)
+    target: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not tool:
+        raise SpecError.one("E_FIELD", f"tool {module}:{qualname} does not import back as the function given", fix, path)
+    return f"{module}:{qualname}"
 
 
 # -- YAML output -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import networkx as nx
 from ..errors import FieldPath, PlanError, Problem
 from ..spec import templates
 from ..spec.models import ANSWER_VARIABLE, AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
+from .agent_features import api_edge, check_agent_features
 from .control import answer_variable, check_control
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
@@ -80,7 +81,12 @@ def validate(
     nodes = {node.name: node for node in spec.nodes}
     inputs = spec.input_specs()
     policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
-    _raise(_check_policies(spec, agents, nodes, policies, trust_code) + option_problems(spec) + text_problems(spec))
+    _raise(
+        _check_policies(spec, models, agents, nodes, policies, trust_code)
+        + check_agent_features(spec, models, agents, nodes, policies, trust_code)
+        + option_problems(spec)
+        + text_problems(spec)
+    )
     loops, loop_of = find_loops(spec, nodes)
     _raise(unrolled_size_problems(spec, nodes, loops, loop_of))  # arithmetic first: never unroll a huge plan
     _raise(check_control(spec, nodes, inputs, policies, loops, loop_of, trust_code=trust_code, functions=functions))
@@ -198,6 +204,7 @@ def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
 
 def _check_policies(
     spec: GraphSpec,
+    models: Mapping[str, ModelSpec],
     agents: Mapping[str, AgentSpec],
     nodes: Mapping[str, NodeSpec],
     policies: tuple[ResolvedPolicy, ...],
@@ -229,7 +236,12 @@ def _check_policies(
         source_model = None if source.agent is None else agents[source.agent].model
         target_model = None if target.agent is None else agents[target.agent].model
         functions = source.is_function or target.is_function  # control.py refuses their non-text edges
-        if policy.mode != "text" and source_model != target_model and not functions:
+        if (
+            policy.mode != "text"
+            and source_model != target_model
+            and not functions
+            and not api_edge(spec, models, agents, nodes, index)
+        ):
             problems.append(
                 Problem(
                     "E_CROSS_MODEL",

@@ -16,6 +16,7 @@ import json
 from typing import Any, Iterable
 
 from .drawing import Sketch, sketch_record, to_svg
+from .tool_report import tool_calls_section
 from .units import format_bytes, format_seconds
 
 MAX_SPAN_VIEWS = 400  # (origin, holder) prompt views shown; a note says when more were left out
@@ -252,7 +253,7 @@ def _lineage(record: dict[str, Any], sketch: Sketch) -> str:
     )
     explain = (
         '<p class="note">Every position a node holds knows the node that created it, its kind '
-        "(prompt, generated token, latent row) and how many edges it crossed to get here.</p>"
+        "(prompt, generated token, latent row, tool result) and how many edges it crossed to get here.</p>"
     )
     return f"<section><h2>Lineage</h2><table>{head}{''.join(rows)}</table>{explain}</section>"
 
@@ -373,6 +374,7 @@ td.wide{min-width:220px}td.text{white-space:pre-wrap}
 .small{font-size:12px;color:var(--muted)}
 .dot{display:inline-block;width:10px;height:10px;border-radius:50%;margin-right:6px}
 .note{color:var(--muted);font-size:13px}
+.ok{color:#1a7f37}.bad{color:#cf222e}
 .spans{margin-bottom:14px}
 details{margin:4px 0}summary{cursor:pointer;font-size:14px}
 .prompt{white-space:pre-wrap;font:13px/1.55 ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;
@@ -398,6 +400,7 @@ def render_report(record: dict[str, Any]) -> str:
             _hops(record, sketch),
             _lineage(record, sketch),
             _spans(record, sketch),
+            tool_calls_section(record),
             _texts(record),
             _details(record),
         ]

@@ -27,8 +27,8 @@ from typing import Any, Literal, Mapping
 
 import anyio
 
-EventKind = Literal["run", "node", "hop", "token", "error", "cancelled", "edge"]
-KINDS: tuple[str, ...] = ("run", "node", "hop", "token", "error", "cancelled", "edge")
+EventKind = Literal["run", "node", "hop", "token", "error", "cancelled", "edge", "tool"]
+KINDS: tuple[str, ...] = ("run", "node", "hop", "token", "error", "cancelled", "edge", "tool")
 EVENT_OVERHEAD_BYTES = 64  # fixed cost per event: the dataclass, its seq/epoch ints and the queue slot
 
 

@@ -26,6 +26,7 @@ class NodeResult:
     finished_at: float = 0.0
     hops: list[HopRecord] = field(default_factory=list)  # the handoffs this node received
     placement: dict[str, str] | None = None  # where it ran ({"replica", "actor", "node"}); None in-process
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # a tool loop's calls, in order (tools.ToolRun)
     kind: str = "agent"  # "agent" (a model) or "function" (a Python callable; no state, no lineage)
     answer: str | None = None  # a person's answer after the node ran (interrupt: after)
 
@@ -56,6 +57,7 @@ class NodeResult:
             "finished_at": self.finished_at,
             "hops": [hop.to_dict() for hop in self.hops],
             "placement": None if self.placement is None else dict(self.placement),
+            "tool_calls": [dict(call) for call in self.tool_calls],
             "kind": self.kind,
             "answer": self.answer,
         }
@@ -78,6 +80,7 @@ class NodeResult:
             finished_at=data.get("finished_at", 0.0),
             hops=[HopRecord(**hop) for hop in data.get("hops", [])],
             placement=data.get("placement"),
+            tool_calls=[dict(call) for call in data.get("tool_calls", [])],
             kind=data.get("kind", "agent"),
             answer=data.get("answer"),
         )

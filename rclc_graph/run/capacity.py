@@ -72,7 +72,7 @@ def fan_in_problems(plan: Plan, limits: dict[str, int], tokens: Tokens) -> list[
         inbound = list(plan.incoming(node.name))
         surely_delivered = [edge for edge in inbound if not edge.conditional and sure[edge.source]]
         sure[node.name] = not inbound or bool(surely_delivered)
-        if node.is_function:  # a function node keeps no state and only text edges touch it
+        if node.is_function or node.model.is_api:  # no rclc state; only text edges touch these nodes
             least[node.name] = 0
             continue
         info = _Node(limits[node.name], node.agent.max_new_tokens)

@@ -12,8 +12,9 @@ lower bound on purpose: inherited rows are fitted to the receiver's room by the
 transfer core, so only a node's own prompt plus its output can make a run impossible.
 
 `check_code` does the same for code a trusted topology names (module:callable selectors,
-reasoning methods, function nodes and routers): it imports each one before any model work,
-so a typo in a module name is refused at once instead of when its node or edge is reached.
+reasoning methods, function nodes, routers and tools, which are also described for the model):
+it imports each one before any model work, so a typo in a module name is refused at once
+instead of when its node or edge is reached.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import rclc
 
 from ..errors import PlanError, Problem
 from ..executors.prompts import render_prompt
+from ..executors.tools import encode_tool_prompt, load_toolbox, tool_prompt
 from ..executors.trusted_code import import_callable
 from ..plan.dag import Plan
 from .capacity import fan_in_problems, prompt_counter
@@ -33,8 +35,13 @@ from ..spec import predicates
 
 
 def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
-    """Tokens of the node's own rendered prompt (chat template applied, no text messages)."""
+    """Tokens of the node's own rendered prompt (chat template applied, tools described, no text messages)."""
     node = plan.node(name)
+    if node.agent.tools and plan.trust_code:
+        text, conversation = tool_prompt(
+            tokenizer, node.agent.system, node.prompt, load_toolbox(node.agent, trust_code=True)
+        )
+        return len(encode_tool_prompt(tokenizer, text, conversation))
     return len(render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate))
 
 
@@ -76,6 +83,8 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
     for node in plan.nodes:
         if node.model is None:
             continue  # a function node: no model, no context
+        if node.model.is_api:  # the server counts its own context; we have no tokenizer for it
+            continue
         profile = pool.profile(node.model, base_dir)
         limit = profile.context_limit
         spec = node.agent
@@ -185,6 +194,23 @@ def check_code(plan: Plan) -> None:
                         "E_POLICY", f"selector {reference!r}: {problem}", "pass only options its signature takes",
                         ("edges", edge.declared, "policy", "selector_options"),
                     ))
+    agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
+    described: set[str] = set()
+    for node in plan.nodes:
+        spec = node.agent
+        if spec is None or not spec.tools or spec.name in described:
+            continue
+        described.add(spec.name)
+        try:
+            load_toolbox(spec, trust_code=True)
+        except Exception as error:  # an import runs the module's code, which may raise anything
+            problems.append(Problem(
+                "E_UNKNOWN_REF",
+                f"agent {spec.name!r}: a tool cannot be used: {type(error).__name__}: {error}",
+                "check each tool's module is importable (on PYTHONPATH), names a function, and that the function has "
+                "type hints and a docstring",
+                ("agents", agents.get(spec.name, 0), "tools"),
+            ))
     if problems:
         raise PlanError(problems)
 

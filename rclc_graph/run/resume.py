@@ -242,7 +242,9 @@ def _finished_on_disk(run_dir: Path, plan: Plan, run_id: str) -> tuple[dict[str,
             finished[result.node] = result  # a function keeps no state: its result is all there is
             continue
         if not isinstance(snapshot, dict):
-            continue  # recorded without a snapshot (an executor without agents): not resumable state
+            if plan.node(result.node).model.is_api:  # text is all an API node leaves: it is finished
+                finished[result.node] = result
+            continue  # else recorded without a snapshot (an executor without agents): not resumable state
         fix = f"delete {where} to run node {result.node!r} again"
         try:
             snapshot_path = member(directory, snapshot.get("file"), f"{path.stem}.safetensors")

@@ -28,6 +28,7 @@ from pydantic import (
     Discriminator,
     Field,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     Tag,
     ValidationInfo,
@@ -53,6 +54,15 @@ _CALLABLE_REF = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]+)?)$")
 _PATH_PREFIXES = ("/", "./", "../", "~")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HTTP_URL = re.compile(r"^https?://[^\s/?#]+(?:/[^\s?#]*)?$")
+
+API_BACKEND = "openai"
+"""The graph-level backend of models served over an OpenAI-compatible HTTP API: no rclc state."""
+MODEL_BACKENDS = (*BACKENDS, API_BACKEND)
+_API_FIELDS = ("base_url", "model", "api_key_env", "timeout", "max_retries")
+_LOCAL_FIELDS = ("source", "dtype", "device")
+MAX_TOOL_CALLS = 32  # a tool loop is bounded; this caps what a file may ask for
 
 
 def _error(code: str, message: str, fix: str) -> PydanticCustomError:
@@ -95,6 +105,11 @@ def is_callable_ref(value: str) -> bool:
     return bool(_CALLABLE_REF.match(value))
 
 
+def tool_name(reference: str) -> str:
+    """The name a model calls a tool by: its function's own name ("shop:orders.lookup" -> "lookup")."""
+    return reference.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
 Name = Annotated[str, AfterValidator(_check_name), WithJsonSchema({"type": "string", "pattern": _NAME.pattern})]
 Ident = Annotated[str, AfterValidator(_check_ident), WithJsonSchema({"type": "string", "pattern": _IDENT.pattern})]
 Template = Annotated[str, AfterValidator(_check_template)]
@@ -118,6 +133,13 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
+def _changed(spec: BaseModel, names: tuple[str, ...]) -> list[str]:
+    """The fields of `names` whose value is not their default. (Not `model_fields_set`: a
+    record's spec is dumped with every default written out and must validate again.)"""
+    fields = type(spec).model_fields
+    return [name for name in names if getattr(spec, name) != fields[name].get_default(call_default_factory=True)]
+
+
 class ModelSpec(_Spec):
     """A model, loaded once per process and shared by every node whose agent names it."""
 
@@ -129,7 +151,18 @@ class ModelSpec(_Spec):
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     device: str = Field("auto", description="auto, cpu, mps, cuda or cuda:N")
-    backend: Literal[BACKENDS] = "hf"  # type: ignore[valid-type]
+    backend: Literal[MODEL_BACKENDS] = "hf"  # type: ignore[valid-type]
+    base_url: str | None = Field(
+        None, description="backend openai: the server's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1"
+    )
+    model: str | None = Field(None, description="backend openai: the model name the server serves")
+    api_key_env: str | None = Field(
+        None, description="backend openai: the NAME of an environment variable holding the API key (never the key)"
+    )
+    timeout: PositiveFloat = Field(60.0, description="backend openai: seconds one request may take")
+    max_retries: NonNegativeInt = Field(
+        2, le=10, description="backend openai: retries (with backoff) after a timeout, 408, 409, 429 or 5xx"
+    )
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="what each replica holds on Ray ({CPU: 1} by default, {GPU: 1}, custom resources); unused in-process",
@@ -164,6 +197,56 @@ class ModelSpec(_Spec):
                 raise _error("E_FIELD", f"resources.{key} is negative ({amount})", "use an amount >= 0")
         return value
 
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        if value is not None and not _HTTP_URL.match(value):
+            raise _error("E_FIELD", f"base_url {value!r} is not an http(s) URL", "write e.g. http://127.0.0.1:8000/v1")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise _error(
+                "E_FIELD",
+                f"api_key_env {value!r} is not an environment variable name",
+                "name the variable that holds the key (e.g. OPENAI_API_KEY); never write the key itself in a file",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> ModelSpec:
+        if self.backend == API_BACKEND:
+            missing = [name for name in ("base_url", "model") if getattr(self, name) is None]
+            if missing:
+                raise _error(
+                    "E_FIELD",
+                    f"backend openai needs {' and '.join(missing)}",
+                    "set base_url (e.g. http://127.0.0.1:8000/v1) and model (the name the server serves)",
+                )
+            local = _changed(self, _LOCAL_FIELDS)
+            if local:
+                raise _error(
+                    "E_FIELD",
+                    f"backend openai does not use {', '.join(local)} (the server holds the weights)",
+                    f"remove {', '.join(local)}",
+                )
+        else:
+            api = _changed(self, _API_FIELDS)
+            if api:
+                raise _error(
+                    "E_FIELD",
+                    f"{', '.join(api)} apply to backend openai only",
+                    f"set backend: openai, or remove {', '.join(api)}",
+                )
+        return self
+
+    @property
+    def is_api(self) -> bool:
+        """Whether this model is served over an OpenAI-compatible API (no local weights, no state)."""
+        return self.backend == API_BACKEND
+
     @property
     def source_kind(self) -> str:
         """"embedded", "path" or "hub": how the pool finds the weights."""
@@ -196,11 +279,45 @@ class AgentSpec(_Spec):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: NonNegativeInt | None = Field(None, le=2**64 - 1, description="sampling seed (torch takes up to 2**64 - 1)")
     context_limit: PositiveInt | None = Field(None, description="positions; default: the model's own limit")
+    tools: list[str] = Field(
+        default_factory=list,
+        description="package.module:callable functions the agent may call (needs trust_code); see max_tool_calls",
+    )
+    max_tool_calls: PositiveInt = Field(
+        4, le=MAX_TOOL_CALLS, description="the most tool calls one node makes before its answer (needs tools)"
+    )
+    tool_timeout: PositiveFloat = Field(
+        30.0, description="seconds one tool call may take; a slower call becomes an error result (needs tools)"
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str]) -> list[str]:
+        for reference in value:
+            if not is_callable_ref(reference):
+                raise _error(
+                    "E_FIELD",
+                    f"tool {reference!r} is not a package.module:callable reference",
+                    "name an importable function, e.g. shop_tools:lookup_order",
+                )
+        if len(set(value)) != len(value):
+            raise _error("E_FIELD", "a tool is listed twice", "list each tool once")
+        names = [tool_name(reference) for reference in value]
+        if len(set(names)) != len(names):
+            raise _error(
+                "E_FIELD",
+                "two tools share a function name (the model calls tools by name)",
+                "give each tool function its own name",
+            )
+        return value
 
     @model_validator(mode="after")
     def _sampling(self) -> AgentSpec:
         if self.top_p is not None and self.temperature is None:
             raise _error("E_FIELD", "top_p is set but generation is greedy", "set temperature as well, or drop top_p")
+        loop = _changed(self, ("max_tool_calls", "tool_timeout"))
+        if loop and not self.tools:
+            raise _error("E_FIELD", f"{', '.join(loop)} set without tools", f"add tools, or remove {', '.join(loop)}")
         return self
 
     @property

@@ -7,6 +7,7 @@ parsed as markup), so generated text such as "[bold]" or "[/]" prints as written
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,12 @@ STATUS_STYLE = {
     "waiting": ("?", "bold magenta"),  # waits for a person's answer
 }
 MAX_LIVE_ROWS = 24
+
+
+def _clip(text: str, width: int) -> str:
+    """One line of at most `width` characters (tool results can be long JSON)."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _seconds(value: float | None) -> str:
@@ -66,6 +73,7 @@ class ProgressView:
         self.tokens: dict[str, int] = {}
         self.tail: dict[str, str] = {}
         self.received: dict[str, list[str]] = {}
+        self.calls: dict[str, dict[str, str]] = {}  # node -> call id -> "tool(arguments)"
         self.positions: dict[str, int] = {}
         self.notes: list[str] = []
         self.begun = time.perf_counter()
@@ -101,6 +109,14 @@ class ProgressView:
                     f" ({payload['policy']})"
                 )
             self.received.setdefault(payload["target"], []).append(line)
+        elif event.kind == "tool":  # a tool loop's call, then its result, before the node finishes
+            if payload["phase"] == "call":
+                line = f"{payload['name']}({json.dumps(payload['arguments'], ensure_ascii=False)[1:-1]})"
+                self.calls.setdefault(payload["node"], {})[payload["call_id"]] = line
+            else:
+                call = self.calls.get(payload["node"], {}).get(payload["call_id"], payload["name"])
+                outcome = f"error: {payload['error']}" if payload["error"] else str(payload["result"])
+                self.received.setdefault(payload["node"], []).append(f"tool {call} -> {_clip(outcome, 90)}")
         elif event.kind == "error":
             name = payload.get("node")
             if name in self.status:

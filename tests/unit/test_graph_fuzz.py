@@ -34,7 +34,7 @@ from rclc_graph.errors import ErrorCode
 CODES = {code.value for code in ErrorCode}
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ["chain_of_agents", "fanout_qa", "hierarchical", "debate", "triage", "review_loop"]
+SHIPPED = ["chain_of_agents", "fanout_qa", "hierarchical", "debate", "triage", "review_loop", "tool_agent"]
 
 # Documents per test; together well over the 2,000 the issue asks for.
 STRUCTURED, EDITED, RAW, BUILDER = 900, 600, 250, 600
@@ -167,9 +167,12 @@ CONDITIONS = st.recursive(
 NODE_NAMES = st.sampled_from(["a", "b", "final"] * 4 + ["c", "x y", ""])
 AGENT_NAMES = st.sampled_from(["reader", "answerer"] * 4 + ["writer", "1st", ""])
 INPUT_TYPES = st.sampled_from(["str", "str", "list[str]", "list[str]", "int"])
+TOOLS = st.lists(st.sampled_from(["shop_tools:lookup_order", "os:system", "a.b:c.d", "nocolon", ":x", "m:"]), max_size=3)
 AGENT = mapping({
-    "name": AGENT_NAMES, "model": field(st.sampled_from(["base", "base", "base", "other"])), "system": field(TEXTS),
-    "max_new_tokens": field(POSITIVE), "temperature": field(st.floats(-1, 2)), "context_limit": field(POSITIVE),
+    "name": AGENT_NAMES, "model": field(st.sampled_from(["base", "base", "base", "other", "remote"])),
+    "system": field(TEXTS), "max_new_tokens": field(POSITIVE), "temperature": field(st.floats(-1, 2)),
+    "context_limit": field(POSITIVE), "tools": field(TOOLS), "max_tool_calls": field(st.integers(-1, 40)),
+    "tool_timeout": field(st.floats(-1, 60)),
 }, required=("name", "model"))
 NODE = mapping({
     "name": NODE_NAMES, "agent": field(AGENT_NAMES), "prompt": field(TEXTS),
@@ -185,8 +188,17 @@ EDGE = mapping({
     "policy": st.one_of(st.sampled_from(["handoff", "missing"]), POLICY),
     "when": CONDITIONS, "until": CONDITIONS,
 }, required=("source", "target"))
-MODEL = st.fixed_dictionaries({"name": st.sampled_from(["base", "base", "b", ""]),
-                               "source": field(st.sampled_from(["embedded", "embedded", "./missing-model"]))})
+MODEL = st.one_of(
+    st.fixed_dictionaries({"name": st.sampled_from(["base", "base", "b", ""]),
+                           "source": field(st.sampled_from(["embedded", "embedded", "./missing-model"]))}),
+    mapping({"name": st.sampled_from(["remote", "base"]), "backend": field(st.sampled_from(["openai", "hf", "tgi"])),
+             "base_url": field(st.sampled_from(["http://127.0.0.1:8000/v1", "https://api.example.com/v1", "ftp://x",
+                                                "localhost:8000"])),
+             "model": field(st.sampled_from(["smollm2", "", "gpt-x"])),
+             "api_key_env": field(st.sampled_from(["OPENAI_API_KEY", "sk-1234", "1BAD", "lower_ok"])),
+             "timeout": field(st.floats(-1, 120)), "max_retries": field(st.integers(-1, 12)),
+             "source": field(st.sampled_from(["embedded", "./w"]))}, required=("name", "backend")),
+)
 RUN_INPUTS = st.dictionaries(st.sampled_from(["question", "documents", "documents", "question", "extra"]), field(
     st.one_of(st.text(max_size=30), st.lists(st.text(max_size=10), max_size=4))), max_size=4)
 SECTIONS = {
@@ -261,6 +273,14 @@ def near_valid(draw) -> dict[str, Any]:
             doc["nodes"].append({"name": "f", "call": "json:dumps"})
             doc["edges"] += [{"source": "a", "target": "f", "policy": {"mode": draw(st.sampled_from(["text", "state"]))}},
                              {"source": "f", "target": "final", "policy": {"mode": "text"}}]
+    # sometimes the answerer calls tools, or runs on an API model (the edge must then be text)
+    feature = draw(st.sampled_from(["none", "none", "tools", "api"]))
+    if feature == "tools":
+        doc["agents"][1].update(tools=["shop_tools:lookup_order"], max_tool_calls=draw(st.integers(1, 4)))
+    elif feature == "api":
+        doc["models"].append({"name": "remote", "backend": "openai", "base_url": "http://127.0.0.1:8000/v1",
+                              "model": "smollm2", "api_key_env": "OPENAI_API_KEY"})
+        doc["agents"][1]["model"] = "remote"
     for _ in range(draw(st.integers(0, 2))):
         paths = _paths(doc)
         _mutate(doc, draw(st.sampled_from(paths)), draw(st.integers(0, 2)), draw(JSONISH))

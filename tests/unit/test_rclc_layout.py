@@ -254,10 +254,16 @@ def test_imports_inside_functions_say_why():
 # ---------------------------------------------------------------------------------------
 # The backend contract
 
+# Its methods: the abstract ones and those with a default a backend may override (state_inputs).
+CONTRACT_METHODS = set(Backend.__abstractmethods__) | {
+    name for name, value in vars(Backend).items() if not name.startswith("_") and callable(value)
+}
+
 
 def test_hf_backend_implements_the_whole_contract():
     assert issubclass(HFBackend, Backend) and not HFBackend.__abstractmethods__
-    for name in Backend.__abstractmethods__:
+    assert "state_inputs" in CONTRACT_METHODS
+    for name in CONTRACT_METHODS:
         contract, implementation = getattr(Backend, name), getattr(HFBackend, name)
         if isinstance(contract, property):
             assert isinstance(implementation, property), name
@@ -275,5 +281,5 @@ def test_the_contract_lists_every_backend_method_agent_calls():
                 called.add(node.attr)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "backend":
             called.add(node.attr)
-    declared = set(Backend.__abstractmethods__) | {"name", "records_by_prefill", "model", "tokenizer", "engine"}
+    declared = CONTRACT_METHODS | {"name", "records_by_prefill", "model", "tokenizer", "engine"}
     assert called and called <= declared, f"Agent calls {sorted(called - declared)} outside the contract"

@@ -436,6 +436,29 @@ def test_generate_from_a_prompt_alone_equals_generate_and_update_with_ids(llm, h
     _assert_state_close(agent.sender_state(), reference.sender_state())
 
 
+def test_generate_from_state_after_append_equals_hf(llm, hf):
+    """A tool loop's step on a vLLM agent: generate, append a turn, generate from the state
+    it holds (vLLM prefills the rows as one prompt); HF on the same weights, reusing its
+    cache, gives the same greedy tokens and the same state."""
+    prompt = "<|im_start|>user\nWho owns Cedar?<|im_end|>\n<|im_start|>assistant\n"
+    turn = "<|im_end|>\n<|im_start|>tool\n{\"owner\": \"Alice\"}<|im_end|>\n<|im_start|>assistant\n"
+
+    async def steps(agent):
+        first = await agent.generate(prompt, max_new_tokens=4)
+        await agent.append(turn)
+        held = agent.inspect()["cached_positions"]
+        second = await agent.generate(from_state=True, max_new_tokens=5)
+        return first, held, second
+
+    on_vllm, on_hf = _vllm(llm), _hf(hf)
+    first, held, second = _run(steps, on_vllm)
+    hf_first, hf_held, hf_second = _run(steps, on_hf)
+    assert (first.token_ids, held, second.token_ids) == (hf_first.token_ids, hf_held, hf_second.token_ids)
+    assert on_vllm.sender_state().positions == held + second.tokens
+    _assert_state_close(on_vllm.sender_state(), on_hf.sender_state())
+    assert not on_vllm.inspect()["pending_generation"]
+
+
 def test_sampled_generation_uses_the_seed(llm):
     prompt = "<|im_start|>user\nTell me about Birch.<|im_end|>\n<|im_start|>assistant\n"
     sampling = rclc.Sampling(temperature=1.5, top_p=0.95, seed=11)

@@ -1,0 +1,153 @@
+"""topologies/tool_agent.yaml on the embedded model: as shipped, with its tool loop scripted,
+from the builder example, and killed with SIGKILL at points inside and between its nodes,
+then resumed to the uninterrupted run's outputs.
+
+As shipped, SmolLM2-135M seldom writes a tool call (docs/graphs.md measures it), so the
+loop's runs on the embedded model are scripted (tests/_scripted_tools.py): the support node is
+made to write a JSON call of lookup_order, and then an answer; the tool really queries
+examples/shop.sqlite, its result is appended to the real model's state, and the writer
+generates freely from what it was handed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _reliability import assert_same_runs
+from _scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall
+from rclc_graph import ModelPool, finished_nodes, plan_file, resume_run_sync, run_recorded_sync
+from rclc_graph.run.record import read_record
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = ROOT / "topologies" / "tool_agent.yaml"
+INPUTS = ROOT / "examples" / "inputs" / "tool_agent.json"
+SCRIPTED_CLI = Path(__file__).with_name("_scripted_cli.py")
+# support finished; inside support's first turn
+# (the call); inside its second turn (after the tool result was appended).
+KILL_POINTS = ["after:1", "forward:5", "forward:40"]
+
+
+def _environment(scripted: bool = True) -> dict[str, str]:
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+                       PYTHONUNBUFFERED="1")
+    if scripted:
+        environment[ENV] = json.dumps(TOOL_AGENT_REPLIES)
+    return environment
+
+
+def _only_run_dir(out: Path) -> Path:
+    (run_dir,) = [path for path in out.iterdir() if path.is_dir()]
+    return run_dir
+
+
+def _cli(*arguments: str, scripted: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPTED_CLI), "--", *arguments]
+    return subprocess.run(command, cwd=ROOT, env=_environment(scripted), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The scripted tool_agent run through the CLI, uninterrupted."""
+    out = tmp_path_factory.mktemp("reference")
+    done = _cli("run", str(TOPOLOGY), "--input", str(INPUTS), "--trust-code", "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    return _only_run_dir(out)
+
+
+@pytest.fixture
+def scripted_here(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    install(TOOL_AGENT_REPLIES)
+    yield
+    uninstall()
+
+
+def test_the_tool_loop_runs_on_the_embedded_model(reference):
+    record = read_record(reference)
+    assert record["status"] == "finished"
+    support = record["nodes"]["support"]
+    [call] = support["tool_calls"]
+    assert call["name"] == "lookup_order" and call["arguments"] == {"order_id": "A-1002"} and call["error"] is None
+    assert json.loads(call["result"])["expected_delivery"] == "2026-11-21"  # read from examples/shop.sqlite
+    assert support["text"] == TOOL_AGENT_REPLIES["support"][1]
+    assert [segment[1] for segment in support["lineage"]["segments"]] == ["prompt", "token", "tool", "token"]
+    assert "You can call these tools:" in support["prompt_text"]  # SmolLM2's template has no tool format
+    reply = record["nodes"]["reply"]
+    assert reply["text"] and reply["inherited_positions"] == 96
+    page = (reference / "report.html").read_text()
+    assert "Tool calls" in page and "lookup_order" in page
+
+
+def test_the_shipped_topology_runs_unscripted_through_the_cli(tmp_path):
+    done = _cli("run", str(TOPOLOGY), "--input", str(INPUTS), "--trust-code", "--out", str(tmp_path), "--json",
+                scripted=False)
+    assert done.returncode == 0, done.stderr
+    record = read_record(_only_run_dir(tmp_path))
+    assert record["status"] == "finished" and record["outputs"]["reply"]
+    assert len(record["nodes"]["support"]["tool_calls"]) <= 2  # whatever the model chose, within the bound
+
+
+def test_the_builder_example_runs_and_equals_the_yaml(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "tool_agent.py")], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("finished in ") and "reply: " in done.stdout
+
+
+def _run_until(point: str, out: Path, marker: Path) -> subprocess.Popen:
+    command = [sys.executable, str(SCRIPTED_CLI), point, str(marker), "--", "run", str(TOPOLOGY), "--input",
+               str(INPUTS), "--trust-code", "--out", str(out), "--json"]
+    process = subprocess.Popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"the run never reached {point}")
+        time.sleep(0.02)
+    return process
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_outputs(reference, scripted_here, tmp_path, point):
+    process = _run_until(point, tmp_path / "runs", tmp_path / "paused")
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    run_dir = _only_run_dir(tmp_path / "runs")
+    assert read_record(run_dir)["status"] == "running"
+    before = set(finished_nodes(run_dir))
+    result, record, _ = resume_run_sync(run_dir, pool=ModelPool(), trust_code=True)
+    assert result.status == "finished", result.error
+    assert_same_runs(reference, run_dir)
+    assert sorted(record["attempts"][-1]["ran"]) == sorted({"support", "reply"} - before)
+    calls = [{**call, "seconds": 0} for call in record["nodes"]["support"]["tool_calls"]]
+    assert calls == [{**call, "seconds": 0} for call in read_record(reference)["nodes"]["support"]["tool_calls"]]
+    assert len(calls) == 1
+
+
+def test_a_run_resumed_in_process_without_trust_code_is_refused(reference, tmp_path):
+    from rclc_graph import ResumeError
+
+    with pytest.raises(ResumeError, match="--trust-code"):
+        resume_run_sync(reference, pool=ModelPool())
+
+
+def test_the_tool_agent_plan_equals_across_runs_in_process(scripted_here, tmp_path, reference):
+    plan = plan_file(TOPOLOGY, json.loads(INPUTS.read_text()), trust_code=True)
+    result, record, run_dir = run_recorded_sync(plan, tmp_path, pool=ModelPool())
+    assert result.outputs == read_record(reference)["outputs"]
+    assert_same_runs(reference, run_dir)
