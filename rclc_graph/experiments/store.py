@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from rclc.files import DIRECTORY_MODE, FILE_MODE, sync_directory
+from rclc.files import DIRECTORY_MODE, FILE_MODE, require_regular_file, sync_directory
 
 from ..errors import StoreError
 from ..run.directory_lock import LOCK_FILE, DirectoryLock
@@ -35,6 +35,19 @@ def _store_busy(directory: Path) -> StoreError:
     )
 
 
+def _unusable(directory: Path, error: OSError) -> StoreError:
+    """What is wrong with an --out that cannot hold results, instead of the OSError's traceback
+    (a dangling link used to read as "File exists")."""
+    shown = str(directory)
+    if directory.is_symlink() and not directory.exists():
+        reason = f"is a symbolic link to {os.readlink(directory)!r}, which does not exist; create its target or pass another directory"
+    elif directory.exists() and not directory.is_dir():
+        reason = "is a file, not a directory; pass a directory for the results"
+    else:
+        reason = f"cannot be created ({error.strerror}); pass another directory"
+    return StoreError(f"--out: {shown!r} {reason}")
+
+
 class ResultStore:
     """Append-only result rows; use as a context manager so the lock is released."""
 
@@ -45,7 +58,10 @@ class ResultStore:
         self._rows: list[dict[str, Any]] = []
         self._lock = DirectoryLock(self.directory, busy=_store_busy)
         self._needs_newline = False
-        self.directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+        except OSError as error:
+            raise _unusable(self.directory, error) from None
         self._lock.acquire()
         try:
             self._load()
@@ -106,6 +122,7 @@ class ResultStore:
     def _load(self) -> None:
         if not self.path.exists():
             return
+        require_regular_file(self.path, RESULTS, follow_links=True)  # a FIFO would block the read forever
         raw = self.path.read_bytes()
         end = len(raw)
         if raw and not raw.endswith(b"\n"):

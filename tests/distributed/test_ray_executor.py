@@ -144,13 +144,20 @@ def test_a_killed_actor_fails_its_node_and_a_resume_continues_on_a_fresh_actor(c
             if node.name != "reader_3":
                 return await super().run_node(ctx, node, inbound)
             actor = executor.actor_of("base#1")
+            failure: Exception | None = None
             async with anyio.create_task_group() as group:
                 async def kill():
                     await anyio.sleep(0.05)
                     ray.kill(actor)
 
                 group.start_soon(kill)
-                return await super().run_node(ctx, node, inbound)
+                try:
+                    result = await super().run_node(ctx, node, inbound)
+                except Exception as error:  # re-raised below: inside the group anyio would wrap it in an ExceptionGroup
+                    failure = error
+            if failure is not None:
+                raise failure
+            return result
 
     async def first_attempt():
         with anyio.fail_after(LIMIT):

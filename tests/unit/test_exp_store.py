@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -87,3 +88,24 @@ def test_append_checks_rows_and_the_store_is_locked(tmp_path):
         pass
     with pytest.raises(StoreError, match="no results file"):
         read_rows(tmp_path / "nowhere")
+
+
+# issue 16 item 17: `--out` problems (a dangling link read as "File exists") were OSError tracebacks;
+# issue 16 item 12's rule for the store's own file: a FIFO in place of results.jsonl would block forever
+def test_unusable_out_directories_and_non_regular_results_are_refused(tmp_path):
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(StoreError, match="symbolic link to .*which does not exist"):
+        ResultStore(dangling)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(StoreError, match="is a file, not a directory"):
+        ResultStore(afile)
+    with pytest.raises(StoreError, match="cannot be created"):
+        ResultStore(afile / "sub")
+    fifo_dir = tmp_path / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / RESULTS)
+    with pytest.raises(ValueError, match="is a FIFO"):
+        ResultStore(fifo_dir)
+    ResultStore(fifo_dir / "other").close()  # the refused open released its lock
