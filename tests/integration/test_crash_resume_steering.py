@@ -52,14 +52,17 @@ def _on_tiny(name: str, source: Path, **updates):
 
 def _stop_at_round_two(spec, inputs: dict) -> object:
     """The review loop with `until` holding exactly on the critic's round-2 reply."""
-    never = [edge.model_copy(update={"until": {"equals": "\u0000never"}}) if edge.until else edge for edge in spec.edges]
-    spec = type(spec).model_validate({**spec.model_dump(mode="json"), "edges": [e.model_dump(mode="json") for e in never]})
-    probe = run_plan_sync(compile_plan(spec, inputs, answers={"final": "x"}), pool=ModelPool())
+    data = spec.model_dump(mode="json")
+
+    def with_until(until: dict) -> object:  # validated again, so `until` becomes a condition model
+        edges = [{**edge, "until": until} if edge.get("until") else edge for edge in data["edges"]]
+        return type(spec).model_validate({**data, "edges": edges})
+
+    probe = run_plan_sync(compile_plan(with_until({"equals": "\u0000never"}), inputs, answers={"final": "x"}),
+                          pool=ModelPool())
     first, second = probe.nodes["critic@1"].text.strip(), probe.nodes["critic@2"].text.strip()
     assert second and second != first, "the tiny critic wrote the same reply twice; pick another seed of inputs"
-    edges = [{**edge.model_dump(mode="json"), "until": {"equals": second}} if edge.until else edge.model_dump(mode="json")
-             for edge in spec.edges]
-    return type(spec).model_validate({**spec.model_dump(mode="json"), "edges": edges})
+    return with_until({"equals": second})
 
 
 @pytest.fixture(scope="module", params=["triage", "review_loop"])
