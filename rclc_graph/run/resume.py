@@ -22,7 +22,6 @@ so a run still going (or a second resume) cannot write the same nodes.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any, Mapping
 
 import anyio
 
+import rclc
 from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
@@ -44,6 +44,7 @@ from .directory_lock import DirectoryLock
 from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, versions
 from .recorded import prepare_models, record_run
 from .recorder import RunRecorder
+from .scheduler import refuse_event_stream
 
 # Versions that decide what a node computes; the code fingerprint covers rclc's own source.
 _COMPUTING_PACKAGES = ("rclc", "rclc_graph", "torch", "transformers")
@@ -239,8 +240,10 @@ async def resume_run(
 
 
 def resume_run_sync(run_dir: str | os.PathLike[str], **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
-    """`resume_run` for code without an event loop."""
-    return anyio.run(functools.partial(resume_run, run_dir, **options))
+    """`resume_run` from synchronous code; inside a running event loop (a Jupyter cell) the
+    run gets a loop of its own in a worker thread (`rclc.call_sync`)."""
+    refuse_event_stream("resume_run_sync", options)
+    return rclc.call_sync(resume_run, run_dir, **options)
 
 
 async def _silent(kind: str, payload: dict[str, Any]) -> None:

@@ -10,7 +10,6 @@ business (`LocalExecutor` in-process; others can place nodes elsewhere).
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 import uuid
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+
+import rclc
 
 from ..errors import NodeFailed, ObserverFailed
 from ..executors import make_executor
@@ -201,6 +202,18 @@ def is_cancellation(error: BaseException) -> bool:
     return isinstance(error, anyio.get_cancelled_exc_class())
 
 
+def refuse_event_stream(function: str, options: dict[str, Any]) -> None:
+    """A sync twin cannot hand an EventStream to its caller: the stream lives on the loop that
+    runs the run, and the caller's code waits outside it. Says what to call instead."""
+    if options.get("events") is not None:
+        raise ValueError(
+            f"events: {function} waits for the whole run, so nothing could read the stream while it runs; "
+            "iterate rclc_graph.stream(...) (sync) or rclc_graph.astream(...) (async) to watch a run's events"
+        )
+
+
 def run_plan_sync(plan: Plan, **options: Any) -> RunResult:
-    """`run_plan` for code without an event loop."""
-    return anyio.run(functools.partial(run_plan, plan, **options))
+    """`run_plan` from synchronous code; inside a running event loop (a Jupyter cell) the run
+    gets a loop of its own in a worker thread (`rclc.call_sync`)."""
+    refuse_event_stream("run_plan_sync", options)
+    return rclc.call_sync(run_plan, plan, **options)
