@@ -34,6 +34,7 @@ from .executors.remote import RemoteExecutor, ReplicaHandle
 from .executors.replica import Replica
 from .plan.dag import Plan, PlanEdge, PlanNode
 from .results.lineage import Hop, Lineage, compose_hop
+from .results.run_events import hop_payload
 from .results.run_result import NodeResult
 
 _WORD = re.compile(r"\S+\s*")
@@ -118,6 +119,9 @@ class FakeExecutor(Executor):
         self.peak = max(self.peak, self.running)
         try:
             started = time.time()
+            hops = [self._hop(node, edge, sender) for edge, sender in inbound]
+            for hop in hops:  # delivered before the node "generates", as the local executor does
+                await ctx.publish("hop", hop_payload(hop))
             if node.name == self.hang:
                 if self.interrupt:
                     await anyio.sleep(0.05)
@@ -127,7 +131,7 @@ class FakeExecutor(Executor):
             failure = self._failure(node)
             if failure is not None:
                 raise failure
-            result = self._result(ctx, node, inbound, started)
+            result = self._result(ctx, node, inbound, started, hops)
         finally:
             self.running -= 1
         self.log.append(("end", node.name, []))
@@ -139,8 +143,7 @@ class FakeExecutor(Executor):
             return self.fail(node)
         return RuntimeError(f"{node.name} broke") if node.name in self.fail else None
 
-    def _result(self, ctx: RunContext, node: PlanNode, inbound: Inbound, started: float) -> NodeResult:
-        hops = [self._hop(node, edge, sender) for edge, sender in inbound]
+    def _result(self, ctx: RunContext, node: PlanNode, inbound: Inbound, started: float, hops: list[Hop]) -> NodeResult:
         states = [hop for hop in hops if hop.record.mode != "text"]
         inherited = sum(hop.record.kept_positions for hop in states)
         prompt = compose_content(node, inbound)

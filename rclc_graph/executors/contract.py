@@ -52,7 +52,10 @@ class Executor(ABC):
     async def run_node(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
         """Run one node. Called by the scheduler, in the node's own task, once every sender of
         the node finished. Raises NodeFailed naming the node and edge (any other exception is
-        wrapped by the scheduler); a cancelled run cancels this call."""
+        wrapped by the scheduler); a cancelled run cancels this call. Publishes, through
+        `ctx.publish`, a `hop` event (`results.run_events.hop_payload`) for each handoff as
+        soon as the node holds it, before it generates, and its `token` events; the scheduler
+        publishes any hop an executor left out once the node finished."""
 
     @abstractmethod
     def agent(self, run_id: str, node: str) -> Any | None:

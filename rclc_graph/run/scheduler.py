@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,7 +112,7 @@ async def run_plan(
     if failure is not None:
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,
                                 "message": str(failure)})
-        await publish("run", {"status": "failed", "seconds": seconds})
+        await publish("run", {"status": "failed", "seconds": seconds, "error": str(failure), "node": failure.node})
         executor.release(run_id)
         return RunResult(run_id, "failed", outputs, results, hops, error=str(failure), seconds=seconds,
                          failed_node=failure.node)
@@ -132,8 +133,9 @@ async def _drive(
         node = plan.node(name)
         inbound = [(edge, results[edge.source]) for edge in plan.incoming(name)]
         await ctx.publish("node", {"node": name, "status": "started"})
+        hops = _HopTracker(ctx.publish)
         try:
-            result = await executor.run_node(ctx, node, inbound)
+            result = await executor.run_node(replace(ctx, publish=hops), node, inbound)
         except NodeFailed:
             raise
         except anyio.get_cancelled_exc_class():
@@ -141,10 +143,8 @@ async def _drive(
         except Exception as error:
             raise NodeFailed(name, error) from error
         results[name] = result
-        for hop in result.hops:
-            await ctx.publish("hop", hop.to_dict())
-        await ctx.publish("node", {"node": name, "status": "finished", "positions": result.positions,
-                                   "text": result.text})
+        await hops.publish_missing(result.hops)
+        await ctx.publish("node", _finished_payload(result))
         if observer is not None:
             try:
                 observer.node_finished(ctx.run_id, result)
@@ -173,6 +173,32 @@ async def _drive(
             finished.add(name)
             launch(plan.ready_after(name, finished, started))  # O(its receivers), not O(plan)
         group.cancel_scope.cancel()  # only the watcher is left
+
+
+class _HopTracker:
+    """A node's publish: passes every event on and remembers which hops the executor published
+    (when the receiver had its delivery, before it generated), so the scheduler publishes
+    only the ones an executor left out, once the node finished."""
+
+    def __init__(self, publish: Any) -> None:
+        self.publish = publish
+        self.published: set[tuple[Any, str]] = set()
+
+    async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
+        if kind == "hop":
+            self.published.add((payload.get("edge"), str(payload.get("source"))))
+        return await self.publish(kind, payload)
+
+    async def publish_missing(self, hops: list[HopRecord]) -> None:
+        for record in hops:
+            if (record.edge, record.source) not in self.published:
+                await self.publish("hop", record.to_dict())
+
+
+def _finished_payload(result: NodeResult) -> dict[str, Any]:
+    return {"node": result.node, "status": "finished", "positions": result.positions, "text": result.text,
+            "generated_tokens": result.generated_tokens, "generation_seconds": result.generation_seconds,
+            "inherited_positions": result.inherited_positions, "lineage": result.lineage.summary()}
 
 
 def _hops_in_order(plan: Plan, results: dict[str, NodeResult]) -> list[HopRecord]:
