@@ -158,8 +158,11 @@ class FakeExecutor(Executor):
         text = self.text(NodeReading(node, inbound, state, earlier))
         generated = len(word_offsets(text))
         lineage = read.extend(node.name, generated, "token")
+        records = [record if record.mode == "text" else replace(record, generation_seconds=self.generation_seconds)
+                   for record in state.hops]  # as the local executor records a state hop's receiver generation
         return replace(state, text=text, positions=len(lineage), lineage=lineage, generated_tokens=generated,
-                       generation_seconds=self.generation_seconds, started_at=started, finished_at=time.time())
+                       generation_seconds=self.generation_seconds, started_at=started, finished_at=time.time(),
+                       hops=records)
 
     def _hop(self, node: PlanNode, edge: PlanEdge, sender: NodeResult) -> Hop:
         if edge.policy.mode == "text":

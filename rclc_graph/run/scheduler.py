@@ -10,6 +10,7 @@ business (`LocalExecutor` in-process; others can place nodes elsewhere).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -30,6 +31,9 @@ from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
+from .tracing import run_tracer
+
+logger = logging.getLogger(__name__)
 
 
 class RunObserver(Protocol):
@@ -43,16 +47,33 @@ def new_run_id() -> str:
 
 
 class _Publisher:
-    """Publishes the run's events into an optional stream, under the run's epoch."""
+    """Publishes the run's events into an optional stream, under the run's epoch, and shows
+    each to the run's tracer (OpenTelemetry spans, when the `otel` extra is installed)."""
 
     def __init__(self, events: EventStream | None, run_id: str) -> None:
         self.events, self.run_id = events, run_id
         self.epoch = events.open_epoch() if events is not None else 0
+        self.tracer = run_tracer(run_id)
 
     async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
+        if self.tracer is not None:
+            self.tracer.observe(kind, payload)
         if self.events is None:
             return None
         return await self.events.publish(kind, payload, run_id=self.run_id, epoch=self.epoch)  # type: ignore[arg-type]
+
+    def trace(self, kind: str, payload: dict[str, Any]) -> None:
+        """Show an event to the tracer only (the run ended without a stream event for it)."""
+        if self.tracer is not None:
+            self.tracer.observe(kind, payload)
+
+    async def cancelled(self, finished: list[str]) -> None:
+        """The run was cancelled: retire its epoch and queue its one `cancelled` notice."""
+        payload = {"finished": finished}
+        if self.tracer is not None:
+            self.tracer.observe("cancelled", payload)
+        if self.events is not None:
+            await self.events.cancel(self.epoch, run_id=self.run_id, payload=payload)
 
 
 async def run_plan(
@@ -90,6 +111,7 @@ async def run_plan(
     ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)
     results: dict[str, NodeResult] = dict(completed or {})
     begun = time.perf_counter()
+    logger.info("run %s (%s, %d nodes, %d done before) started", run_id, plan.name, len(plan.nodes), len(results))
     await publish("run", {"status": "started", "plan": plan.name, "nodes": len(plan.nodes), "resumed": len(results)})
     failure: NodeFailed | None = None
     try:
@@ -97,25 +119,29 @@ async def run_plan(
     except BaseException as error:
         ctx.stop.set()
         if is_cancellation(error):
-            if events is not None:
-                with anyio.CancelScope(shield=True):
-                    await events.cancel(publish.epoch, run_id=run_id, payload={"finished": sorted(results)})
+            logger.info("run %s cancelled; finished: %s", run_id, ", ".join(sorted(results)) or "none")
+            with anyio.CancelScope(shield=True):
+                await publish.cancelled(sorted(results))
             executor.release(run_id)
             raise
         failure = _first(error, NodeFailed)
         if failure is None:
+            logger.error("run %s raised %s: %s", run_id, type(error).__name__, error)
+            publish.trace("run", {"status": "failed", "error": f"{type(error).__name__}: {error}"})
             executor.release(run_id)
             raise
     seconds = time.perf_counter() - begun
     hops = _hops_in_order(plan, results)
     outputs = {name: results[name].text or "" for name in plan.outputs if name in results}
     if failure is not None:
+        logger.warning("run %s failed after %.2f s: %s", run_id, seconds, failure)
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,
                                 "message": str(failure)})
         await publish("run", {"status": "failed", "seconds": seconds, "error": str(failure), "node": failure.node})
         executor.release(run_id)
         return RunResult(run_id, "failed", outputs, results, hops, error=str(failure), seconds=seconds,
                          failed_node=failure.node)
+    logger.info("run %s finished in %.2f s", run_id, seconds)
     await publish("run", {"status": "finished", "seconds": seconds, "outputs": outputs})
     return RunResult(run_id, "finished", outputs, results, hops, seconds=seconds)
 
