@@ -19,15 +19,20 @@ from rclc_graph.run.tracing import RunTracer  # noqa: E402
 from rclc_graph.testing import FakeExecutor  # noqa: E402
 
 EXPORTER = InMemorySpanExporter()
+_INSTALLED: list[object] = []
 
 
 @pytest.fixture
 def spans():
-    """The process's tracer provider (set once: OpenTelemetry allows one), exporting in memory."""
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
+    """The process's tracer provider (OpenTelemetry allows one per process: docs/streaming.md's
+    example may have set it already), also exporting to our in-memory exporter."""
+    if not _INSTALLED:
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):
+            provider = TracerProvider()
+            trace.set_tracer_provider(provider)
         provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        trace.set_tracer_provider(provider)
+        _INSTALLED.append(provider)
     EXPORTER.clear()
     yield EXPORTER
     EXPORTER.clear()
