@@ -277,12 +277,13 @@ def typed(event: Event) -> RunEvent:
 
 
 def event_from_dict(data: Mapping[str, Any]) -> RunEvent:
-    """Read a wire form (`to_dict()`, a line of the event log, an SSE `data:`) back."""
+    """Read a wire form (`to_dict()`, a line of the event log, an SSE `data:`) back; the `id`
+    that the event log and SSE put in front is the line's, not the event's, and is left out."""
     kind = data.get("type")
     cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
     if cls is None:
         raise ValueError(f"type: {kind!r} is not a run event type; expected one of {sorted(EVENT_TYPES)}")
-    rest = {key: value for key, value in data.items() if key not in ("type", "run_id", "seq")}
+    rest = {key: value for key, value in data.items() if key not in ("type", "run_id", "seq", "id")}
     return _build(cls, rest, run_id=str(data.get("run_id", "")), seq=int(data.get("seq", 0)))
 
 

@@ -62,6 +62,9 @@ class RunStream:
         self.max_events, self.max_bytes = max_events, max_bytes
         self._iterator: AsyncIterator[RunEvent] | None = None
         self._events: EventStream | None = None
+        self._run_scope: anyio.CancelScope | None = None  # made on the run's loop (anyio needs one)
+        self._cancel_requested = False
+        self.cancelled = False  # the run was stopped by cancel()
         self.result: RunResult | None = None
         self.record: dict[str, Any] | None = None
         self.run_dir: Path | None = None
@@ -82,10 +85,20 @@ class RunStream:
         """The bounded stream's counters (high water, waits for room); None before it started."""
         return None if self._events is None else self._events.stats()
 
+    def cancel(self) -> None:
+        """Stop the run and keep the stream going to its end: the events it publishes while it
+        winds down, and its `run.cancelled`, still arrive. Then `cancelled` is True and
+        `result` None (a recorded run's record says what finished)."""
+        self._cancel_requested = True
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+
     async def _run(self) -> AsyncIterator[RunEvent]:
         events = self._events = EventStream(max_events=self.max_events, max_bytes=self.max_bytes)
         outcome: dict[str, Any] = {}
-        run_scope = anyio.CancelScope()
+        run_scope = self._run_scope = anyio.CancelScope()
+        if self._cancel_requested:
+            run_scope.cancel()
 
         async def runner() -> None:
             try:
@@ -116,8 +129,9 @@ class RunStream:
             return
         if "error" in outcome:
             raise outcome["error"]
-        if "value" not in outcome:  # only our own run_scope cancels the runner, and not on this path
-            raise RuntimeError("the run ended without a result")
+        if "value" not in outcome:  # cancel() stopped it (only our own scope cancels the runner here)
+            self.cancelled = True
+            return
         self._finish(outcome["value"])
 
     def _finish(self, value: Any) -> None:

@@ -129,3 +129,18 @@ def test_an_error_during_the_run_reaches_the_consumer_after_the_events(monkeypat
         anyio.run(main)
     with pytest.raises(ValueError, match="executor"):
         list(stream(graph(), INPUTS, executor="no-such-executor"))
+
+
+def test_cancel_stops_the_run_and_the_stream_still_delivers_its_cancelled_notice():
+    async def main():
+        types = []
+        events = astream(graph(), INPUTS, executor=FakeExecutor(hang="second"))
+        async with events:
+            async for event in events:
+                types.append(event.type)
+                if event.type == "hop.delivered":
+                    events.cancel()
+        return types, events
+
+    types, events = anyio.run(main)
+    assert types[-1] == "run.cancelled" and events.cancelled and events.result is None
