@@ -295,7 +295,9 @@ _SVG_STYLE = (
 
 
 def to_svg(sketch: Sketch) -> str:
-    """A standalone inline SVG (no scripts, no external references); every label escaped."""
+    """A standalone inline SVG (no scripts, no external references); every label escaped.
+    Node groups carry `data-node`, edge groups `data-source`/`data-target`, so a page can
+    style them by name (the server's live view colours node states)."""
     shape = geometry(sketch)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {shape.width:.0f} {shape.height:.0f}" '
@@ -315,8 +317,9 @@ def to_svg(sketch: Sketch) -> str:
         mode = route.edge.mode if route.edge.mode in MODE_COLOURS else "state"
         (x1, y1), (c1x, c1y), (c2x, c2y), (x2, y2) = route.points
         lx, ly = route.label_at
+        ends = f'data-source="{html.escape(route.edge.source)}" data-target="{html.escape(route.edge.target)}"'
         parts.append(
-            f'<g class="edge"><path d="M{x1:.1f},{y1:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {x2:.1f},{y2:.1f}" '
+            f'<g class="edge" {ends}><path d="M{x1:.1f},{y1:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {x2:.1f},{y2:.1f}" '
             f'fill="none" stroke="{MODE_COLOURS[mode]}" stroke-width="2"{dashes[route.style]} '
             f'marker-end="url(#arrow-{mode})"/>'
             f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle" class="edge-label">'
@@ -328,7 +331,7 @@ def to_svg(sketch: Sketch) -> str:
         stroke = 3 if node.output else 1.5
         dash = "" if node.generate else ' stroke-dasharray="5 3"'
         parts.append(
-            f'<g class="node"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.0f}" rx="9" '
+            f'<g class="node" data-node="{html.escape(node.name)}"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.0f}" rx="9" '
             f'fill="{colour}22" stroke="{colour}" stroke-width="{stroke}"{dash}/>'
             f'<text x="{x + w / 2:.1f}" y="{y + 19:.1f}" text-anchor="middle" class="node-name">'
             f"{html.escape(node.name)}</text>"

@@ -30,6 +30,7 @@ from ..plan import plan_file, validate_file
 from ..render import save_png, sketch_blueprint, sketch_plan, to_mermaid
 from ..run import read_record, read_resume_point
 from ..run.preflight import check_code, check_context
+from ..server import commands as server_commands
 from ..spec import json_schema, read_graph
 from .console import (
     EXIT_FAILED,
@@ -56,6 +57,7 @@ app = typer.Typer(
 )
 
 app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
+server_commands.register(app)  # serve (starlette and uvicorn load when it runs)
 
 
 # -- inputs ------------------------------------------------------------------------------------
