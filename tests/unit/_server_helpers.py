@@ -85,10 +85,12 @@ def live_server(directory: Path, pool: ModelPool, **options: Any) -> Iterator[tu
         thread.join(30)
 
 
-def read_sse(response: httpx.Response) -> list[dict[str, Any]]:
-    """Every message of an SSE response until it ends: {"id", "event", "data"} (data parsed)."""
+def read_sse(response: httpx.Response | Iterator[str]) -> list[dict[str, Any]]:
+    """Every message of an SSE response (or of the rest of its lines) until it ends:
+    {"id", "event", "data"} with data parsed."""
     messages, fields = [], {}
-    for line in response.iter_lines():
+    lines = response.iter_lines() if isinstance(response, httpx.Response) else response
+    for line in lines:
         if line == "":
             if "data" in fields:
                 messages.append({"id": fields.get("id"), "event": fields.get("event"), "data": json.loads(fields["data"])})
