@@ -155,7 +155,15 @@ async function drawGraph() {
   const response = await api(`/runs/${encodeURIComponent(current.id)}/graph.svg`);
   if (!response.ok || current !== view) return;
   $("graph").innerHTML = await response.text(); // server-rendered SVG: every label escaped there
-  for (const [name, node] of Object.entries(current.nodes)) paintNode(name, node.status);
+  // the drawing colours nodes by their order in it, as the report does: the cards follow
+  $("graph").querySelectorAll("g.node").forEach((group, index) => {
+    current.colours[group.dataset.node] = PALETTE[index % PALETTE.length];
+  });
+  for (const [name, node] of Object.entries(current.nodes)) {
+    paintNode(name, node.status);
+    node.parts.dot.style.color = current.colours[name] || "#999";
+    renderLineage(node);
+  }
 }
 
 function showReport(run) {
@@ -176,6 +184,7 @@ function card(name) {
   if (view.nodes[name]) return view.nodes[name];
   const colour = view.colours[name] || PALETTE[Object.keys(view.nodes).length % PALETTE.length];
   const parts = {
+    dot: el("span", {style: `color:${colour}`, text: "● "}),
     status: el("span", {class: "badge", text: "waiting"}),
     facts: el("div", {class: "facts"}),
     hops: el("ul", {class: "hops"}),
@@ -183,11 +192,12 @@ function card(name) {
     lineage: el("div", {class: "small"}),
     prompt: el("div", {class: "prompt"}),
   };
-  const title = el("h3", {}, el("span", {}, el("span", {style: `color:${colour}`, text: "● "}), name), parts.status);
+  const title = el("h3", {}, el("span", {}, parts.dot, name), parts.status);
+  parts.details = el("details", {}, el("summary", {text: "prompt (kept spans highlighted)"}), parts.prompt);
   const box = el("div", {class: "card", "data-node": name}, title, parts.facts, parts.hops, parts.tokens, parts.lineage,
-    el("details", {}, el("summary", {text: "prompt (kept spans highlighted)"}), parts.prompt));
+    parts.details);
   $("nodes").append(box);
-  view.nodes[name] = {box, parts, status: "waiting", tokens: [], info: null};
+  view.nodes[name] = {box, parts, status: "waiting", tokens: [], info: null, lineage: null, opened: false};
   return view.nodes[name];
 }
 
@@ -262,10 +272,16 @@ function highlight(name) {
     const by = keptBy(name, first + index, "token");
     if (by.length) { span.classList.add("kept"); span.title = "kept into " + [...new Set(by.map((seg) => seg.target))].join(", "); }
   });
+  let marked = 0;
   for (const span of node.parts.prompt.querySelectorAll("span[data-position]")) {
     const by = keptBy(name, Number(span.dataset.position), "prompt");
-    if (by.length) { span.classList.add("kept"); span.title = "kept into " + [...new Set(by.map((seg) => seg.target))].join(", "); }
+    if (by.length) {
+      span.classList.add("kept");
+      span.title = "kept into " + [...new Set(by.map((seg) => seg.target))].join(", ");
+      marked += 1;
+    }
   }
+  if (marked && !node.opened) { node.opened = true; node.parts.details.open = true; } // show what survived, once
 }
 
 async function finished(event) {
@@ -274,18 +290,24 @@ async function finished(event) {
   node.info = {positions: event.positions, generated_tokens: event.generated_tokens};
   node.parts.facts.textContent = `${event.positions} positions (${event.inherited_positions} inherited), `
     + `${event.generated_tokens} tokens generated in ${Number(event.generation_seconds).toFixed(2)} s`;
-  const byNode = (event.lineage && event.lineage.by_node) || {};
+  node.lineage = (event.lineage && event.lineage.by_node) || {};
+  renderLineage(node);
+  if (!node.tokens.length && event.text) node.parts.tokens.textContent = event.text; // vLLM-style: text without token events
+  const current = view;
+  const response = await api(`/runs/${encodeURIComponent(current.id)}/nodes/${encodeURIComponent(event.node)}`);
+  if (response.ok && current === view) showPrompt(node, await response.json());
+  drawGraph();
+}
+
+function renderLineage(node) {
+  if (!node.lineage) return;
+  const byNode = node.lineage;
   const total = Object.values(byNode).reduce((a, b) => a + b, 0) || 1;
   const bar = el("div", {class: "bar"});
   for (const [origin, count] of Object.entries(byNode)) {
     bar.append(el("span", {style: `width:${(100 * count / total).toFixed(2)}%;background:${view.colours[origin] || "#999"}`, title: `${origin}: ${count}`}));
   }
   node.parts.lineage.replaceChildren(el("div", {text: "lineage: " + Object.entries(byNode).map(([o, c]) => `${o} ${c}`).join(", ")}), bar);
-  if (!node.tokens.length && event.text) node.parts.tokens.textContent = event.text; // vLLM-style: text without token events
-  const current = view;
-  const response = await api(`/runs/${encodeURIComponent(current.id)}/nodes/${encodeURIComponent(event.node)}`);
-  if (response.ok && current === view) showPrompt(node, await response.json());
-  drawGraph();
 }
 
 function showPrompt(node, data) {
