@@ -22,10 +22,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..errors import GraphError, ResumeError
+from ..errors import GraphError, RequestRefused, ResumeError
 from ..executors import default_pool
 from . import openapi
-from .errors import E_NOT_FOUND, E_REQUEST, ApiError, error_body, json_error
+from .errors import E_NOT_FOUND, E_REQUEST, error_body, json_error
 from .handlers import UI_DIR, Api
 from .runs import RunManager
 from .security import BodyLimit, Guard
@@ -103,7 +103,7 @@ def create_app(settings: ServerSettings, *, pool: Any = None) -> Starlette:
     app = Starlette(
         routes=routes(api, settings),
         middleware=[Middleware(BodyLimit, limit=settings.max_body_bytes), Middleware(Guard, settings=settings)],
-        exception_handlers={ApiError: _api_error, GraphError: _api_error, ResumeError: _api_error,
+        exception_handlers={RequestRefused: _api_error, GraphError: _api_error, ResumeError: _api_error,
                             ValueError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )

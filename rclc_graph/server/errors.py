@@ -13,16 +13,10 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from ..errors import GraphError, ResumeError
+from ..errors import GraphError, RequestRefused, ResumeError
 
 
-class ApiError(Exception):
-    """A refusal with an HTTP status, a stable code, a message and the fix."""
-
-    def __init__(self, status: int, code: str, message: str, fix: str = "", *, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.fix = status, code, message, fix
-        self.headers = headers or {}
+ApiError = RequestRefused  # what handlers raise for a refusal (defined with every other error, in errors.py)
 
 
 # The server's own codes (GraphError problems keep theirs: ErrorCode).

@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..errors import RequestRefused
 from .errors import E_AUTH, E_BODY_SIZE, E_HOST, E_MEDIA_TYPE, error_body
 from .settings import ServerSettings
 
@@ -64,32 +65,17 @@ class BodyLimit:
             await _refuse(send, 413, E_BODY_SIZE, f"the request body is {length} bytes", fix)
             return
         seen = 0
-        started = False
 
         async def limited() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
+                if seen > self.limit:  # the handler reading the body gets it; the app answers 413 JSON
+                    raise RequestRefused(413, E_BODY_SIZE, f"the request body is over {self.limit} bytes", fix)
             return message
 
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited, tracking)
-        except _TooLarge:
-            if not started:
-                await _refuse(send, 413, E_BODY_SIZE, f"the request body is over {self.limit} bytes", fix)
-
-
-class _TooLarge(Exception):
-    """A streamed body passed the limit (caught by BodyLimit)."""
+        await self.app(scope, limited, send)
 
 
 class Guard:
