@@ -23,6 +23,7 @@ so a run still going (or a second resume) cannot write the same nodes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_na
 from .recorded import prepare_models, record_run
 from .recorder import RunRecorder
 from .scheduler import refuse_event_stream
+
+logger = logging.getLogger(__name__)
 
 # Versions that decide what a node computes; the code fingerprint covers rclc's own source.
 _COMPUTING_PACKAGES = ("rclc", "rclc_graph", "torch", "transformers")
@@ -235,6 +238,8 @@ async def resume_run(
         raise
     for name, agent in agents.items():
         inner.adopt(point.run_id, name, agent)
+    logger.info("resuming run %s: %d of %d nodes finished before, %d restored", point.run_id, len(point.finished),
+                len(point.plan.nodes), len(agents))
     return await record_run(recorder, inner, pool=pool, events=events, base_dir=point.base_dir,
                             completed=dict(point.finished))
 

@@ -15,6 +15,7 @@ submission is refused with 429 and a Retry-After estimated from recent run times
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -164,7 +165,9 @@ class RunManager:
     async def submit_resume(self, run_id: str, answers: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Admit a resume of an unfinished run (checked first, without loading a model)."""
         self._check_resumable(run_id, answers)
-        await anyio.to_thread.run_sync(lambda: read_resume_point(self.run_dir(run_id), trust_code=self.settings.trust_code))
+        options = {} if answers is None else {"answers": dict(answers)}  # only reached where resume takes answers
+        await anyio.to_thread.run_sync(
+            lambda: read_resume_point(self.run_dir(run_id), trust_code=self.settings.trust_code, **options))
         self._check_resumable(run_id, answers)  # again: another request may have resumed it meanwhile
         kind = "resume" if answers is None else "answer"
         return self.admit(Submission(run_id, kind, answers=None if answers is None else dict(answers)))
@@ -408,7 +411,6 @@ def _plain(value: Any) -> Any:
 
 
 def _resume_takes_answers() -> bool:
-    """Whether this build's resume_run accepts answers for a waiting run (human-in-the-loop)."""
-    import inspect
-
-    return "answers" in inspect.signature(resume_run).parameters
+    """Whether this build resumes a waiting run with answers (human-in-the-loop): `resume_run`
+    and `read_resume_point` both take `answers` there. Until then /answer says 501."""
+    return all("answers" in inspect.signature(function).parameters for function in (resume_run, read_resume_point))

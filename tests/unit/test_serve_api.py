@@ -4,12 +4,16 @@ the CLI's codes, uploads' limits, the guards, and an OpenAPI document equal to t
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import httpx
 import pytest
 
 from rclc_graph.results.run_events import HopDelivered, NodeFinished, event_from_dict
 from rclc_graph.server import ServerSettings
 from rclc_graph.server.openapi import OPERATIONS
+from rclc_graph.server.runs import _resume_takes_answers
 from rclc_graph.server.schemas import ErrorBody, RunAccepted, RunDetail, RunList, ServerState, TopologyList
 from starlette.routing import Mount, Route
 
@@ -170,6 +174,22 @@ def test_answers_need_a_waiting_run(server):
     error = error_of(client.post(f"/runs/{run_id}/answer", json={"answers": {"answer": "yes"}}), 409)
     assert error["code"] == "E_STATE"
     assert error_of(client.post(f"/runs/{run_id}/answer", json={"answers": "yes"}), 422)["code"] == "E_REQUEST"
+
+
+def test_answering_a_waiting_run_needs_human_in_the_loop_support(server):
+    client, _, directory = server
+    run_id, _ = run_to_end(client)
+    waiting = directory / "runs" / f"{run_id}-waiting"
+    shutil.copytree(directory / "runs" / run_id, waiting)
+    record = json.loads((waiting / "record.json").read_text())
+    (waiting / "record.json").write_text(json.dumps({**record, "status": "waiting", "run_id": waiting.name}))
+    assert client.get(f"/runs/{waiting.name}").json()["status"] == "waiting"
+    assert error_of(client.post(f"/runs/{waiting.name}/resume"), 409)["code"] == "E_STATE"  # it needs an answer
+    assert not _resume_takes_answers(), (
+        "this build resumes waiting runs with answers (issue 13): replace this test with an end-to-end "
+        "POST /runs/{id}/answer test on a topology with an interrupt")
+    error = error_of(client.post(f"/runs/{waiting.name}/answer", json={"answers": {"answer": "yes"}}), 501)
+    assert error["code"] == "E_UNAVAILABLE"
 
 
 def test_the_openapi_document_lists_exactly_the_routes(server):
