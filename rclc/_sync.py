@@ -27,6 +27,11 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+try:  # anyio finds "the running loop" through sniffio's context variable when sniffio is installed
+    from sniffio import current_async_library_cvar as _LIBRARY
+except ImportError:  # pragma: no cover - anyio then asks asyncio, which is per thread anyway
+    _LIBRARY = None
+
 T = TypeVar("T")
 
 
@@ -64,6 +69,8 @@ class _Worker:
         raise KeyboardInterrupt  # only reached when cancel() cancelled the scope
 
     def run(self) -> None:
+        if _LIBRARY is not None:  # the copied context says "asyncio" (the caller's loop): not in this thread
+            _LIBRARY.set(None)
         try:
             self.outcome = (True, anyio.run(self._main))
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread as is

@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 import threading
 
+import anyio
 import pytest
 import trio
 
@@ -69,6 +70,11 @@ def test_call_sync_inside_a_loop_run_until_complete_and_inside_trio():
     async def trio_cell():
         return rclc.call_sync(_where, 7)[0]
     assert trio.run(trio_cell) == 14
+
+    async def anyio_cell():  # anyio marks its loop in a context variable the worker must not inherit
+        return rclc.call_sync(_where, 8)[0]
+    assert anyio.run(anyio_cell) == 16
+    assert anyio.run(anyio_cell, backend="trio") == 16
 
 
 def test_call_sync_raises_the_callees_exception_unchanged():
