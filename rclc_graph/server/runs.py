@@ -7,7 +7,8 @@ typed events the server appends as the run publishes them. Nothing else is neede
 watch or resume it, so a server that was killed and started again shows every run: those it
 was running are `interrupted` (their record still says running, and no process holds them)
 and resume like any interrupted run. A run admitted but not started yet has no directory: its
-submission waits in `<runs>/.serve/submissions/<run_id>.json` and is queued again at start.
+submission waits in `<runs>/.serve/submissions/<run_id>.json` (submissions.py) and is queued
+again at start.
 
 Admission: at most `max_concurrent` runs execute; up to `max_queue` more wait; beyond that a
 submission is refused with 429 and a Retry-After estimated from recent run times.
@@ -16,51 +17,30 @@ submission is refused with 429 and a Retry-After estimated from recent run times
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import re
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import anyio
 from anyio.abc import TaskGroup
 
-from rclc.files import write_json_atomic
-
-from ..errors import GraphError
-from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..run import new_run_id, read_record, read_resume_point, resume_run, run_recorded
 from ..run.event_log import EventLogWriter
 from ..run.streaming import RunStream
-from ..spec.models import GraphSpec
 from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, E_STATE, E_UNAVAILABLE, ApiError
 from .settings import ServerSettings
+from .submissions import Submission, SubmissionStore
 
 logger = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SERVER_DIR = ".serve"
 TERMINAL_RECORD = ("finished", "failed", "cancelled", "waiting")
-
-
-@dataclass
-class Submission:
-    """A run the server accepted: a new run (a plan), or a resume of a run directory."""
-
-    run_id: str
-    kind: str  # new | resume | answer
-    submitted_at: float = field(default_factory=time.time)
-    plan: Plan | None = None
-    topology: str | None = None  # the directory topology's name; None for an upload
-    topology_file: Path | None = None
-    base_dir: Path | None = None
-    seed: int = 0
-    answers: dict[str, str] | None = None
 
 
 @dataclass
@@ -80,7 +60,7 @@ class RunManager:
         self.settings = settings
         self.pool = pool
         self.runs_dir = settings.runs_dir.resolve()
-        self.submissions_dir = self.runs_dir / SERVER_DIR / "submissions"
+        self.submissions = SubmissionStore(self.runs_dir / SERVER_DIR / "submissions")
         self.queue: deque[Submission] = deque()
         self.active: dict[str, ActiveRun] = {}
         self.recent_seconds: deque[float] = deque(maxlen=16)
@@ -93,10 +73,12 @@ class RunManager:
 
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled: queue the submissions a previous server left, start runs."""
-        self.submissions_dir.mkdir(parents=True, exist_ok=True)
+        self.submissions.directory.mkdir(parents=True, exist_ok=True)
         async with anyio.create_task_group() as group:
             self._group = group
-            self._restore()
+            for submission in self.submissions.pending(self.runs_dir, trust_code=self.settings.trust_code):
+                self.queue.append(submission)
+                logger.info("queued run %s again (admitted by an earlier server)", submission.run_id)
             self._start_next()
             task_status.started()
             await anyio.sleep_forever()
@@ -155,11 +137,11 @@ class RunManager:
                                 base_dir=base_dir, seed=seed)
         if len(self.queue) >= self.settings.max_queue and len(self.active) >= self.settings.max_concurrent:
             return self.admit(submission)  # refused: nothing written
-        self._write_submission(submission, "queued")
+        self.submissions.write(submission, "queued")
         try:
             return self.admit(submission)
         except ApiError:
-            self._submission_path(submission.run_id).unlink(missing_ok=True)
+            self.submissions.remove(submission.run_id)
             raise
 
     async def submit_resume(self, run_id: str, answers: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -193,7 +175,7 @@ class RunManager:
             if submission.run_id == run_id:
                 self.queue.remove(submission)
                 if submission.kind == "new":
-                    self._write_submission(submission, "cancelled")
+                    self.submissions.write(submission, "cancelled")
                 self._notify(run_id)
                 return {"run_id": run_id, "status": "cancelled"}
         active = self.active.get(run_id)
@@ -222,7 +204,7 @@ class RunManager:
                 async for event in stream:
                     if writer is None:  # the first event: the run directory exists now
                         writer = EventLogWriter(self.run_dir(submission.run_id)).open()
-                        self._submission_path(submission.run_id).unlink(missing_ok=True)
+                        self.submissions.remove(submission.run_id)
                         active.status = "running"
                     await writer.append(event)
                     self._notify(submission.run_id)
@@ -233,7 +215,7 @@ class RunManager:
         except Exception as error:  # noqa: BLE001 - the run's own record says what happened
             if writer is None and submission.kind == "new":
                 logger.warning("run %s could not start: %s", submission.run_id, error)
-                self._write_submission(submission, "failed", f"{type(error).__name__}: {error}")
+                self.submissions.write(submission, "failed", f"{type(error).__name__}: {error}")
             else:
                 logger.exception("run %s raised", submission.run_id)
         finally:
@@ -276,7 +258,7 @@ class RunManager:
         record = self.record(run_id)
         if record is not None:
             return "interrupted" if record.get("status") == "running" else str(record.get("status"))
-        submission = self._read_submission(run_id)
+        submission = self.submissions.read(self.run_dir(run_id).name)
         if submission is not None:
             return str(submission.get("status"))
         raise ApiError(404, E_NOT_FOUND, f"no run {run_id!r} in {self.runs_dir}", "GET /runs lists the runs")
@@ -300,7 +282,7 @@ class RunManager:
         try:
             stat = path.stat()
         except FileNotFoundError:
-            submission = self._read_submission(run_id) or {}
+            submission = self.submissions.read(run_id) or {}
             entry.update(graph=submission.get("graph"), error=submission.get("error"),
                          started_at=submission.get("submitted_at"))
             return entry
@@ -323,7 +305,7 @@ class RunManager:
         """Every run this server knows: directories, submissions, the queue; newest first."""
         found = {path.name for path in self.runs_dir.iterdir()
                  if path.is_dir() and path.name != SERVER_DIR and (path / "record.json").is_file()}
-        found.update(path.stem for path in self.submissions_dir.glob("*.json"))
+        found.update(self.submissions.run_ids())
         found.update(submission.run_id for submission in self.queue)
         found.update(self.active)
         return sorted(found, reverse=True)
@@ -340,74 +322,6 @@ class RunManager:
         event = self._changed.pop(run_id, None)
         if event is not None:
             event.set()
-
-    # -- submissions on disk -------------------------------------------------------------------
-
-    def _submission_path(self, run_id: str) -> Path:
-        return self.submissions_dir / f"{run_id}.json"
-
-    def _write_submission(self, submission: Submission, status: str, error: str | None = None) -> None:
-        plan = submission.plan
-        assert plan is not None
-        write_json_atomic(self._submission_path(submission.run_id), {
-            "run_id": submission.run_id, "kind": submission.kind, "status": status, "error": error,
-            "submitted_at": submission.submitted_at, "graph": plan.name, "topology": submission.topology,
-            "topology_file": None if submission.topology_file is None else str(submission.topology_file),
-            "base_dir": None if submission.base_dir is None else str(submission.base_dir),
-            "spec": plan.spec.model_dump(mode="json"), "inputs": _plain(plan.inputs),
-            "trust_code": plan.trust_code, "seed": submission.seed,
-        })
-
-    def _read_submission(self, run_id: str) -> dict[str, Any] | None:
-        try:
-            return read_json(self._submission_path(self.run_dir(run_id).name))
-        except (OSError, ValueError):
-            return None
-
-    def _restore(self) -> None:
-        """Queue again what a previous server admitted but never started."""
-        pending = []
-        for path in self.submissions_dir.glob("*.json"):
-            data = read_json(path)
-            if data is None or data.get("status") != "queued":
-                continue
-            if (self.runs_dir / path.stem / "record.json").is_file():  # it had started: the directory has it
-                path.unlink(missing_ok=True)
-                continue
-            pending.append(data)
-        for data in sorted(pending, key=lambda item: item.get("submitted_at") or 0):
-            try:
-                plan = compile_plan(GraphSpec.model_validate(data["spec"]), data["inputs"],
-                                    trust_code=bool(data.get("trust_code")) and self.settings.trust_code)
-            except (GraphError, ValueError, KeyError) as error:
-                logger.warning("submission %s no longer plans: %s", data.get("run_id"), error)
-                write_json_atomic(self._submission_path(str(data.get("run_id"))),
-                                  {**data, "status": "failed", "error": f"it no longer plans: {error}"})
-                continue
-            topology_file = data.get("topology_file")
-            base_dir = data.get("base_dir")
-            self.queue.append(Submission(
-                str(data["run_id"]), "new", float(data.get("submitted_at") or time.time()), plan,
-                data.get("topology"), None if topology_file is None else Path(topology_file),
-                None if base_dir is None else Path(base_dir), int(data.get("seed") or 0)))
-            logger.info("queued run %s again (admitted by an earlier server)", data["run_id"])
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object file, or None when it is missing or damaged."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _resume_takes_answers() -> bool:
