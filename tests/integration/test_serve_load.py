@@ -25,6 +25,7 @@ def test_32_runs_and_16_sse_clients_lose_nothing_in_bounded_memory(tmp_path):
         [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), "--runs", "32", "--clients", "16",
          "--max-concurrent", "4", "--max-queue", "12", "--runs-dir", str(tmp_path / "runs"), "--timeout", "900"],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=1200)
+    assert done.stdout.strip(), f"the benchmark printed no report (exit {done.returncode}): {done.stderr[-4000:]}"
     report = json.loads(done.stdout)
     print(json.dumps(report, indent=2))
     assert done.returncode == 0, done.stdout + done.stderr

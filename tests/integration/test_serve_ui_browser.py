@@ -14,17 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
+# selenium is in the dev extra that `make test` installs: a missing one fails here, never skips
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as expect
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from _serve_process import ROOT, ServeProcess
 
 pytestmark = pytest.mark.integration
-webdriver = pytest.importorskip("selenium.webdriver")
-
-from selenium.webdriver.chrome.options import Options  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support import expected_conditions as expect  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
