@@ -16,7 +16,6 @@ submission is refused with 429 and a Retry-After estimated from recent run times
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import re
@@ -147,7 +146,7 @@ class RunManager:
     async def submit_resume(self, run_id: str, answers: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Admit a resume of an unfinished run (checked first, without loading a model)."""
         self._check_resumable(run_id, answers)
-        options = {} if answers is None else {"answers": dict(answers)}  # only reached where resume takes answers
+        options = {} if answers is None else {"answers": dict(answers)}
         await anyio.to_thread.run_sync(
             lambda: read_resume_point(self.run_dir(run_id), trust_code=self.settings.trust_code, **options))
         self._check_resumable(run_id, answers)  # again: another request may have resumed it meanwhile
@@ -165,9 +164,6 @@ class RunManager:
         if answers is not None and status != "waiting":
             raise ApiError(409, E_STATE, f"run {run_id} is {status}, not waiting for an answer",
                            f"POST /runs/{run_id}/resume")
-        if answers is not None and not _resume_takes_answers():
-            raise ApiError(501, E_UNAVAILABLE, "this rclc-graph cannot resume a run with answers",
-                           "upgrade to a release with human-in-the-loop support")
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         """Cancel a queued run (it never starts) or an active one (it records what finished)."""
@@ -323,8 +319,3 @@ class RunManager:
         if event is not None:
             event.set()
 
-
-def _resume_takes_answers() -> bool:
-    """Whether this build resumes a waiting run with answers (human-in-the-loop): `resume_run`
-    and `read_resume_point` both take `answers` there. Until then /answer says 501."""
-    return all("answers" in inspect.signature(function).parameters for function in (resume_run, read_resume_point))

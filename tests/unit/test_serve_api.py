@@ -10,10 +10,10 @@ import shutil
 import httpx
 import pytest
 
+from rclc_graph import compile_plan, load_graph_text, run_recorded_sync
 from rclc_graph.results.run_events import HopDelivered, NodeFinished, event_from_dict
 from rclc_graph.server import ServerSettings
 from rclc_graph.server.openapi import OPERATIONS
-from rclc_graph.server.runs import _resume_takes_answers
 from rclc_graph.server.schemas import ErrorBody, RunAccepted, RunDetail, RunList, ServerState, TopologyList
 from starlette.routing import Mount, Route
 
@@ -176,20 +176,81 @@ def test_answers_need_a_waiting_run(server):
     assert error_of(client.post(f"/runs/{run_id}/answer", json={"answers": "yes"}), 422)["code"] == "E_REQUEST"
 
 
-def test_answering_a_waiting_run_needs_human_in_the_loop_support(server):
-    client, _, directory = server
-    run_id, _ = run_to_end(client)
-    waiting = directory / "runs" / f"{run_id}-waiting"
-    shutil.copytree(directory / "runs" / run_id, waiting)
-    record = json.loads((waiting / "record.json").read_text())
-    (waiting / "record.json").write_text(json.dumps({**record, "status": "waiting", "run_id": waiting.name}))
-    assert client.get(f"/runs/{waiting.name}").json()["status"] == "waiting"
-    assert error_of(client.post(f"/runs/{waiting.name}/resume"), 409)["code"] == "E_STATE"  # it needs an answer
-    assert not _resume_takes_answers(), (
-        "this build resumes waiting runs with answers (issue 13): replace this test with an end-to-end "
-        "POST /runs/{id}/answer test on a topology with an interrupt")
-    error = error_of(client.post(f"/runs/{waiting.name}/answer", json={"answers": {"answer": "yes"}}), 501)
-    assert error["code"] == "E_UNAVAILABLE"
+GATED_YAML = """\
+version: 1
+name: gated
+description: a person's notes before the first node, a person's review after the draft
+inputs:
+  brief: {type: str, description: what to write about}
+models:
+  - {name: base, source: embedded}
+agents:
+  - {name: a, model: base, max_new_tokens: 5}
+nodes:
+  - {name: notes, agent: a, prompt: "Brief: {brief}. Editor's notes: {answer}", interrupt: before,
+     question: "Any notes about {brief}?"}
+  - {name: draft, agent: a, prompt: "Draft:", interrupt: after, question: "Is this draft fine?"}
+  - {name: final, agent: a, prompt: "Final:", output: true}
+edges:
+  - {source: notes, target: draft, policy: {mode: state, ratio: 2}}
+  - {source: draft, target: final, policy: {mode: state, ratio: 2}}
+"""
+GATED_INPUTS = {"brief": "Cedar works offline"}
+GATED_ANSWERS = {"notes": "keep it short", "draft": "Looks fine."}
+
+
+def events_after(client, run_id, last_id):
+    with client.stream("GET", f"/runs/{run_id}/events", headers={"Last-Event-ID": str(last_id)}) as response:
+        return read_sse(response)
+
+
+def test_a_waiting_run_is_answered_through_http_and_ends_as_answering_up_front(server, tiny_qwen3):
+    client, app, directory = server
+    accepted = client.post("/runs", json={"yaml": GATED_YAML, "inputs": GATED_INPUTS})
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["run_id"]
+    first = events_after(client, run_id, 0)
+    assert first[-1]["event"] == "end" and first[-1]["data"]["status"] == "waiting"
+    assert [message["event"] for message in first[:-1]] == ["run.started", "node.waiting", "run.waiting"]
+    assert first[1]["data"]["node"] == "notes" and first[1]["data"]["question"] == "Any notes about Cedar works offline?"
+    detail = client.get(f"/runs/{run_id}").json()
+    assert detail["status"] == detail["record"]["status"] == "waiting"
+    assert detail["record"]["waiting"][0]["node"] == "notes"
+    record_file = directory / "runs" / run_id / "record.json"
+    before = record_file.read_text()
+
+    assert error_of(client.post(f"/runs/{run_id}/resume"), 409)["code"] == "E_STATE"  # it needs an answer
+    wrong = error_of(client.post(f"/runs/{run_id}/answer", json={"answers": {"final": "x"}}), 409)
+    assert wrong["code"] == "E_RESUME" and "final" in wrong["message"]
+    missing = error_of(client.post(f"/runs/{run_id}/answer", json={"answers": {"draft": "ok"}}), 409)
+    assert missing["code"] == "E_RESUME" and "notes" in missing["message"]  # the node asked now is named
+    assert record_file.read_text() == before  # refusals leave the run as it was
+
+    answered = client.post(f"/runs/{run_id}/answer", json={"answers": {"notes": GATED_ANSWERS["notes"]}})
+    assert answered.status_code == 202, answered.text
+    assert answered.json()["run_id"] == run_id
+    second = events_after(client, run_id, first[-2]["id"])
+    assert int(second[0]["id"]) == int(first[-2]["id"]) + 1  # the same event log, continued
+    assert second[-1]["data"]["status"] == "waiting"
+    kinds = [(message["event"], message["data"].get("node")) for message in second[:-1]]
+    assert kinds[0] == ("run.started", None)
+    assert ("node.finished", "notes") in kinds and ("node.finished", "draft") in kinds
+    assert kinds[-2:] == [("node.waiting", "draft"), ("run.waiting", "draft")]
+    assert ("node.started", "final") not in kinds
+
+    answered = client.post(f"/runs/{run_id}/answer", json={"answers": {"draft": GATED_ANSWERS["draft"]}})
+    assert answered.status_code == 202, answered.text
+    third = events_after(client, run_id, second[-2]["id"])
+    assert third[-1]["data"]["status"] == "finished"
+    assert [message["event"] for message in third[-3:-1]] == ["node.finished", "run.finished"]
+    record = client.get(f"/runs/{run_id}").json()["record"]
+    assert record["status"] == "finished" and record["answers"] == GATED_ANSWERS
+    assert error_of(client.post(f"/runs/{run_id}/answer", json={"answers": {"draft": "ok"}}), 409)["code"] == "E_STATE"
+
+    plan = compile_plan(load_graph_text(GATED_YAML), GATED_INPUTS, answers=GATED_ANSWERS)
+    upfront, _, _ = run_recorded_sync(plan, directory / "upfront", pool=tiny_pool(tiny_qwen3))
+    assert upfront.status == "finished"
+    assert record["outputs"] == upfront.outputs
 
 
 def test_the_openapi_document_lists_exactly_the_routes(server):
