@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 # selenium is in the dev extra that `make test` installs: a missing one fails here, never skips
 from selenium import webdriver
@@ -93,3 +94,62 @@ def test_start_a_run_from_the_ui_and_watch_tokens_arrive(tmp_path, browser, arti
         assert (artifacts / name).stat().st_size > 10_000
     if os.environ.get("RCLC_UPDATE_SCREENSHOT"):  # refresh the README's picture
         shutil.copyfile(artifacts / "2-tokens-arriving.png", ROOT / "docs" / "img" / "serve-ui.png")
+
+
+def start_from_form(browser, wait, topology):
+    wait.until(lambda driver: topology in [option.get_attribute("value")
+                                          for option in Select(driver.find_element(By.ID, "topology")).options])
+    Select(browser.find_element(By.ID, "topology")).select_by_value(topology)
+    wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#inputs textarea"))
+    browser.find_element(By.ID, "start").click()
+    wait.until(lambda driver: driver.find_element(By.ID, "run-title").text == topology)
+
+
+def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, browser, artifacts):
+    with ServeProcess(tmp_path / "runs") as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 300)
+
+        # triage routes to one specialist: the other is skipped, and its edge shown idle
+        start_from_form(browser, wait, "triage")
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
+        run_id = browser.find_element(By.ID, "run-id").text
+        record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
+        [skipped] = [name for name, status in record["node_status"].items() if status == "skipped"]
+        [answered] = [name for name in ("billing", "technical") if name != skipped]
+        card = f'.card[data-node="{skipped}"]'
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{card} .badge"), "skipped"))
+        assert browser.find_element(By.CSS_SELECTOR, f"{card} .facts").text  # the reason
+        node_classes = {group.get_attribute("data-node"): group.get_attribute("class")
+                        for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
+        assert "skipped" in node_classes[skipped] and "finished" in node_classes[answered], node_classes
+        edge_classes = {group.get_attribute("data-target"): group.get_attribute("class")
+                        for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.edge")}
+        assert "idle" in edge_classes[skipped] and "fired" in edge_classes[answered], edge_classes
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "4-skipped.png"))
+
+        # review_loop waits for a person's approval of its final text; the card asks and takes the answer
+        start_from_form(browser, wait, "review_loop")
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "waiting"))
+        run_id = browser.find_element(By.ID, "run-id").text
+        final = '.card[data-node="final"]'
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "waiting"))
+        assert "Approve this announcement" in browser.find_element(By.CSS_SELECTOR, f"{final} .facts").text
+        assert "waiting" in browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="final"]').get_attribute("class")
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "5-waiting.png"))
+        browser.find_element(By.CSS_SELECTOR, f"{final} form.answer textarea").send_keys("approved")
+        browser.find_element(By.CSS_SELECTOR, f"{final} form.answer button").click()
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "finished"))
+        assert not browser.find_elements(By.CSS_SELECTOR, f"{final} form.answer")
+        record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
+        assert record["status"] == "finished" and record["answers"] == {"final": "approved"}
+        assert browser.find_element(By.CSS_SELECTOR, "#outputs .output .text").text.strip()
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "6-answered.png"))
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], errors
+    for name in ("4-skipped.png", "5-waiting.png", "6-answered.png"):
+        assert (artifacts / name).stat().st_size > 10_000

@@ -125,7 +125,7 @@ function setStatus(status) {
 
 async function selectRun(runId) {
   if (view && view.controller) view.controller.abort();
-  view = {id: runId, nodes: {}, kept: {}, lastId: 0, controller: new AbortController(), colours: {}, order: []};
+  view = {id: runId, nodes: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(), colours: {}, order: []};
   $("placeholder").hidden = true;
   $("run").hidden = false;
   $("run-id").textContent = runId;
@@ -164,6 +164,7 @@ async function drawGraph() {
     node.parts.dot.style.color = current.colours[name] || "#999";
     renderLineage(node);
   }
+  paintEdges();
 }
 
 function showReport(run) {
@@ -185,7 +186,7 @@ function card(name) {
   const colour = view.colours[name] || PALETTE[Object.keys(view.nodes).length % PALETTE.length];
   const parts = {
     dot: el("span", {style: `color:${colour}`, text: "● "}),
-    status: el("span", {class: "badge", text: "waiting"}),
+    status: el("span", {class: "badge", text: "pending"}),
     facts: el("div", {class: "facts"}),
     hops: el("ul", {class: "hops"}),
     tokens: el("div", {class: "tokens"}),
@@ -197,7 +198,7 @@ function card(name) {
   const box = el("div", {class: "card", "data-node": name}, title, parts.facts, parts.hops, parts.tokens, parts.lineage,
     parts.details);
   $("nodes").append(box);
-  view.nodes[name] = {box, parts, status: "waiting", tokens: [], info: null, lineage: null, opened: false};
+  view.nodes[name] = {box, parts, status: "pending", tokens: [], info: null, lineage: null, opened: false};
   return view.nodes[name];
 }
 
@@ -208,6 +209,40 @@ function nodeStatus(name, status) {
   node.parts.status.className = "badge " + status;
   node.box.className = "card " + status;
   paintNode(name, status);
+  if (status !== "waiting" && node.parts.answer) { node.parts.answer.remove(); node.parts.answer = null; }
+}
+
+// A node that waits for a person: its question, and a box for the answer. The Answer button
+// sends every filled box of the run's waiting nodes at once (POST /runs/{id}/answer).
+function waiting(event) {
+  nodeStatus(event.node, "waiting");
+  const node = card(event.node);
+  node.parts.facts.textContent = event.question;
+  if (node.parts.answer) return;
+  const box = el("textarea", {name: "answer", "data-node": event.node, rows: "2", placeholder: "your answer"});
+  const button = el("button", {type: "submit", text: "Answer"});
+  const form = el("form", {class: "answer"}, box, button);
+  form.addEventListener("submit", (submitted) => { submitted.preventDefault(); answerRun(); });
+  node.parts.answer = form;
+  node.parts.facts.after(form);
+}
+
+// An edge's state (fired, idle: a condition that did not hold, delivered), kept so a graph
+// drawn after the event (it loads while events arrive) shows it too.
+function markEdge(source, target, state) {
+  view.edges[source + "\u0000" + target] = state;
+  paintEdges();
+}
+
+function paintEdges() {
+  for (const group of $("graph").querySelectorAll("g.edge")) {
+    const state = view.edges[group.dataset.source + "\u0000" + group.dataset.target];
+    if (state) group.setAttribute("class", "edge " + state);
+  }
+}
+
+function decided(event) {
+  markEdge(event.source, event.target, event.fired ? "fired" : "idle");
 }
 
 function handle(event) {
@@ -229,7 +264,8 @@ function handle(event) {
     }
     case "node.finished": finished(event); break;
     case "node.skipped": nodeStatus(event.node, "skipped"); card(event.node).parts.facts.textContent = event.reason; break;
-    case "node.waiting": nodeStatus(event.node, "waiting"); card(event.node).parts.facts.textContent = event.question; break;
+    case "node.waiting": waiting(event); break;
+    case "edge.decided": decided(event); break;
     case "node.failed":
       if (event.node) { nodeStatus(event.node, "failed"); card(event.node).parts.facts.textContent = event.message; }
       break;
@@ -255,9 +291,7 @@ function hop(event) {
     (view.kept[origin] = view.kept[origin] || []).push({kind, start, length, target: event.target});
     highlight(origin);
   }
-  for (const group of $("graph").querySelectorAll("g.edge")) {
-    if (group.dataset.source === event.source && group.dataset.target === event.target) group.classList.add("delivered");
-  }
+  markEdge(event.source, event.target, "fired delivered");
 }
 
 function keptBy(origin, position, kind) {
@@ -385,6 +419,21 @@ async function follow(current) {
 
 async function cancelRun() {
   await api(`/runs/${encodeURIComponent(view.id)}/cancel`, {method: "POST"});
+}
+
+async function answerRun() {
+  const answers = {};
+  for (const box of $("nodes").querySelectorAll("form.answer textarea")) {
+    if (box.value.trim()) answers[box.dataset.node] = box.value;
+  }
+  if (!Object.keys(answers).length) return;
+  const response = await api(`/runs/${encodeURIComponent(view.id)}/answer`, {method: "POST", json: {answers}});
+  if (response.status !== 202) {
+    $("run-error").textContent = describeError(await response.json());
+    $("run-error").hidden = false;
+    return;
+  }
+  selectRun(view.id);
 }
 
 async function resumeRun() {
