@@ -217,6 +217,7 @@ function nodeStatus(name, status) {
 function waiting(event) {
   nodeStatus(event.node, "waiting");
   const node = card(event.node);
+  if (node.info) node.finishedFacts = node.parts.facts.textContent; // interrupt after: it ran
   node.parts.facts.textContent = event.question;
   if (node.parts.answer) return;
   const box = el("textarea", {name: "answer", "data-node": event.node, rows: "2", placeholder: "your answer"});
@@ -249,6 +250,13 @@ function handle(event) {
   switch (event.type) {
     case "run.started":
       setStatus("running");
+      // a new attempt starts only once people answered: a node that waited after it finished
+      // is finished, one that waited before it ran is pending again (it asks again if unanswered)
+      for (const [name, node] of Object.entries(view.nodes)) {
+        if (node.status !== "waiting") continue;
+        nodeStatus(name, node.info ? "finished" : "pending");
+        node.parts.facts.textContent = node.info ? node.finishedFacts || "" : "";
+      }
       $("run-title").textContent = event.plan;
       drawGraph();
       break;
