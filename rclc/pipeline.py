@@ -19,12 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-import anyio.lowlevel
 import torch
 
 from ._arguments import require_bool
 from ._locks import preparation_lock
+from ._sync import call_sync
 from ._worker import run_in_worker
 from .errors import IncompatibleStateError, RclcError
 from .receiver import HFReceiver, PreparedRequest
@@ -324,11 +323,7 @@ async def transfer(
 
 
 def transfer_sync(sender: Any, receiver: Any, request: Any, **options: Any) -> None:
-    """`transfer` for code without an event loop (async callbacks still work)."""
-    try:
-        anyio.lowlevel.current_token()
-    except RuntimeError:
-        pass  # no event loop here: the one case we can serve
-    else:
-        raise RuntimeError("transfer_sync: an event loop is running in this thread; use `await rclc.transfer(...)`")
-    anyio.run(functools.partial(transfer, sender, receiver, request, **options))
+    """`transfer` from synchronous code (async callbacks still work). Inside a running event
+    loop (a Jupyter cell) it runs on a loop of its own in a worker thread (`rclc.call_sync`);
+    from async code, `await rclc.transfer(...)` is the better call."""
+    call_sync(transfer, sender, receiver, request, **options)

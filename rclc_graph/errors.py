@@ -14,7 +14,8 @@
     ├── ApiModelFailed         a request to a `backend: openai` model failed after its retries (a RuntimeError)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
     ├── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
-    └── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
+    ├── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
+    └── RequestRefused         the server refuses an HTTP request: status, code, message, fix
 
 The ValueError / RuntimeError / ImportError bases are kept so callers that caught those before
 still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tools), `message`
@@ -298,3 +299,13 @@ class ExecutorUnavailable(RclcGraphError, ImportError):
     def __init__(self, reason: str, install: str) -> None:
         super().__init__(f"{reason}; install it with: {install}")
         self.reason, self.install = reason, install
+
+
+class RequestRefused(RclcGraphError):
+    """`rclc-graph serve` refuses a request: an HTTP status, a stable code (docs/serve.md#errors),
+    what is wrong and the fix, and headers such as Retry-After. The server answers it as JSON."""
+
+    def __init__(self, status: int, code: str, message: str, fix: str = "", *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.fix = status, code, message, fix
+        self.headers = headers or {}

@@ -35,6 +35,7 @@ from .executors.remote import RemoteExecutor, ReplicaHandle
 from .executors.replica import Replica
 from .plan.dag import Plan, PlanEdge, PlanNode
 from .results.lineage import Hop, Lineage, compose_hop
+from .results.run_events import hop_payload
 from .results.run_result import NodeResult
 
 _WORD = re.compile(r"\S+\s*")
@@ -123,6 +124,9 @@ class FakeExecutor(Executor):
         self.peak = max(self.peak, self.running)
         try:
             started = time.time()
+            hops = [self._hop(node, edge, sender) for edge, sender in inbound]
+            for hop in hops:  # delivered before the node "generates", as the local executor does
+                await ctx.publish("hop", hop_payload(hop))
             if node.name == self.hang:
                 if self.interrupt:
                     await anyio.sleep(0.05)
@@ -132,7 +136,7 @@ class FakeExecutor(Executor):
             failure = self._failure(node)
             if failure is not None:
                 raise failure
-            result = self._result(ctx, node, inbound, started)
+            result = self._result(ctx, node, inbound, started, hops)
         finally:
             self.running -= 1
         self.log.append(("end", node.name, []))
@@ -144,8 +148,7 @@ class FakeExecutor(Executor):
             return self.fail(node)
         return RuntimeError(f"{node.name} broke") if node.name in self.fail else None
 
-    def _result(self, ctx: RunContext, node: PlanNode, inbound: Inbound, started: float) -> NodeResult:
-        hops = [self._hop(node, edge, sender) for edge, sender in inbound]
+    def _result(self, ctx: RunContext, node: PlanNode, inbound: Inbound, started: float, hops: list[Hop]) -> NodeResult:
         states = [hop for hop in hops if hop.record.mode != "text"]
         inherited = sum(hop.record.kept_positions for hop in states)
         prompt = compose_content(node, inbound)
@@ -160,8 +163,11 @@ class FakeExecutor(Executor):
         text = self.text(NodeReading(node, inbound, state, earlier))
         generated = len(word_offsets(text))
         lineage = read.extend(node.name, generated, "token")
+        records = [record if record.mode == "text" else replace(record, generation_seconds=self.generation_seconds)
+                   for record in state.hops]  # as the local executor records a state hop's receiver generation
         return replace(state, text=text, positions=len(lineage), lineage=lineage, generated_tokens=generated,
-                       generation_seconds=self.generation_seconds, started_at=started, finished_at=time.time())
+                       generation_seconds=self.generation_seconds, started_at=started, finished_at=time.time(),
+                       hops=records)
 
     def _hop(self, node: PlanNode, edge: PlanEdge, sender: NodeResult) -> Hop:
         if edge.policy.mode == "text":

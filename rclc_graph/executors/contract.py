@@ -55,7 +55,10 @@ class Executor(ABC):
         only. A function node (`node.is_function`) runs through `function_node.run_function_node`
         wherever the executor's scheduler side is; it may raise `Interrupt`, which passes
         through. Raises NodeFailed naming the node and edge (any other exception is wrapped by
-        the scheduler); a cancelled run cancels this call."""
+        the scheduler); a cancelled run cancels this call. Publishes, through `ctx.publish`, a
+        `hop` event (`results.run_events.hop_payload`) for each handoff as soon as the node
+        holds it, before it generates, and its `token` events; the scheduler publishes any hop
+        an executor left out once the node finished."""
 
     @abstractmethod
     def agent(self, run_id: str, node: str) -> Any | None:

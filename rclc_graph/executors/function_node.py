@@ -40,6 +40,7 @@ import sniffio
 from ..errors import Interrupt, NodeFailed
 from ..plan.dag import Plan, PlanNode
 from ..results.lineage import Lineage, compose_hop
+from ..results.run_events import hop_payload
 from ..results.run_result import NodeResult
 from .contract import Inbound, RunContext
 from .trusted_code import import_callable
@@ -97,6 +98,15 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
     inputs = function_inputs(ctx.plan, node)
     senders = {edge.source: result.effective_text for edge, result in inbound}
     call = functools.partial(function, inputs, senders)
+    delivered = [
+        compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
+                    payload_bytes=len(result.effective_text.encode("utf-8")), mode="text", policy="text",
+                    edge=edge.id)
+        for edge, result in inbound
+    ]
+    for hop in delivered:  # the senders' texts are the call's arguments: delivered before it runs
+        await ctx.publish("hop", hop_payload(hop))
+    hops = [hop.record for hop in delivered]
     try:
         if inspect.iscoroutinefunction(function):
             backend = sniffio.current_async_library()
@@ -110,12 +120,6 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
         raise
     except Exception as error:
         raise NodeFailed(node.name, error) from error
-    hops = [
-        compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
-                    payload_bytes=len(result.effective_text.encode("utf-8")), mode="text", policy="text",
-                    edge=edge.id).record
-        for edge, result in inbound
-    ]
     return NodeResult(
         node=node.name,
         text=text,

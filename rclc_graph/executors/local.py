@@ -32,6 +32,7 @@ import rclc
 from ..errors import NodeFailed, RunStopped
 from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
+from ..results.run_events import hop_payload
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
 from .function_node import run_function_node
@@ -168,13 +169,14 @@ class LocalExecutor(Executor):
             prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
         prompt_text = prompt.text
         hops: list[Hop] = []
-        for edge in text_edges:
+        for edge in text_edges:  # a text handoff is delivered with the prompt: at once
             sender = senders[edge.id]
             payload = len(sender.effective_text.encode("utf-8"))
             hops.append(
                 compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
                             payload_bytes=payload, mode="text", policy="text", edge=edge.id)
             )
+            await ctx.publish("hop", hop_payload(hops[-1]))
         deliveries = 0
         for group in state_groups(state_edges):
             lead = group[0]
@@ -189,6 +191,7 @@ class LocalExecutor(Executor):
             deliveries += 1
             for edge, message in zip(group, delivery.messages):
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
+                await ctx.publish("hop", hop_payload(hops[-1]))  # the receiver holds it; it has not generated
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
         finished = await self._finish_state(ctx, node, agent, prompt.ids, deliveries, tools)
         generated, generation_seconds, text = finished.generated, finished.seconds, finished.text

@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import ApiModelFailed, ExecutorUnavailable, NodeFailed
 from ..plan.dag import PlanNode
 from ..results.lineage import Lineage, compose_hop
+from ..results.run_events import hop_payload
 from ..results.run_result import NodeResult
 from ..spec.models import ModelSpec
 from .contract import Inbound, RunContext
@@ -141,6 +142,13 @@ async def run_api_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -> Nod
     started = time.time()
     content = compose_content(node, inbound)
     body = request(node, content, node.sampling_seed(ctx.seed))
+    hops = [
+        compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
+                    payload_bytes=len((result.text or "").encode("utf-8")), mode="text", policy="text", edge=edge.id)
+        for edge, result in inbound
+    ]
+    for hop in hops:  # text handoffs are in the request: delivered before the server answers
+        await ctx.publish("hop", hop_payload(hop))
     pieces: list[str] = []
     completion_tokens: int | None = None
     began = time.perf_counter()
@@ -165,11 +173,6 @@ async def run_api_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -> Nod
         raise NodeFailed(node.name, error) from error
     seconds = time.perf_counter() - began
     text = "".join(pieces).strip()
-    hops = [
-        compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
-                    payload_bytes=len((result.text or "").encode("utf-8")), mode="text", policy="text", edge=edge.id)
-        for edge, result in inbound
-    ]
     return NodeResult(
         node=node.name,
         text=text,

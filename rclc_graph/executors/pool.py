@@ -8,6 +8,7 @@ only where a hub is reachable.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from rclc.models import EMBEDDED_NAME, load, local_dir
 from ..spec.models import ModelSpec
 from . import openai_model, vllm_engine
 from .loaded_model import LoadedModel, ModelKey, model_key
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class ModelPool:
 
     @staticmethod
     def _load(key: ModelKey) -> LoadedModel:
+        logger.info("loading model %s (%s, %s on %s)", key.source, key.backend, key.dtype, key.device)
         if key.backend == "openai":
             return openai_model.load_model(key)
         if key.backend == "vllm":

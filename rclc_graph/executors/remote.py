@@ -243,9 +243,16 @@ class RemoteExecutor(Executor):
             handoffs[lead.id] = handles
             for edge, handle in zip(group, handles):
                 crossing[edge.id] = handle.transport
+        async def publish(kind: str, payload: dict[str, Any]) -> Any:
+            if kind == "hop":  # where it ran, as the record's row will say (see _annotate)
+                placement, crossed = self._where(run, host, payload["source"], payload["mode"], payload.get("edge"),
+                                                 payload["payload_bytes"], crossing)
+                payload = {**payload, "placement": placement, "crossed_bytes": crossed}
+            return await ctx.publish(kind, payload)
+
         try:
             result, shape = await self._guard(host, node.name, host.run_node(run.ticket, node.name, inbound, handoffs,
-                                                                              ctx.publish))
+                                                                              publish))
         except RemoteNodeFailure as failure:
             raise remote_failure(failure.info, run.plan) from None
         except anyio.get_cancelled_exc_class():
@@ -298,19 +305,29 @@ class RemoteExecutor(Executor):
     def _annotate(self, run: _Run, host: ReplicaHandle, result: NodeResult, crossing: dict[int, str]) -> NodeResult:
         hops: list[HopRecord] = []
         for record in result.hops:
-            sender = run.where.get(record.source)
-            crossed = sender is not None and sender.placement.get("node") != host.placement.get("node")
-            if record.mode == "text":
-                transport = "text"
-            else:
-                transport = crossing.get(record.edge, "in_process") if record.edge is not None else "in_process"
-            placement = {
-                "sender": None if sender is None else dict(sender.placement),
-                "receiver": dict(host.placement),
-                "transport": transport,
-            }
-            hops.append(replace(record, placement=placement, crossed_bytes=record.payload_bytes if crossed else 0))
+            placement, crossed = self._where(run, host, record.source, record.mode, record.edge, record.payload_bytes,
+                                             crossing)
+            hops.append(replace(record, placement=placement, crossed_bytes=crossed))
         return replace(result, hops=hops, placement=dict(host.placement))
+
+    @staticmethod
+    def _where(
+        run: _Run, host: ReplicaHandle, source: str, mode: str, edge: int | None, payload_bytes: int,
+        crossing: dict[int, str],
+    ) -> tuple[dict[str, Any], int]:
+        """A hop's placement (sender, receiver, transport) and the bytes that left the sender's machine."""
+        sender = run.where.get(source)
+        crossed = sender is not None and sender.placement.get("node") != host.placement.get("node")
+        if mode == "text":
+            transport = "text"
+        else:
+            transport = crossing.get(edge, "in_process") if edge is not None else "in_process"
+        placement = {
+            "sender": None if sender is None else dict(sender.placement),
+            "receiver": dict(host.placement),
+            "transport": transport,
+        }
+        return placement, payload_bytes if crossed else 0
 
     def agent(self, run_id: str, node: str) -> RemoteAgent | None:
         run = self._runs[run_id]

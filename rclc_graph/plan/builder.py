@@ -296,8 +296,16 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
+# Characters YAML reads as line breaks (NEL, LS, PS) or strips (BOM): written raw, as allow_unicode
+# writes them in plain, quoted and block styles, they load back as spaces or not at all.
+_UNSAFE_RAW = frozenset("\x85\u2028\u2029\ufeff")
+
+
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    if _UNSAFE_RAW.intersection(value):
+        style: str | None = '"'  # double quotes escape them (\N, \L, \P, \uFEFF)
+    else:
+        style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

@@ -325,7 +325,9 @@ _SVG_STYLE = (
 
 
 def to_svg(sketch: Sketch) -> str:
-    """A standalone inline SVG (no scripts, no external references); every label escaped."""
+    """A standalone inline SVG (no scripts, no external references); every label escaped.
+    Node groups carry `data-node`, edge groups `data-source`/`data-target`, so a page can
+    style them by name (the server's live view colours node states)."""
     shape = geometry(sketch)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {shape.width:.0f} {shape.height:.0f}" '
@@ -346,8 +348,9 @@ def to_svg(sketch: Sketch) -> str:
         (x1, y1), (c1x, c1y), (c2x, c2y), (x2, y2) = route.points
         lx, ly = route.label_at
         colour = SKIPPED_COLOUR if route.edge.idle else MODE_COLOURS[mode]
+        ends = f'data-source="{html.escape(route.edge.source)}" data-target="{html.escape(route.edge.target)}"'
         parts.append(
-            f'<g class="edge"><path d="M{x1:.1f},{y1:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {x2:.1f},{y2:.1f}" '
+            f'<g class="edge" {ends}><path d="M{x1:.1f},{y1:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {x2:.1f},{y2:.1f}" '
             f'fill="none" stroke="{colour}" stroke-width="2"{dashes[route.style]} '
             f'marker-end="url(#arrow-{mode})"/>'
             f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle" class="edge-label">'
@@ -360,7 +363,7 @@ def to_svg(sketch: Sketch) -> str:
         dash = "" if node.generate and not node.skipped else ' stroke-dasharray="5 3"'
         opacity = ' opacity="0.55"' if node.skipped else ""
         parts.append(
-            f'<g class="node{" skipped" if node.skipped else ""}"{opacity}>'
+            f'<g class="node{" skipped" if node.skipped else ""}" data-node="{html.escape(node.name)}"{opacity}>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.0f}" rx="9" '
             f'fill="{colour}22" stroke="{colour}" stroke-width="{stroke}"{dash}/>'
             f'<text x="{x + w / 2:.1f}" y="{y + 19:.1f}" text-anchor="middle" class="node-name">'

@@ -4,6 +4,27 @@ position and the hop records of handoffs, and the bounded event stream a run pub
 
 from .events import Event, EventStream, StreamStats
 from .lineage import Hop, HopRecord, Lineage, Origin, Segment, compose_hop, receiver_lineage
+from .run_events import (
+    EVENT_TYPES,
+    EdgeDecided,
+    HopDelivered,
+    NodeFailure,
+    NodeFinished,
+    NodeSkipped,
+    NodeStarted,
+    NodeWaiting,
+    RunCancelled,
+    RunEvent,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    RunWaiting,
+    TokenGenerated,
+    ToolCalled,
+    ToolReturned,
+    event_from_dict,
+    typed,
+)
 from .run_result import NodeResult, RunResult
 
 __all__ = [
@@ -22,4 +43,24 @@ __all__ = [
     "Event",
     "EventStream",
     "StreamStats",
+    # typed events (run_events.py)
+    "EVENT_TYPES",
+    "EdgeDecided",
+    "HopDelivered",
+    "NodeFailure",
+    "NodeFinished",
+    "NodeSkipped",
+    "NodeStarted",
+    "NodeWaiting",
+    "RunCancelled",
+    "RunEvent",
+    "RunFailed",
+    "RunFinished",
+    "RunStarted",
+    "RunWaiting",
+    "TokenGenerated",
+    "ToolCalled",
+    "ToolReturned",
+    "event_from_dict",
+    "typed",
 ]

@@ -29,6 +29,7 @@ import anyio
 
 EventKind = Literal["run", "node", "hop", "token", "error", "cancelled", "edge", "tool"]
 KINDS: tuple[str, ...] = ("run", "node", "hop", "token", "error", "cancelled", "edge", "tool")
+# What each kind's payload holds, and the typed event it becomes: run_events.py (docs/streaming.md).
 EVENT_OVERHEAD_BYTES = 64  # fixed cost per event: the dataclass, its seq/epoch ints and the queue slot
 
 

@@ -10,6 +10,7 @@ from .recorded import RecordingExecutor, prepare_models, record_run, run_recorde
 from .recorder import RunRecorder
 from .resume import ResumePoint, read_resume_point, resume_run, resume_run_sync
 from .scheduler import RunObserver, new_run_id, run_plan, run_plan_sync
+from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream
 
 __all__ = [
     # the scheduler
@@ -34,4 +35,10 @@ __all__ = [
     "read_resume_point",
     "resume_run",
     "resume_run_sync",
+    # watching a run
+    "RunStream",
+    "SyncRunStream",
+    "astream",
+    "astream_resume",
+    "stream",
 ]

@@ -4,7 +4,6 @@ functions that leave a run directory behind (also when the run is cancelled or c
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from pathlib import Path
@@ -12,13 +11,15 @@ from typing import Any
 
 import anyio
 
+import rclc
+
 from ..executors import DelegatingExecutor, Executor, LocalExecutor, ModelPool, RunContext, default_pool, make_executor
 from ..plan.dag import Plan, PlanNode
 from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from .preflight import check_code, check_context
 from .recorder import RunRecorder
-from .scheduler import is_cancellation, new_run_id, run_plan
+from .scheduler import is_cancellation, new_run_id, refuse_event_stream, run_plan
 
 
 class RecordingExecutor(DelegatingExecutor):
@@ -119,6 +120,8 @@ async def record_run(
 
 
 def run_recorded_sync(plan: Plan, out: str | os.PathLike[str] = "runs", **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
-    """`run_recorded` for code without an event loop."""
-    return anyio.run(functools.partial(run_recorded, plan, out, **options))
+    """`run_recorded` from synchronous code; inside a running event loop (a Jupyter cell) the
+    run gets a loop of its own in a worker thread (`rclc.call_sync`)."""
+    refuse_event_stream("run_recorded_sync", options)
+    return rclc.call_sync(run_recorded, plan, out, **options)
 

@@ -8,6 +8,7 @@ is locked against a second writer for as long as the recorder works in it.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -35,6 +36,9 @@ from .record import (
     snapshot_identity,
     versions,
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 def _plain(value: Any) -> Any:
@@ -182,6 +186,7 @@ class RunRecorder:
         self.nodes[result.node] = result
         self.snapshot_info[result.node] = info
         self.attempt["ran"].append(result.node)
+        logger.debug("run %s: node %s recorded", self.run_id, result.node)
 
     def partial_result(self, status: str, error: str | None = None, seconds: float = 0.0) -> RunResult:
         """A RunResult from the nodes recorded so far (for cancelled or crashed runs)."""
@@ -199,6 +204,7 @@ class RunRecorder:
         try:
             record = self._record(result.status, result, result.error, result.seconds)
             write_json_atomic(self.run_dir / RECORD_FILE, record)
+            logger.info("run %s recorded in %s: %s", self.run_id, self.run_dir, result.status)
             if report:
                 write_atomic(self.run_dir / REPORT_FILE, render_report(record).encode("utf-8"))
         finally:

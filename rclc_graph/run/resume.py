@@ -29,7 +29,7 @@ Function nodes handed over as Python callables (`Graph.function`) are found agai
 
 from __future__ import annotations
 
-import functools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 import anyio
 
+import rclc
 from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
@@ -53,6 +54,9 @@ from .recorded import prepare_models, record_run
 from .record_shape import check_record
 from .recorder import RunRecorder
 from .run_files import check_tree, member, read_json, regular
+from .scheduler import refuse_event_stream
+
+logger = logging.getLogger(__name__)
 
 # Versions that decide what a node computes; the code fingerprint covers rclc's own source.
 _COMPUTING_PACKAGES = ("rclc", "rclc_graph", "torch", "transformers")
@@ -386,13 +390,17 @@ async def resume_run(
         raise
     for name, agent in agents.items():
         inner.adopt(point.run_id, name, agent)
+    logger.info("resuming run %s: %d of %d nodes finished before, %d restored", point.run_id, len(point.finished),
+                len(point.plan.nodes), len(agents))
     return await record_run(recorder, inner, pool=pool, events=events, base_dir=point.base_dir,
                             completed=dict(point.finished))
 
 
 def resume_run_sync(run_dir: str | os.PathLike[str], **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
-    """`resume_run` for code without an event loop."""
-    return anyio.run(functools.partial(resume_run, run_dir, **options))
+    """`resume_run` from synchronous code; inside a running event loop (a Jupyter cell) the
+    run gets a loop of its own in a worker thread (`rclc.call_sync`)."""
+    refuse_event_stream("resume_run_sync", options)
+    return rclc.call_sync(resume_run, run_dir, **options)
 
 
 async def _silent(kind: str, payload: dict[str, Any]) -> None:

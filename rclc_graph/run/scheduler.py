@@ -18,14 +18,17 @@ running finish and are recorded, nothing new starts, and the run ends with statu
 
 from __future__ import annotations
 
-import functools
+import logging
 import math
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+
+import rclc
 
 from ..errors import Interrupt, NodeFailed, ObserverFailed
 from ..executors import make_executor
@@ -38,6 +41,9 @@ from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
 from .interrupts import Waiting, with_answers
 from .routing import Routing
+from .tracing import run_tracer
+
+logger = logging.getLogger(__name__)
 
 
 class RunObserver(Protocol):
@@ -51,16 +57,33 @@ def new_run_id() -> str:
 
 
 class _Publisher:
-    """Publishes the run's events into an optional stream, under the run's epoch."""
+    """Publishes the run's events into an optional stream, under the run's epoch, and shows
+    each to the run's tracer (OpenTelemetry spans, when the `otel` extra is installed)."""
 
     def __init__(self, events: EventStream | None, run_id: str) -> None:
         self.events, self.run_id = events, run_id
         self.epoch = events.open_epoch() if events is not None else 0
+        self.tracer = run_tracer(run_id)
 
     async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
+        if self.tracer is not None:
+            self.tracer.observe(kind, payload)
         if self.events is None:
             return None
         return await self.events.publish(kind, payload, run_id=self.run_id, epoch=self.epoch)  # type: ignore[arg-type]
+
+    def trace(self, kind: str, payload: dict[str, Any]) -> None:
+        """Show an event to the tracer only (the run ended without a stream event for it)."""
+        if self.tracer is not None:
+            self.tracer.observe(kind, payload)
+
+    async def cancelled(self, finished: list[str]) -> None:
+        """The run was cancelled: retire its epoch and queue its one `cancelled` notice."""
+        payload = {"finished": finished}
+        if self.tracer is not None:
+            self.tracer.observe("cancelled", payload)
+        if self.events is not None:
+            await self.events.cancel(self.epoch, run_id=self.run_id, payload=payload)
 
 
 async def run_plan(
@@ -101,6 +124,7 @@ async def run_plan(
     results: dict[str, NodeResult] = with_answers(plan, dict(completed or {}))
     walk = _Walk(plan, executor, ctx, results, observer)
     begun = time.perf_counter()
+    logger.info("run %s (%s, %d nodes, %d done before) started", run_id, plan.name, len(plan.nodes), len(results))
     await publish("run", {"status": "started", "plan": plan.name, "nodes": len(plan.nodes), "resumed": len(results)})
     failure: NodeFailed | None = None
     try:
@@ -108,13 +132,15 @@ async def run_plan(
     except BaseException as error:
         ctx.stop.set()
         if is_cancellation(error):
-            if events is not None:
-                with anyio.CancelScope(shield=True):
-                    await events.cancel(publish.epoch, run_id=run_id, payload={"finished": sorted(results)})
+            logger.info("run %s cancelled; finished: %s", run_id, ", ".join(sorted(results)) or "none")
+            with anyio.CancelScope(shield=True):
+                await publish.cancelled(sorted(results))
             executor.release(run_id)
             raise
         failure = _first(error, NodeFailed)
         if failure is None:
+            logger.error("run %s raised %s: %s", run_id, type(error).__name__, error)
+            publish.trace("run", {"status": "failed", "error": f"{type(error).__name__}: {error}"})
             executor.release(run_id)
             raise
     seconds = time.perf_counter() - begun
@@ -124,15 +150,18 @@ async def run_plan(
                if name in results and name not in walk.waiting}
     common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))
     if failure is not None:
+        logger.warning("run %s failed after %.2f s: %s", run_id, seconds, failure)
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,
                                 "message": str(failure)})
-        await publish("run", {"status": "failed", "seconds": seconds})
+        await publish("run", {"status": "failed", "seconds": seconds, "error": str(failure), "node": failure.node})
         executor.release(run_id)
         return RunResult(run_id, "failed", outputs, results, hops, error=str(failure), failed_node=failure.node,
                          waiting=waiting, **common)
     if waiting:
+        logger.info("run %s waits for an answer at %s after %.2f s", run_id, waiting[0]["node"], seconds)
         await publish("run", {"status": "waiting", "node": waiting[0]["node"], "question": waiting[0]["question"]})
         return RunResult(run_id, "waiting", outputs, results, hops, waiting=waiting, **common)
+    logger.info("run %s finished in %.2f s", run_id, seconds)
     await publish("run", {"status": "finished", "seconds": seconds, "outputs": outputs})
     return RunResult(run_id, "finished", outputs, results, hops, **common)
 
@@ -213,8 +242,9 @@ class _Walk:
     async def _run_one(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
         ctx, node = self.ctx, self.plan.node(name)
         await ctx.publish("node", {"node": name, "status": "started"})
+        hops = _HopTracker(ctx.publish)
         try:
-            result = await self.executor.run_node(ctx, node, inbound)
+            result = await self.executor.run_node(replace(ctx, publish=hops), node, inbound)
         except (NodeFailed, Interrupt):
             raise
         except anyio.get_cancelled_exc_class():
@@ -222,10 +252,8 @@ class _Walk:
         except Exception as error:
             raise NodeFailed(name, error) from error
         self.results[name] = with_answers(self.plan, {name: result})[name]
-        for hop in result.hops:
-            await ctx.publish("hop", hop.to_dict())
-        await ctx.publish("node", {"node": name, "status": "finished", "positions": result.positions,
-                                   "text": result.text})
+        await hops.publish_missing(result.hops)
+        await ctx.publish("node", _finished_payload(result))
         if self.observer is not None:
             try:
                 self.observer.node_finished(ctx.run_id, result)
@@ -250,6 +278,32 @@ class _Walk:
     async def _wait(self, name: str, when: str, question: str) -> None:
         self.waiting.add(name, when, question)
         await self.ctx.publish("node", {"node": name, "status": "waiting", "question": question})
+
+
+class _HopTracker:
+    """A node's publish: passes every event on and remembers which hops the executor published
+    (when the receiver had its delivery, before it generated), so the scheduler publishes
+    only the ones an executor left out, once the node finished."""
+
+    def __init__(self, publish: Any) -> None:
+        self.publish = publish
+        self.published: set[tuple[Any, str]] = set()
+
+    async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
+        if kind == "hop":
+            self.published.add((payload.get("edge"), str(payload.get("source"))))
+        return await self.publish(kind, payload)
+
+    async def publish_missing(self, hops: list[HopRecord]) -> None:
+        for record in hops:
+            if (record.edge, record.source) not in self.published:
+                await self.publish("hop", record.to_dict())
+
+
+def _finished_payload(result: NodeResult) -> dict[str, Any]:
+    return {"node": result.node, "status": "finished", "positions": result.positions, "text": result.text,
+            "generated_tokens": result.generated_tokens, "generation_seconds": result.generation_seconds,
+            "inherited_positions": result.inherited_positions, "lineage": result.lineage.summary()}
 
 
 def _hops_in_order(plan: Plan, results: dict[str, NodeResult]) -> list[HopRecord]:
@@ -279,6 +333,18 @@ def is_cancellation(error: BaseException) -> bool:
     return isinstance(error, anyio.get_cancelled_exc_class())
 
 
+def refuse_event_stream(function: str, options: dict[str, Any]) -> None:
+    """A sync twin cannot hand an EventStream to its caller: the stream lives on the loop that
+    runs the run, and the caller's code waits outside it. Says what to call instead."""
+    if options.get("events") is not None:
+        raise ValueError(
+            f"events: {function} waits for the whole run, so nothing could read the stream while it runs; "
+            "iterate rclc_graph.stream(...) (sync) or rclc_graph.astream(...) (async) to watch a run's events"
+        )
+
+
 def run_plan_sync(plan: Plan, **options: Any) -> RunResult:
-    """`run_plan` for code without an event loop."""
-    return anyio.run(functools.partial(run_plan, plan, **options))
+    """`run_plan` from synchronous code; inside a running event loop (a Jupyter cell) the run
+    gets a loop of its own in a worker thread (`rclc.call_sync`)."""
+    refuse_event_stream("run_plan_sync", options)
+    return rclc.call_sync(run_plan, plan, **options)

@@ -34,6 +34,7 @@ from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
 from ..render import printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
 from ..run import current_record, read_resume_point
 from ..run.preflight import check_code, check_context
+from ..server import commands as server_commands
 from ..spec import json_schema, read_graph
 from .console import (
     EXIT_FAILED,
@@ -63,6 +64,7 @@ app = typer.Typer(
 )
 
 app.add_typer(experiment_commands.app)  # experiment, data, compare-runs at the top level
+server_commands.register(app)  # serve (starlette and uvicorn load when it runs)
 
 
 def _version(value: bool) -> None:

@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rclc_graph import EventStream, finished_nodes, plan_file, run_plan, run_plan_sync, run_recorded  # noqa: E402
+from rclc_graph import EventStream, finished_nodes, plan_file, run_plan, run_plan_sync, run_recorded, typed  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from rclc_graph.spec.load import read_graph  # noqa: E402
 from rclc_graph.plan.compile import compile_plan  # noqa: E402
@@ -111,25 +111,32 @@ def test_fanout_qa_fits_remote_senders_jointly_and_streams_tokens(cluster):
 
     async def run_with_events(executor):
         events = EventStream()
-        tokens: list[str] = []
+        seen = []
 
         async def consume():
             async for event in events:
-                if event.kind == "token":
-                    tokens.append(event.payload["text"])
+                seen.append(typed(event))
 
         async with anyio.create_task_group() as group:
             group.start_soon(consume)
             with anyio.fail_after(LIMIT):
                 result = await run_plan(plan, executor=executor, events=events)
             events.close()
-        return result, tokens
+        return result, seen
 
     with RayExecutor(replicas={"base": 2}, pins={"final": 1}) as executor:
-        remote, tokens = anyio.run(run_with_events, executor)
+        remote, seen = anyio.run(run_with_events, executor)
     assert_same_run(local, remote)
     assert len(crossing(remote)) == 3  # three readers on one machine, the answer on the other
+    tokens = [event for event in seen if event.type == "token"]
     assert len(tokens) == remote.nodes["final"].generated_tokens > 0
+    # issue 15: each hop arrives from the actor when final holds it, before its first token,
+    # with the placement and crossed bytes the record's row has
+    kinds = [event.type for event in seen]
+    hops = [event for event in seen if event.type == "hop.delivered"]
+    assert len(hops) == 3 and max(i for i, kind in enumerate(kinds) if kind == "hop.delivered") < kinds.index("token")
+    for hop, record in zip(hops, remote.hops, strict=True):
+        assert hop.placement == record.placement and hop.crossed_bytes == record.crossed_bytes > 0
 
 
 def test_a_killed_actor_fails_its_node_and_a_resume_continues_on_a_fresh_actor(cluster, tiny_dir, tmp_path):

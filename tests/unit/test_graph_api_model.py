@@ -91,6 +91,13 @@ def test_an_api_model_ends_a_chain_of_local_readers(stub, pool, tmp_path, monkey
     # Streamed: one token event per piece, in order; no state and no snapshot.
     tokens = [event.payload["text"] for event in seen if event.kind == "token" and event.payload["node"] == "final"]
     assert "".join(tokens) == "The owner is Alice." and len(tokens) == 4
+    # The text hop is published when the request holds it: before the server's first token.
+    order = [(event.kind, event.payload.get("target", event.payload.get("node"))) for event in seen
+             if event.kind in ("hop", "token")]
+    assert order.index(("hop", "final")) < order.index(("token", "final"))
+    [hop_event] = [event.payload for event in seen if event.kind == "hop" and event.payload["target"] == "final"]
+    assert {key: hop_event[key] for key in ("source", "mode", "payload_bytes")} == {
+        "source": "draft", "mode": "text", "payload_bytes": record["hops"][-1]["payload_bytes"]}
     final = result.nodes["final"]
     assert (final.positions, final.generated_tokens, len(final.lineage)) == (0, 4, 0)
     assert record["nodes"]["final"]["snapshot"] is None

@@ -72,6 +72,14 @@ def test_yaml_round_trip(make, tmp_path):
     graph.validate()
 
 
+@pytest.mark.parametrize("text", ["\x85", "a\x85b", "x\u2028y", "p\u2029", "\ufeffz", "two\nlines\x85", "tab\tand \u00e9"])
+def test_yaml_round_trips_text_with_characters_yaml_reads_as_breaks(text):
+    # found by test_graph_fuzz: a description of NEL (U+0085) came back as a space
+    graph = Graph("odd", description=text)
+    graph.input("question", description=text)
+    assert load_graph_text(graph.to_yaml()) == graph.spec()
+
+
 def test_yaml_is_minimal_and_readable():
     text = chain_of_agents(2).to_yaml()
     assert text.startswith("version: 1\nname: chain_of_agents\n")

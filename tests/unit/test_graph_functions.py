@@ -14,7 +14,9 @@ import anyio
 import pytest
 
 from rclc_graph import (
+    EventStream,
     Graph,
+    Interrupt,
     LocalExecutor,
     ModelPool,
     Policy,
@@ -154,6 +156,46 @@ def test_a_blocking_function_does_not_block_the_event_loop():
 
     result = anyio.run(main)
     assert result.outputs["slow"] == "slept" and len(ticks) == 5
+
+
+def asks(inputs, senders):
+    raise Interrupt("Ship it?")
+
+
+def test_a_function_nodes_text_hops_are_published_when_it_is_called():
+    """The senders' texts are its arguments: their hop events come before the function runs,
+    so a function that stops the run for a person still shows what it was handed."""
+    graph = Graph("ask").input("q")
+    graph.model("base").agent("a", model="base")
+    graph.node("quick", agent="a", prompt="{q}")
+    graph.function("gate", asks, output=True)
+    graph.edge("quick", "gate", TEXT)
+    events = EventStream()
+    seen = []
+
+    async def main():
+        from rclc_graph import run_plan
+
+        async def consume():
+            async for event in events:
+                seen.append(event)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(consume)
+            result = await run_plan(graph.plan({"q": "q"}), executor=FakeExecutor(), events=events)
+            events.close()
+        return result
+
+    result = anyio.run(main)
+    assert result.status == "waiting" and "gate" not in result.nodes
+    gate = [(event.kind, event.payload) for event in seen
+            if event.kind in ("hop", "node") and event.payload.get("target", event.payload.get("node")) == "gate"]
+    assert [(kind, payload.get("status")) for kind, payload in gate] == [
+        ("node", "started"), ("hop", None), ("node", "waiting")]
+    hop, waiting = gate[1][1], gate[2][1]
+    assert (hop["source"], hop["mode"]) == ("quick", "text")
+    assert hop["payload_bytes"] == len(result.nodes["quick"].text.encode("utf-8"))
+    assert waiting == {"node": "gate", "status": "waiting", "question": "Ship it?"}
 
 
 def test_a_function_node_is_recorded_without_a_snapshot_and_a_resume_skips_it(pool, tmp_path):

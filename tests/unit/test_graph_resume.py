@@ -7,6 +7,7 @@ The subprocess SIGKILL variant is tests/integration/test_crash_resume.py."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import shutil
@@ -99,6 +100,18 @@ def test_a_snapshot_without_its_node_file_is_a_node_that_runs_again(reference, t
     result, record, counts = resume_counted(reference, run_dir)
     assert result.status == "finished"
     assert counts["d"] == reference["counts"]["d"]
+    assert_same_runs(reference["run_dir"], run_dir)
+
+
+def test_resume_run_sync_works_inside_a_running_event_loop(reference, tmp_path):
+    # issue 15 item 1: a notebook cell runs inside asyncio; the sync twin gets a loop of its own
+    run_dir = crash_copy(reference["run_dir"], tmp_path / "in-loop", frozenset({"a", "b"}))
+
+    async def cell():
+        return resume_counted(reference, run_dir)
+
+    result, record, _ = asyncio.run(cell())
+    assert result.status == "finished", result.error
     assert_same_runs(reference["run_dir"], run_dir)
 
 

@@ -247,12 +247,16 @@ def test_mixed_representation_matches_dense(senders, tiny):
     assert dense[0].for_vllm(weight)["prompt_embeds"].device.type == "cpu"
 
 
-def test_transfer_sync_refuses_a_running_loop(senders):
-    async def inside():
-        transfer_sync(senders, print, "q")
+def test_transfer_sync_works_inside_a_running_loop(senders):
+    # issue 15 item 1: it used to refuse (anyio's "Already running asyncio in this thread");
+    # now it runs on a loop of its own in a worker thread
+    received = []
 
-    with pytest.raises(RuntimeError, match="await"):
-        anyio.run(inside)
+    async def inside():
+        transfer_sync(senders, received.append, "q")
+
+    anyio.run(inside)
+    assert len(received) == 1 and len(received[0].messages) == len(senders)
 
 
 def test_cancellation_waits_for_the_worker_and_delivers_nothing(senders):

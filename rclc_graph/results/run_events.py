@@ -1,0 +1,326 @@
+"""The typed events of a run: one frozen dataclass per kind, and the one place that maps what
+the scheduler and executors publish (`kind`, `payload`) to them.
+
+Producers publish plain payloads into an `EventStream` (events.py): `await ctx.publish(kind,
+payload)`. Applications read typed events instead (`rclc_graph.astream` / `stream`, the
+server's Server-Sent Events, the event log of a run directory): `typed(event)` turns a stream
+`Event` into one of the classes below, `to_dict()` gives its wire form (JSON; `type` names
+the class, e.g. "hop.delivered") and `event_from_dict` reads the wire form back.
+
+docs/streaming.md documents every type and field. Fields a producer adds that a class does not
+declare are kept in `extra` (and written back by `to_dict`), so a newer producer never breaks
+an older reader and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from .events import Event
+from .lineage import Hop
+
+TERMINAL_TYPES = ("run.finished", "run.failed", "run.cancelled", "run.waiting")
+"""Types after which a run (or this attempt of it) publishes nothing more."""
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """What every event carries: the run, its position in the stream, and extra fields."""
+
+    type: ClassVar[str] = ""
+    run_id: str
+    seq: int  # strictly increasing within one stream (one attempt of a run)
+    extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: {"type", "run_id", "seq", ...fields}, plain JSON data."""
+        data: dict[str, Any] = {"type": self.type}
+        for item in dataclasses.fields(self):
+            if item.name != "extra":
+                data[item.name] = _plain(getattr(self, item.name))
+        for key, value in self.extra.items():
+            data.setdefault(key, _plain(value))
+        return data
+
+    @property
+    def terminal(self) -> bool:
+        """Whether this event ends its stream (run finished, failed, cancelled or waiting)."""
+        return self.type in TERMINAL_TYPES
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStarted(RunEvent):
+    """The run (or a resumed attempt of it) started; `resumed` nodes had finished before."""
+
+    type: ClassVar[str] = "run.started"
+    plan: str
+    nodes: int
+    resumed: int = 0
+
+
+@dataclass(frozen=True)
+class RunFinished(RunEvent):
+    """Every node finished; `outputs` are the output nodes' texts."""
+
+    type: ClassVar[str] = "run.finished"
+    seconds: float
+    outputs: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class RunFailed(RunEvent):
+    """A node failed and the run ended (a `node.failed` event came first)."""
+
+    type: ClassVar[str] = "run.failed"
+    seconds: float
+    error: str | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class RunCancelled(RunEvent):
+    """The run was cancelled; `finished` lists the nodes that finished before."""
+
+    type: ClassVar[str] = "run.cancelled"
+    finished: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunWaiting(RunEvent):
+    """The run stopped to ask a human (`node` is waiting); resume it with an answer."""
+
+    type: ClassVar[str] = "run.waiting"
+    node: str
+    question: str
+
+
+# -- nodes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeStarted(RunEvent):
+    """A node's senders all settled and it started."""
+
+    type: ClassVar[str] = "node.started"
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeFinished(RunEvent):
+    """A node finished (and, in a recorded run, is on disk). `text` is None for a node that
+    only reads; `lineage` summarises where its positions came from (by node, kind, hops)."""
+
+    type: ClassVar[str] = "node.finished"
+    node: str
+    positions: int
+    text: str | None
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    inherited_positions: int = 0
+    lineage: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeSkipped(RunEvent):
+    """A node none of whose inbound edges fired (or a loop round after `until` held)."""
+
+    type: ClassVar[str] = "node.skipped"
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeWaiting(RunEvent):
+    """A node stopped for a human's answer to `question`."""
+
+    type: ClassVar[str] = "node.waiting"
+    node: str
+    question: str
+
+
+@dataclass(frozen=True)
+class NodeFailure(RunEvent):
+    """A node failed; `edge` is the plan edge id when a handoff failed; the run fails next."""
+
+    type: ClassVar[str] = "node.failed"
+    node: str | None
+    edge: int | None
+    message: str
+
+
+# -- handoffs, tokens, decisions, tools --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HopDelivered(RunEvent):
+    """A handoff reached its receiver, before the receiver generates. The figures are the run
+    record's hop row (T = total_positions, I = inherited_positions, budget, kept, payload
+    bytes, selection seconds; placement and crossed bytes on replica executors); the receiver's
+    generation seconds arrive with its `node.finished`. `kept` lists the delivered positions'
+    origins as lineage segments [origin node, kind, hops, start, length]: which spans of which
+    node's state survived this hop (empty for text hops)."""
+
+    type: ClassVar[str] = "hop.delivered"
+    edge: int | None
+    source: str
+    target: str
+    mode: str
+    policy: str
+    total_positions: int
+    inherited_positions: int
+    budget: int
+    kept_positions: int
+    added_latent_positions: int
+    kept_by_origin: Mapping[str, int]
+    kept_by_kind: Mapping[str, int]
+    payload_bytes: int
+    selection_seconds: float
+    placement: Mapping[str, Any] | None = None
+    crossed_bytes: int = 0
+    kept: tuple[tuple[Any, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenGenerated(RunEvent):
+    """One generated token of a node (`index` from 0), as it is generated."""
+
+    type: ClassVar[str] = "token"
+    node: str
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class EdgeDecided(RunEvent):
+    """A conditional edge's decision: whether it fired."""
+
+    type: ClassVar[str] = "edge.decided"
+    edge: int
+    source: str
+    target: str
+    fired: bool
+
+
+@dataclass(frozen=True)
+class ToolCalled(RunEvent):
+    """A node's agent called a tool (published before the tool runs)."""
+
+    type: ClassVar[str] = "tool.call"
+    node: str
+    call_id: str
+    name: str
+    arguments: Any
+
+
+@dataclass(frozen=True)
+class ToolReturned(RunEvent):
+    """A tool call's result (`error`: None, or what went wrong)."""
+
+    type: ClassVar[str] = "tool.result"
+    node: str
+    call_id: str
+    name: str
+    result: Any
+    error: str | None = None
+
+
+EVENT_TYPES: dict[str, type[RunEvent]] = {
+    cls.type: cls
+    for cls in (RunStarted, RunFinished, RunFailed, RunCancelled, RunWaiting, NodeStarted, NodeFinished, NodeSkipped,
+                NodeWaiting, NodeFailure, HopDelivered, TokenGenerated, EdgeDecided, ToolCalled, ToolReturned)
+}
+"""Wire type -> class, for every event a run publishes."""
+
+
+# -- the one mapping from published (kind, payload) to a type -----------------------------------
+
+_BY_STATUS = {
+    "run": {"started": RunStarted, "finished": RunFinished, "failed": RunFailed, "waiting": RunWaiting},
+    "node": {"started": NodeStarted, "finished": NodeFinished, "skipped": NodeSkipped, "waiting": NodeWaiting},
+    "tool": {"call": ToolCalled, "result": ToolReturned},
+}
+_BY_KIND = {"hop": HopDelivered, "token": TokenGenerated, "error": NodeFailure, "cancelled": RunCancelled,
+            "edge": EdgeDecided}
+# payload keys that name the type (status, phase) or that the type leaves to another event
+_DROPPED = {"run": ("status",), "node": ("status",), "tool": ("phase",), "hop": ("generation_seconds",)}
+
+
+def type_of(kind: str, payload: Mapping[str, Any]) -> type[RunEvent]:
+    """The class of a published (kind, payload); ValueError naming kind and status otherwise."""
+    if kind in _BY_KIND:
+        return _BY_KIND[kind]
+    choices = _BY_STATUS.get(kind)
+    if choices is None:
+        raise ValueError(f"kind: {kind!r} is not a run event kind; expected one of {sorted({*_BY_KIND, *_BY_STATUS})}")
+    key = "phase" if kind == "tool" else "status"
+    cls = choices.get(payload.get(key))  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"{kind} event: {key} {payload.get(key)!r} is not one of {sorted(choices)}")
+    return cls
+
+
+def typed_from(kind: str, payload: Mapping[str, Any], *, run_id: str, seq: int) -> RunEvent:
+    """The typed event of one published (kind, payload)."""
+    cls = type_of(kind, payload)
+    data = {key: value for key, value in payload.items() if key not in _DROPPED.get(kind, ())}
+    return _build(cls, data, run_id=run_id, seq=seq)
+
+
+def typed(event: Event) -> RunEvent:
+    """The typed event of a stream `Event`."""
+    return typed_from(event.kind, event.payload, run_id=event.run_id, seq=event.seq)
+
+
+def event_from_dict(data: Mapping[str, Any]) -> RunEvent:
+    """Read a wire form (`to_dict()`, a line of the event log, an SSE `data:`) back; the `id`
+    that the event log and SSE put in front is the line's, not the event's, and is left out."""
+    kind = data.get("type")
+    cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"type: {kind!r} is not a run event type; expected one of {sorted(EVENT_TYPES)}")
+    rest = {key: value for key, value in data.items() if key not in ("type", "run_id", "seq", "id")}
+    return _build(cls, rest, run_id=str(data.get("run_id", "")), seq=int(data.get("seq", 0)))
+
+
+def hop_payload(hop: Hop) -> dict[str, Any]:
+    """What an executor publishes as a `hop` event when the receiver has its delivery: the hop
+    record's figures (generation seconds come later, with the node) and the kept segments."""
+    data = hop.record.to_dict()
+    data.pop("generation_seconds", None)
+    data["kept"] = [segment.to_list() for segment in hop.lineage.segments]
+    return data
+
+
+def _build(cls: type[RunEvent], data: Mapping[str, Any], *, run_id: str, seq: int) -> RunEvent:
+    names = {item.name for item in dataclasses.fields(cls)} - {"run_id", "seq", "extra"}
+    known = {key: _frozen(key, value) for key, value in data.items() if key in names}
+    extra = {key: value for key, value in data.items() if key not in names}
+    missing = sorted(
+        item.name for item in dataclasses.fields(cls)
+        if item.name in names and item.name not in known
+        and item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+    )
+    if missing:
+        raise ValueError(f"{cls.type} event: missing {', '.join(missing)}")
+    return cls(run_id=run_id, seq=seq, extra=extra, **known)
+
+
+def _frozen(key: str, value: Any) -> Any:
+    if key == "finished" and isinstance(value, list):
+        return tuple(value)
+    if key == "kept" and isinstance(value, list):
+        return tuple(tuple(item) for item in value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

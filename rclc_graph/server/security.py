@@ -1,0 +1,124 @@
+"""What every request passes before a handler sees it (pure ASGI middleware, one job each):
+
+- `BodyLimit`: bodies over the limit are refused with 413, whether they announce their size
+  (Content-Length) or stream it (chunked): the server never buffers more than the limit.
+- `Guard`: the bearer token (when the server has one; constant-time comparison), the Host
+  header of a loopback server (a page on another site cannot reach it through DNS rebinding),
+  and JSON bodies for POST (a cross-site HTML form cannot send application/json without a
+  CORS preflight, which this server never grants).
+
+The web UI's static files and the API description are public: they hold no run data.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import RequestRefused
+from .errors import E_AUTH, E_BODY_SIZE, E_HOST, E_MEDIA_TYPE, error_body
+from .settings import ServerSettings
+
+PUBLIC_PREFIXES = ("/ui/",)
+PUBLIC_PATHS = ("/", "/openapi.json")
+
+
+async def _refuse(send: Send, status: int, code: str, message: str, fix: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps(error_body(status, code, message, fix)).encode("utf-8")
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or []:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _hostname(host: str) -> str:
+    """The name part of a Host header ("127.0.0.1:8000" -> "127.0.0.1", "[::1]:80" -> "[::1]")."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes with 413 (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        fix = f"send at most {self.limit} bytes (the server's --max-body)"
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await _refuse(send, 413, E_BODY_SIZE, f"the request body is {length} bytes", fix)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:  # the handler reading the body gets it; the app answers 413 JSON
+                    raise RequestRefused(413, E_BODY_SIZE, f"the request body is over {self.limit} bytes", fix)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class Guard:
+    """Token, Host header and JSON-body checks (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
+        self.app, self.settings = app, settings
+        self.expected = None if settings.token is None else f"Bearer {settings.token}".encode("utf-8")
+        self.hosts = {"127.0.0.1", "localhost", "[::1]"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.settings.loopback and _hostname(_header(scope, b"host") or "") not in self.hosts:
+            await _refuse(send, 421, E_HOST, "this server answers requests for 127.0.0.1 and localhost only",
+                          "open it as http://127.0.0.1:<port>/")
+            return
+        path = scope.get("path", "")
+        public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+        if self.expected is not None and not public:
+            given = (_header(scope, b"authorization") or "").encode("utf-8")
+            if not hmac.compare_digest(given, self.expected):
+                await _refuse(send, 401, E_AUTH, "this server needs its bearer token",
+                              "send the header Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")])
+                return
+        if scope.get("method") == "POST":
+            media = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+            length = _header(scope, b"content-length")
+            has_body = media or (length not in (None, "0"))
+            if has_body and media != "application/json":
+                await _refuse(send, 415, E_MEDIA_TYPE, f"POST bodies are JSON; got {media or 'no content type'}",
+                              "send Content-Type: application/json")
+                return
+        await self.app(scope, receive, send)
+
+
+def security_headers() -> dict[str, Any]:
+    """Headers of the UI page: its own scripts and styles only, no framing, no referrer."""
+    return {
+        "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                   "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+        "x-frame-options": "DENY",
+    }

@@ -1,0 +1,473 @@
+// rclc-graph live view: list runs, start one from a topology, watch it live.
+// Every string from a run (outputs, prompts, tokens, names) reaches the page through
+// textContent, never as HTML; the only markup inserted is the server-rendered graph SVG.
+"use strict";
+
+const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+const $ = (id) => document.getElementById(id);
+let token = sessionStorage.getItem("rclc-token") || "";
+let topologies = [];
+let view = null; // the run on screen: {id, nodes, kept, lastId, controller, colours}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+async function api(path, options = {}) {
+  const headers = Object.assign({}, options.headers || {});
+  if (token) headers["Authorization"] = "Bearer " + token;
+  if (options.json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    options.body = JSON.stringify(options.json);
+  }
+  const response = await fetch(path, Object.assign({}, options, {headers}));
+  if (response.status === 401) $("token-form").hidden = false;
+  return response;
+}
+
+function describeError(body) {
+  const error = (body && body.error) || {message: "request failed"};
+  const lines = [error.message];
+  if (error.fix) lines.push("fix: " + error.fix);
+  for (const problem of error.problems || []) {
+    if (problem.message && !error.message.includes(problem.message)) lines.push(`${problem.code}: ${problem.message} (fix: ${problem.fix})`);
+  }
+  return lines.join("\n");
+}
+
+// -- new runs ---------------------------------------------------------------------------
+
+async function loadTopologies() {
+  const response = await api("/topologies");
+  if (!response.ok) return;
+  topologies = (await response.json()).topologies.filter((item) => item.valid);
+  const select = $("topology");
+  select.replaceChildren(...topologies.map((item) => el("option", {value: item.name, text: item.name})));
+  const preferred = topologies.find((item) => item.example_inputs) || topologies[0];
+  if (preferred) select.value = preferred.name;
+  buildInputs();
+}
+
+function buildInputs() {
+  const topology = topologies.find((item) => item.name === $("topology").value);
+  const box = $("inputs");
+  box.replaceChildren();
+  if (!topology) return;
+  $("topology-description").textContent = topology.description || "";
+  const example = topology.example_inputs || {};
+  for (const [name, spec] of Object.entries(topology.inputs || {})) {
+    const isList = spec.type === "list[str]";
+    let value = example[name] !== undefined ? example[name] : spec.default;
+    if (isList && Array.isArray(value)) value = value.join("\n");
+    const area = el("textarea", {name, "data-list": isList ? "1" : "0", rows: isList ? "5" : "2"});
+    area.value = value || "";
+    const hint = [spec.type, isList ? "one item per line" : "", spec.description].filter(Boolean).join(" · ");
+    box.append(el("label", {class: "field"}, name + " ", el("small", {text: hint}), area));
+  }
+}
+
+async function startRun(event) {
+  event.preventDefault();
+  const inputs = {};
+  for (const area of $("inputs").querySelectorAll("textarea")) {
+    inputs[area.name] = area.dataset.list === "1" ? area.value.split("\n").map((line) => line.trim()).filter(Boolean) : area.value;
+  }
+  const body = {topology: $("topology").value, inputs, seed: Number($("seed").value || 0)};
+  const box = $("form-error");
+  box.hidden = true;
+  const response = await api("/runs", {method: "POST", json: body});
+  const data = await response.json();
+  if (response.status !== 202) {
+    box.textContent = describeError(data);
+    box.hidden = false;
+    return;
+  }
+  await refreshRuns();
+  selectRun(data.run_id);
+}
+
+// -- the run list ------------------------------------------------------------------------
+
+async function refreshRuns() {
+  const [runs, state] = await Promise.all([api("/runs?limit=100"), api("/server")]);
+  if (state.ok) {
+    const s = await state.json();
+    $("server-state").textContent = `${s.active} running (max ${s.max_concurrent}), ${s.queued} queued`;
+  }
+  if (!runs.ok) return;
+  const list = $("run-list");
+  list.replaceChildren(...(await runs.json()).runs.map((run) => {
+    const item = el("li", {"data-run": run.run_id, class: view && view.id === run.run_id ? "selected" : ""},
+      el("div", {}, el("div", {text: run.graph || "(run)"}), el("div", {class: "rid mono", text: run.run_id})),
+      el("span", {class: "badge " + run.status, text: run.status}));
+    item.addEventListener("click", () => selectRun(run.run_id));
+    return item;
+  }));
+}
+
+// -- one run, live -----------------------------------------------------------------------
+
+function setStatus(status) {
+  const badge = $("run-status");
+  badge.textContent = status;
+  badge.className = "badge " + status;
+  $("run-cancel").hidden = !["queued", "starting", "running"].includes(status);
+  $("run-resume").hidden = !["interrupted", "cancelled", "failed"].includes(status);
+}
+
+async function selectRun(runId) {
+  if (view && view.controller) view.controller.abort();
+  view = {id: runId, nodes: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(), colours: {}, order: []};
+  $("placeholder").hidden = true;
+  $("run").hidden = false;
+  $("run-id").textContent = runId;
+  $("run-title").textContent = "";
+  $("run-error").hidden = true;
+  $("outputs").replaceChildren();
+  $("nodes").replaceChildren();
+  $("graph").replaceChildren();
+  $("run-report").hidden = true;
+  for (const item of $("run-list").children) item.classList.toggle("selected", item.dataset.run === runId);
+  const response = await api(`/runs/${encodeURIComponent(runId)}`);
+  if (!response.ok) return;
+  const run = await response.json();
+  setStatus(run.status);
+  showReport(run);
+  if (run.record) {
+    $("run-title").textContent = run.record.graph;
+    view.order = run.record.plan.nodes.map((node) => node.name);
+    view.order.forEach((name, index) => { view.colours[name] = PALETTE[index % PALETTE.length]; card(name); });
+  }
+  await drawGraph();
+  follow(view);
+}
+
+async function drawGraph() {
+  const current = view;
+  const response = await api(`/runs/${encodeURIComponent(current.id)}/graph.svg`);
+  if (!response.ok || current !== view) return;
+  $("graph").innerHTML = await response.text(); // server-rendered SVG: every label escaped there
+  // the drawing colours nodes by their order in it, as the report does: the cards follow
+  $("graph").querySelectorAll("g.node").forEach((group, index) => {
+    current.colours[group.dataset.node] = PALETTE[index % PALETTE.length];
+  });
+  for (const [name, node] of Object.entries(current.nodes)) {
+    paintNode(name, node.status);
+    node.parts.dot.style.color = current.colours[name] || "#999";
+    renderLineage(node);
+  }
+  paintEdges();
+}
+
+function showReport(run) {
+  const link = $("run-report");
+  if (run.links && run.links.report) {
+    link.href = run.links.report;
+    link.hidden = false;
+  }
+}
+
+function paintNode(name, status) {
+  for (const group of $("graph").querySelectorAll("g.node")) {
+    if (group.dataset.node === name) group.setAttribute("class", "node " + status);
+  }
+}
+
+function card(name) {
+  if (view.nodes[name]) return view.nodes[name];
+  const colour = view.colours[name] || PALETTE[Object.keys(view.nodes).length % PALETTE.length];
+  const parts = {
+    dot: el("span", {style: `color:${colour}`, text: "● "}),
+    status: el("span", {class: "badge", text: "pending"}),
+    facts: el("div", {class: "facts"}),
+    hops: el("ul", {class: "hops"}),
+    tokens: el("div", {class: "tokens"}),
+    lineage: el("div", {class: "small"}),
+    prompt: el("div", {class: "prompt"}),
+  };
+  const title = el("h3", {}, el("span", {}, parts.dot, name), parts.status);
+  parts.details = el("details", {}, el("summary", {text: "prompt (kept spans highlighted)"}), parts.prompt);
+  const box = el("div", {class: "card", "data-node": name}, title, parts.facts, parts.hops, parts.tokens, parts.lineage,
+    parts.details);
+  $("nodes").append(box);
+  view.nodes[name] = {box, parts, status: "pending", tokens: [], info: null, lineage: null, opened: false};
+  return view.nodes[name];
+}
+
+function nodeStatus(name, status) {
+  const node = card(name);
+  node.status = status;
+  node.parts.status.textContent = status;
+  node.parts.status.className = "badge " + status;
+  node.box.className = "card " + status;
+  paintNode(name, status);
+  if (status !== "waiting" && node.parts.answer) { node.parts.answer.remove(); node.parts.answer = null; }
+}
+
+// A node that waits for a person: its question, and a box for the answer. The Answer button
+// sends every filled box of the run's waiting nodes at once (POST /runs/{id}/answer).
+function waiting(event) {
+  nodeStatus(event.node, "waiting");
+  const node = card(event.node);
+  if (node.info) node.finishedFacts = node.parts.facts.textContent; // interrupt after: it ran
+  node.parts.facts.textContent = event.question;
+  if (node.parts.answer) return;
+  const box = el("textarea", {name: "answer", "data-node": event.node, rows: "2", placeholder: "your answer"});
+  const button = el("button", {type: "submit", text: "Answer"});
+  const form = el("form", {class: "answer"}, box, button);
+  form.addEventListener("submit", (submitted) => { submitted.preventDefault(); answerRun(); });
+  node.parts.answer = form;
+  node.parts.facts.after(form);
+}
+
+// An edge's state (fired, idle: a condition that did not hold, delivered), kept so a graph
+// drawn after the event (it loads while events arrive) shows it too.
+function markEdge(source, target, state) {
+  view.edges[source + "\u0000" + target] = state;
+  paintEdges();
+}
+
+function paintEdges() {
+  for (const group of $("graph").querySelectorAll("g.edge")) {
+    const state = view.edges[group.dataset.source + "\u0000" + group.dataset.target];
+    if (state) group.setAttribute("class", "edge " + state);
+  }
+}
+
+function decided(event) {
+  markEdge(event.source, event.target, event.fired ? "fired" : "idle");
+}
+
+function handle(event) {
+  switch (event.type) {
+    case "run.started":
+      setStatus("running");
+      // a new attempt starts only once people answered: a node that waited after it finished
+      // is finished, one that waited before it ran is pending again (it asks again if unanswered)
+      for (const [name, node] of Object.entries(view.nodes)) {
+        if (node.status !== "waiting") continue;
+        nodeStatus(name, node.info ? "finished" : "pending");
+        node.parts.facts.textContent = node.info ? node.finishedFacts || "" : "";
+      }
+      $("run-title").textContent = event.plan;
+      drawGraph();
+      break;
+    case "node.started": nodeStatus(event.node, "running"); break;
+    case "hop.delivered": hop(event); break;
+    case "token": {
+      const node = card(event.node);
+      const span = el("span", {"data-index": String(event.index), text: event.text});
+      node.tokens[event.index] = span;
+      node.parts.tokens.append(span);
+      node.parts.tokens.scrollTop = node.parts.tokens.scrollHeight;
+      break;
+    }
+    case "node.finished": finished(event); break;
+    case "node.skipped": nodeStatus(event.node, "skipped"); card(event.node).parts.facts.textContent = event.reason; break;
+    case "node.waiting": waiting(event); break;
+    case "edge.decided": decided(event); break;
+    case "node.failed":
+      if (event.node) { nodeStatus(event.node, "failed"); card(event.node).parts.facts.textContent = event.message; }
+      break;
+    case "tool.call": case "tool.result": {
+      const line = event.type === "tool.call" ? `tool ${event.name}(${JSON.stringify(event.arguments)})`
+        : `→ ${event.error ? "error: " + event.error : JSON.stringify(event.result)}`;
+      card(event.node).parts.hops.append(el("li", {text: line}));
+      break;
+    }
+    case "run.finished": case "run.failed": case "run.cancelled": case "run.waiting":
+      ended(event);
+      break;
+  }
+}
+
+function hop(event) {
+  const node = card(event.target);
+  const text = event.mode === "text" ? `← text from ${event.source} (${event.payload_bytes} bytes)`
+    : `← ${event.source}: kept ${event.kept_positions}/${event.total_positions} (${event.policy}), `
+      + `${event.payload_bytes} bytes, selection ${event.selection_seconds.toFixed(3)} s`;
+  node.parts.hops.append(el("li", {text}));
+  for (const [origin, kind, hops, start, length] of event.kept || []) {
+    (view.kept[origin] = view.kept[origin] || []).push({kind, start, length, target: event.target});
+    highlight(origin);
+  }
+  markEdge(event.source, event.target, "fired delivered");
+}
+
+function keptBy(origin, position, kind) {
+  return (view.kept[origin] || []).filter((seg) => seg.kind === kind && position >= seg.start && position < seg.start + seg.length);
+}
+
+function highlight(name) {
+  const node = view.nodes[name];
+  if (!node || !node.info) return;
+  const first = node.info.positions - node.info.generated_tokens;
+  node.tokens.forEach((span, index) => {
+    const by = keptBy(name, first + index, "token");
+    if (by.length) { span.classList.add("kept"); span.title = "kept into " + [...new Set(by.map((seg) => seg.target))].join(", "); }
+  });
+  let marked = 0;
+  for (const span of node.parts.prompt.querySelectorAll("span[data-position]")) {
+    const by = keptBy(name, Number(span.dataset.position), "prompt");
+    if (by.length) {
+      span.classList.add("kept");
+      span.title = "kept into " + [...new Set(by.map((seg) => seg.target))].join(", ");
+      marked += 1;
+    }
+  }
+  if (marked && !node.opened) { node.opened = true; node.parts.details.open = true; } // show what survived, once
+}
+
+async function finished(event) {
+  nodeStatus(event.node, "finished");
+  const node = card(event.node);
+  node.info = {positions: event.positions, generated_tokens: event.generated_tokens};
+  node.parts.facts.textContent = `${event.positions} positions (${event.inherited_positions} inherited), `
+    + `${event.generated_tokens} tokens generated in ${Number(event.generation_seconds).toFixed(2)} s`;
+  node.lineage = (event.lineage && event.lineage.by_node) || {};
+  renderLineage(node);
+  if (!node.tokens.length && event.text) node.parts.tokens.textContent = event.text; // vLLM-style: text without token events
+  const current = view;
+  const response = await api(`/runs/${encodeURIComponent(current.id)}/nodes/${encodeURIComponent(event.node)}`);
+  if (response.ok && current === view) showPrompt(node, await response.json());
+  drawGraph();
+}
+
+function renderLineage(node) {
+  if (!node.lineage) return;
+  const byNode = node.lineage;
+  const total = Object.values(byNode).reduce((a, b) => a + b, 0) || 1;
+  const bar = el("div", {class: "bar"});
+  for (const [origin, count] of Object.entries(byNode)) {
+    bar.append(el("span", {style: `width:${(100 * count / total).toFixed(2)}%;background:${view.colours[origin] || "#999"}`, title: `${origin}: ${count}`}));
+  }
+  node.parts.lineage.replaceChildren(el("div", {text: "lineage: " + Object.entries(byNode).map(([o, c]) => `${o} ${c}`).join(", ")}), bar);
+}
+
+function showPrompt(node, data) {
+  const text = data.prompt_text || "";
+  const pieces = [];
+  let cursor = 0;
+  data.prompt_offsets.forEach(([start, end], index) => {
+    if (start >= 8000) return;
+    if (start > cursor) pieces.push(document.createTextNode(text.slice(cursor, start)));
+    const from = Math.max(start, cursor);
+    if (end > from) pieces.push(el("span", {"data-position": String(data.prompt_start + index), text: text.slice(from, end)}));
+    cursor = Math.max(cursor, end);
+  });
+  if (cursor < Math.min(text.length, 8000)) pieces.push(document.createTextNode(text.slice(cursor, 8000)));
+  node.parts.prompt.replaceChildren(...pieces);
+  highlight(data.node);
+}
+
+function ended(event) {
+  const status = event.type.split(".")[1];
+  setStatus(status);
+  if (event.outputs) {
+    $("outputs").replaceChildren(...Object.entries(event.outputs).map(([name, text]) =>
+      el("div", {class: "output"}, el("div", {class: "label", text: name}), el("div", {class: "text", text}))));
+  }
+  if (event.error) { $("run-error").textContent = event.error; $("run-error").hidden = false; }
+  for (const [name, node] of Object.entries(view.nodes)) if (node.status === "running") nodeStatus(name, status === "cancelled" ? "cancelled" : "failed");
+  refreshRuns();
+}
+
+// Server-Sent Events over fetch (EventSource cannot send the Authorization header), resumed
+// with Last-Event-ID after a dropped connection.
+async function follow(current) {
+  while (current === view) {
+    try {
+      const headers = current.lastId ? {"Last-Event-ID": String(current.lastId)} : {};
+      const response = await api(`/runs/${encodeURIComponent(current.id)}/events`, {headers, signal: current.controller.signal});
+      if (!response.ok) return;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, {stream: true});
+        let split;
+        while ((split = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, split);
+          buffer = buffer.slice(split + 2);
+          const fields = {};
+          for (const line of block.split("\n")) {
+            const colon = line.indexOf(":");
+            if (colon > 0) fields[line.slice(0, colon)] = line.slice(colon + 1).replace(/^ /, "");
+          }
+          if (fields.event === "end") {
+            const end = JSON.parse(fields.data);
+            setStatus(end.status);
+            refreshRuns();
+            const again = await api(`/runs/${encodeURIComponent(current.id)}`);
+            if (again.ok && current === view) showReport(await again.json());
+            return;
+          }
+          if (fields.data && fields.id) {
+            current.lastId = Number(fields.id);
+            handle(JSON.parse(fields.data));
+          }
+        }
+      }
+    } catch (error) {
+      if (current.controller.signal.aborted) return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000)); // reconnect, continuing after lastId
+  }
+}
+
+async function cancelRun() {
+  await api(`/runs/${encodeURIComponent(view.id)}/cancel`, {method: "POST"});
+}
+
+async function answerRun() {
+  const answers = {};
+  for (const box of $("nodes").querySelectorAll("form.answer textarea")) {
+    if (box.value.trim()) answers[box.dataset.node] = box.value;
+  }
+  if (!Object.keys(answers).length) return;
+  const response = await api(`/runs/${encodeURIComponent(view.id)}/answer`, {method: "POST", json: {answers}});
+  if (response.status !== 202) {
+    $("run-error").textContent = describeError(await response.json());
+    $("run-error").hidden = false;
+    return;
+  }
+  selectRun(view.id);
+}
+
+async function resumeRun() {
+  const response = await api(`/runs/${encodeURIComponent(view.id)}/resume`, {method: "POST"});
+  if (response.status !== 202) {
+    $("run-error").textContent = describeError(await response.json());
+    $("run-error").hidden = false;
+    return;
+  }
+  selectRun(view.id);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("topology").addEventListener("change", buildInputs);
+  $("start-form").addEventListener("submit", startRun);
+  $("run-cancel").addEventListener("click", cancelRun);
+  $("run-resume").addEventListener("click", resumeRun);
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    token = $("token").value.trim();
+    sessionStorage.setItem("rclc-token", token);
+    $("token-form").hidden = true;
+    loadTopologies();
+    refreshRuns();
+  });
+  loadTopologies();
+  refreshRuns();
+  setInterval(refreshRuns, 3000);
+});

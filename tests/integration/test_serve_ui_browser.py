@@ -1,0 +1,155 @@
+"""The live web UI in a real headless Chromium (issue 15, item 3): start fanout_qa from the
+form, watch tokens arrive in the answering node's card, the graph's node states, each hop's
+kept/T, kept spans highlighted, and the report link once the run finished. Screenshots are
+saved as test artifacts (the directory is printed; RCLC_TEST_ARTIFACTS chooses it).
+
+Needs Debian's chromium and chromium-driver (`make browser` installs them; CI runs it) and
+the selenium package (the dev extra)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+# selenium is in the dev extra that `make test` installs: a missing one fails here, never skips
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as expect
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from _serve_process import ROOT, ServeProcess
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def artifacts(tmp_path):
+    directory = Path(os.environ.get("RCLC_TEST_ARTIFACTS") or tmp_path / "artifacts") / "serve-ui"
+    directory.mkdir(parents=True, exist_ok=True)
+    print(f"\nscreenshots: {directory}")
+    return directory
+
+
+@pytest.fixture
+def browser():
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail("chromium and chromedriver are missing: run `make browser` (apt-get install chromium chromium-driver)")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-extensions", "--disable-sync", "--no-first-run",
+                 "--window-size=1500,1100"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_start_a_run_from_the_ui_and_watch_tokens_arrive(tmp_path, browser, artifacts):
+    with ServeProcess(tmp_path / "runs") as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 180)
+        wait.until(lambda driver: len(Select(driver.find_element(By.ID, "topology")).options) >= 4)
+        Select(browser.find_element(By.ID, "topology")).select_by_value("fanout_qa")
+        question = browser.find_element(By.CSS_SELECTOR, "#inputs textarea[name=question]")
+        assert "Cedar bridge" in question.get_attribute("value")  # the example inputs fill the form
+        browser.save_screenshot(str(artifacts / "1-form.png"))
+        browser.find_element(By.ID, "start").click()
+
+        wait.until(expect.visibility_of_element_located((By.ID, "run")))
+        final_tokens = (By.CSS_SELECTOR, '.card[data-node="final"] .tokens span')
+        wait.until(lambda driver: len(driver.find_elements(*final_tokens)) >= 3)
+        assert browser.find_element(By.CSS_SELECTOR, '.card[data-node="final"] .badge').text == "running"
+        hops = browser.find_elements(By.CSS_SELECTOR, '.card[data-node="final"] .hops li')
+        assert len(hops) == 3 and all("kept" in hop.text and "/" in hop.text for hop in hops)
+        browser.save_screenshot(str(artifacts / "2-tokens-arriving.png"))
+
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
+        wait.until(expect.visibility_of_element_located((By.ID, "run-report")))
+        wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, ".kept"))  # kept spans highlighted
+        output = browser.find_element(By.CSS_SELECTOR, "#outputs .output .text").text
+        streamed = "".join(span.text for span in browser.find_elements(*final_tokens))
+        assert output and output.strip() in streamed
+        states = {group.get_attribute("data-node"): group.get_attribute("class")
+                  for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
+        assert states and all("finished" in state for state in states.values()), states
+        assert "report.html" in browser.find_element(By.ID, "run-report").get_attribute("href")
+        listed = browser.find_element(By.CSS_SELECTOR, "#run-list li .badge").text
+        assert listed == "finished"
+        time.sleep(0.5)  # let the last paint settle for the screenshot
+        browser.save_screenshot(str(artifacts / "3-finished.png"))
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], errors
+    for name in ("1-form.png", "2-tokens-arriving.png", "3-finished.png"):
+        assert (artifacts / name).stat().st_size > 10_000
+    if os.environ.get("RCLC_UPDATE_SCREENSHOT"):  # refresh the README's picture
+        shutil.copyfile(artifacts / "2-tokens-arriving.png", ROOT / "docs" / "img" / "serve-ui.png")
+
+
+def start_from_form(browser, wait, topology):
+    wait.until(lambda driver: topology in [option.get_attribute("value")
+                                          for option in Select(driver.find_element(By.ID, "topology")).options])
+    Select(browser.find_element(By.ID, "topology")).select_by_value(topology)
+    wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#inputs textarea"))
+    browser.find_element(By.ID, "start").click()
+    wait.until(lambda driver: driver.find_element(By.ID, "run-title").text == topology)
+
+
+def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, browser, artifacts):
+    with ServeProcess(tmp_path / "runs") as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 300)
+
+        # triage routes to one specialist: the other is skipped, and its edge shown idle
+        start_from_form(browser, wait, "triage")
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
+        run_id = browser.find_element(By.ID, "run-id").text
+        record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
+        [skipped] = [name for name, status in record["node_status"].items() if status == "skipped"]
+        [answered] = [name for name in ("billing", "technical") if name != skipped]
+        card = f'.card[data-node="{skipped}"]'
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{card} .badge"), "skipped"))
+        assert browser.find_element(By.CSS_SELECTOR, f"{card} .facts").text  # the reason
+        node_classes = {group.get_attribute("data-node"): group.get_attribute("class")
+                        for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
+        assert "skipped" in node_classes[skipped] and "finished" in node_classes[answered], node_classes
+        edge_classes = {group.get_attribute("data-target"): group.get_attribute("class")
+                        for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.edge")}
+        assert "idle" in edge_classes[skipped] and "fired" in edge_classes[answered], edge_classes
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "4-skipped.png"))
+
+        # review_loop waits for a person's approval of its final text; the card asks and takes the answer
+        start_from_form(browser, wait, "review_loop")
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "waiting"))
+        run_id = browser.find_element(By.ID, "run-id").text
+        final = '.card[data-node="final"]'
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "waiting"))
+        assert "Approve this announcement" in browser.find_element(By.CSS_SELECTOR, f"{final} .facts").text
+        assert "waiting" in browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="final"]').get_attribute("class")
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "5-waiting.png"))
+        browser.find_element(By.CSS_SELECTOR, f"{final} form.answer textarea").send_keys("approved")
+        browser.find_element(By.CSS_SELECTOR, f"{final} form.answer button").click()
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "finished"))
+        assert not browser.find_elements(By.CSS_SELECTOR, f"{final} form.answer")
+        record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
+        assert record["status"] == "finished" and record["answers"] == {"final": "approved"}
+        assert browser.find_element(By.CSS_SELECTOR, "#outputs .output .text").text.strip()
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "6-answered.png"))
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], errors
+    for name in ("4-skipped.png", "5-waiting.png", "6-answered.png"):
+        assert (artifacts / name).stat().st_size > 10_000
