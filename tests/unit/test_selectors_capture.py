@@ -32,7 +32,7 @@ def assert_unchanged(sender, before):
         assert torch.equal(k, kc) and torch.equal(v, vc)
     assert sender.model.config._attn_implementation == "sdpa"
     assert all(c._attn_implementation == "sdpa" for c in reachable_configs(sender.model))
-    assert _capture._active is None
+    assert _capture.active_captures() == ()
 
 
 def test_capture_folds_every_layer_with_full_keys(tiny):
@@ -181,7 +181,7 @@ def test_other_threads_are_served_without_folding(tiny):
     results, folds = [], []
 
     def other_thread():
-        # forward_rows takes the attention lock, so call the backbone directly as a user would.
+        # call the backbone directly, as a user would (forward_rows would wait for the forward slot).
         from rclc._cache import backbone, cache_keyword
 
         decoder = backbone(model)
@@ -241,7 +241,7 @@ def test_nested_capture_of_another_model_keeps_the_outer_capture(tiny_qwen3, tin
     capture(outer_model, outer_sender.past_key_values, outer_fold, outer_sender.positions, input_ids=ids)
     assert len(outer_folds) == outer_model.config.num_hidden_layers
     assert len(inner_folds) == inner_model.config.num_hidden_layers
-    assert outer_model.config._attn_implementation == "sdpa" and _capture._active is None
+    assert outer_model.config._attn_implementation == "sdpa" and _capture.active_captures() == ()
 
 
 def test_nested_capture_of_the_same_model_raises_and_restores(tiny):
@@ -254,4 +254,4 @@ def test_nested_capture_of_the_same_model_raises_and_restores(tiny):
 
     with pytest.raises(RuntimeError, match="cannot nest"):
         capture(model, sender.past_key_values, fold, sender.positions, input_ids=ids)
-    assert model.config._attn_implementation == "sdpa" and _capture._active is None
+    assert model.config._attn_implementation == "sdpa" and _capture.active_captures() == ()
