@@ -1,0 +1,198 @@
+"""The batching engine's KV store: every decoding sequence's cache in one left-padded buffer.
+
+Why our own buffer and not a list of `DynamicCache`s or transformers' own caches:
+
+- a batched forward needs one `[batch, kv_heads, positions, head_dim]` tensor per layer;
+  sequences of different lengths are right-aligned in it (left padding, masked out), so
+  every sequence writes its next position into the same column;
+- `DynamicCache` appends by concatenation, which copies the whole cache at every step
+  (measured: about 40 % of a 32-sequence decode step on the embedded model); here the
+  buffer is preallocated with room for every sequence's remaining tokens and a step writes
+  one column in place;
+- transformers' `StaticCache` has one length for the whole batch and its paged cache
+  (continuous batching) takes token IDs only and switches the model's attention
+  implementation process-wide (see docs/performance.md).
+
+Layout per layer: keys and values `[rows capacity, kv_heads, columns capacity, head_dim]`.
+Live columns are `[start, end)`; row `r` of length `n` holds its positions in
+`[end - n, end)` and zeros before them (zeros, never stale values: a masked score is only
+exact when the key it masks is finite). Joining a longer sequence moves `start` left (or
+reallocates), a sequence leaving moves the last row into its slot, and `start` moves right
+when every row has left padding in front, so attention only spans the longest live row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ..errors import IncompatibleStateError
+
+
+class _StepLayer(DynamicLayer):
+    """One layer of the store as the model sees it during one forward: writes the new
+    positions in place at column `end` and returns the live window."""
+
+    def __init__(self, store: BatchCache, index: int) -> None:
+        super().__init__()
+        self.store, self.index = store, index
+        self.is_initialized = True
+        self.device = store.keys[index].device
+        self.keys, self.values = store.window(index, 0)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        store, count = self.store, key_states.shape[-2]
+        rows, end = store.rows, store.end
+        store.keys[self.index][:rows, :, end : end + count] = key_states
+        store.values[self.index][:rows, :, end : end + count] = value_states
+        self.keys, self.values = store.window(self.index, count)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.store.end - self.store.start
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+
+class BatchCache:
+    """The left-padded KV buffer of the sequences decoding together (engine thread only)."""
+
+    def __init__(self, layers: int) -> None:
+        self.layer_count = layers
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []  # positions each row holds
+        self.start = self.end = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+    def window(self, layer: int, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, stop = self.rows, self.end + extra
+        return self.keys[layer][:rows, :, self.start : stop], self.values[layer][:rows, :, self.start : stop]
+
+    # -- shape management --------------------------------------------------------------
+
+    def _allocate(self, rows: int, left: int, right: int, template: torch.Tensor) -> None:
+        """New zeroed buffers with room for `rows` rows: `left` free columns, then the live
+        window (copied), then `right` free columns."""
+        width = self.width
+        columns = left + width + right
+        keys, values = [], []
+        for index in range(self.layer_count):
+            old_k = self.keys[index] if self.keys else None
+            shape = (rows, template.shape[1], columns, template.shape[3])
+            new_k = torch.zeros(shape, dtype=template.dtype, device=template.device)
+            new_v = torch.zeros(shape, dtype=template.dtype, device=template.device)
+            if old_k is not None and self.rows and width:
+                new_k[: self.rows, :, left : left + width] = old_k[: self.rows, :, self.start : self.end]
+                new_v[: self.rows, :, left : left + width] = self.values[index][: self.rows, :, self.start : self.end]
+            keys.append(new_k)
+            values.append(new_v)
+        self.keys, self.values = keys, values
+        self.start, self.end = left, left + width
+
+    def reserve(self, row_capacity: int, length: int, right_room: int, template: torch.Tensor) -> None:
+        """Room for one more row of `length` positions and `right_room` columns after `end`."""
+        have_rows = self.keys[0].shape[0] if self.keys else 0
+        have_columns = self.keys[0].shape[2] if self.keys else 0
+        left_needed = max(0, length - self.width)
+        if (
+            self.keys
+            and have_rows > self.rows
+            and self.start >= left_needed
+            and have_columns - self.end >= right_room
+        ):
+            if left_needed:
+                new_start = self.start - left_needed
+                for index in range(self.layer_count):  # columns trimmed earlier may hold stale rows
+                    self.keys[index][: self.rows, :, new_start : self.start] = 0
+                    self.values[index][: self.rows, :, new_start : self.start] = 0
+                self.start = new_start
+            return
+        rows = max(min(row_capacity, max(2 * have_rows, 4)), self.rows + 1)
+        self._allocate(rows, left_needed, right_room, template)
+        self.start -= left_needed
+
+    # -- sequences joining and leaving ---------------------------------------------------
+
+    def join(self, layers: list[tuple[torch.Tensor, torch.Tensor]], right_room: int, row_capacity: int) -> int:
+        """Copy one sequence's `[1, kv_heads, n, head_dim]` KV per layer in; return its row."""
+        if len(layers) != self.layer_count:
+            raise IncompatibleStateError(f"cache: expected {self.layer_count} layers, got {len(layers)}")
+        length = int(layers[0][0].shape[2])
+        self.reserve(row_capacity, length, right_room, layers[0][0])
+        row = self.rows
+        first = self.end - length
+        for index, (keys, values) in enumerate(layers):
+            self.keys[index][row, :, self.start : first] = 0
+            self.values[index][row, :, self.start : first] = 0
+            self.keys[index][row, :, first : self.end] = keys[0]
+            self.values[index][row, :, first : self.end] = values[0]
+        self.lengths.append(length)
+        return row
+
+    def extract(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Private copies of row `row`'s KV, `[1, kv_heads, n, head_dim]` per layer."""
+        first = self.end - self.lengths[row]
+        return [
+            (k[row : row + 1, :, first : self.end].clone(), v[row : row + 1, :, first : self.end].clone())
+            for k, v in zip(self.keys, self.values)
+        ]
+
+    def remove(self, row: int) -> int | None:
+        """Drop row `row`; the last row moves into its slot. Returns the row that moved (its
+        old index), or None when `row` was the last."""
+        last = self.rows - 1
+        moved = None
+        if row != last:
+            for keys, values in zip(self.keys, self.values):
+                keys[row, :, self.start : self.end] = keys[last, :, self.start : self.end]
+                values[row, :, self.start : self.end] = values[last, :, self.start : self.end]
+            self.lengths[row] = self.lengths[last]
+            moved = last
+        self.lengths.pop()
+        if not self.lengths:
+            self.start = self.end = 0
+            self.keys, self.values = [], []  # an idle engine holds no KV memory
+        else:
+            self.start = self.end - max(self.lengths)  # columns every row pads are no longer attended
+        return moved
+
+    # -- one decode step -----------------------------------------------------------------
+
+    def room(self) -> int:
+        """Columns free after `end`."""
+        return (self.keys[0].shape[2] - self.end) if self.keys else 0
+
+    def grow(self, right_room: int) -> None:
+        """Make sure `right_room` columns are free after `end` (reallocates if needed)."""
+        if self.room() < right_room:
+            self._allocate(self.keys[0].shape[0], 0, right_room, self.keys[0])
+
+    def attention_mask(self, device: torch.device) -> torch.Tensor:
+        """`[rows, width + 1]`: 1 where a row holds a position (and for the new one), 0 on padding."""
+        width = self.width
+        lengths = torch.tensor(self.lengths, device=device).unsqueeze(1)
+        columns = torch.arange(width + 1, device=device).unsqueeze(0)
+        return (columns >= width - lengths).to(torch.long)
+
+    def cache(self, config: Any) -> Any:
+        """A transformers Cache whose layers write into this store (for one forward)."""
+        cache = DynamicCache(config=config)
+        cache.layers = [_StepLayer(self, index) for index in range(self.layer_count)]
+        return cache
+
+    def advance(self) -> None:
+        """After a successful step: every row holds one more position."""
+        self.end += 1
+        self.lengths = [length + 1 for length in self.lengths]
