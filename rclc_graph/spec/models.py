@@ -36,7 +36,16 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from rclc.policy import BACKENDS, BUILTIN_REASONING, BUILTIN_SELECTORS, MODES, REASONING_CONTEXTS, REPRESENTATIONS
+from rclc.policy import (
+    BACKENDS,
+    BUILTIN_REASONING,
+    BUILTIN_SELECTORS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_WAIT_MS,
+    MODES,
+    REASONING_CONTEXTS,
+    REPRESENTATIONS,
+)
 
 from . import templates
 
@@ -113,6 +122,16 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+class BatchingSpec(_Spec):
+    """How concurrent generations on a model share its forwards (`rclc.Batching`)."""
+
+    enabled: bool = Field(True, description="decode concurrent generations together (false: one at a time)")
+    max_batch: PositiveInt = Field(DEFAULT_MAX_BATCH, description="sequences decoded together at most")
+    wait_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        DEFAULT_WAIT_MS, description="how long a decode step with room waits for another sequence (ms)"
+    )
+
+
 class ModelSpec(_Spec):
     """A model, loaded once per process and shared by every node whose agent names it."""
 
@@ -131,6 +150,11 @@ class ModelSpec(_Spec):
     )
     replicas: PositiveInt = Field(
         1, description="Ray actors holding this model (executor ray); in-process runs use one copy"
+    )
+    batching: BatchingSpec | None = Field(
+        None,
+        description="how concurrent generations share this model (enabled, max_batch, wait_ms); "
+        "omitted: rclc's defaults, or what the process configured",
     )
 
     @field_validator("source")
