@@ -4,6 +4,7 @@
 
     rclc-graph experiment --topology T --data D.jsonl --arm NAME=POLICY ... [--arms-file F.yaml]
                           --out DIR [--limit N] [--json] [--trust-code] [--scorer module:fn]
+                          [--concurrency N] [--max-batch N]
     rclc-graph data make --size N --seed S --out FILE [--documents K]
     rclc-graph compare-runs DIR_A DIR_B [--json]
 
@@ -61,6 +62,10 @@ def experiment(
     seed: int = typer.Option(0, "--seed", min=0, help="run seed handed to the scheduler"),
     input_map: List[str] = typer.Option([], "--map", help="FIELD=INPUT: which topology input gets the case's question/documents"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="recompute rows whose run failed"),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="runs in flight at once (rows stay in order)"),
+    max_batch: Optional[int] = typer.Option(
+        None, "--max-batch", min=1, help="sequences a model decodes together at most (default: the topology's, else 32)"
+    ),
 ) -> None:
     """Run TOPOLOGY over DATA under every arm; write results.jsonl, summary.json, plots, report.md."""
     try:
@@ -92,7 +97,7 @@ def experiment(
         try:
             summary = runner.run_experiment(
                 topology, data, arms, out, limit=limit, progress=report, trust_code=trust_code, scorer=scorer,
-                seed=seed, input_map=mapping, retry_failed=retry_failed,
+                seed=seed, input_map=mapping, retry_failed=retry_failed, concurrency=concurrency, max_batch=max_batch,
             )
         except KeyboardInterrupt:
             console.print(f"interrupted; finished rows are in {out}/results.jsonl; run the same command to resume")
