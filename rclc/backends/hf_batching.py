@@ -29,11 +29,14 @@ cause once its prefill succeeded) fails the sequences in that step and resets th
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import queue
 import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +80,7 @@ class Sequence:
         self.max_new_tokens, self.end_tokens, self.chooser = max_new_tokens, end_tokens, chooser
         self.stop, self.cancel = stop, cancel
         self.context = contextvars.copy_context()  # the submitter's: its prefill runs in it
+        self.traced: tuple[str, list[float]] | None = None  # (prompt digest, margins) while tracing
         self.tokens: list[int] = []
         self.stopped = False  # the stop event was seen set after a token (`generate`'s criterion fired)
         self.abandoned = threading.Event()  # the waiter stopped listening (its on_token raised)
@@ -135,6 +139,27 @@ class Sequence:
                     raise
 
 
+@dataclass(frozen=True)
+class TracedSequence:
+    """One decoded sequence as `BatchingEngine.tracing` records it: which prompt (sha256 of
+    its rows or IDs), its tokens, and at each token the margin between the two largest
+    logits. A greedy token whose margin is within float32 rounding of 0 may differ between
+    a batched and an unbatched decode; the margin says when that is the explanation."""
+
+    prompt: str
+    tokens: tuple[int, ...]
+    margins: tuple[float, ...]
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().to("cpu").contiguous().numpy().tobytes()).hexdigest()
+
+
+def _margins(logits: torch.Tensor) -> list[float]:
+    top = logits.topk(2, dim=-1).values
+    return (top[..., 0] - top[..., 1]).reshape(-1).tolist()
+
+
 @dataclass
 class Statistics:
     """What the engine did since it was made (read with `report()`)."""
@@ -161,6 +186,7 @@ class BatchingEngine:
         self._thread: threading.Thread | None = None
         self._store = BatchCache(int(model.config.num_hidden_layers))
         self._outbox: list[tuple[Sequence, Outcome]] = []  # ended this iteration, delivered at the next
+        self._trace: list[TracedSequence] | None = None
 
     # -- callers -------------------------------------------------------------------------
 
@@ -187,6 +213,19 @@ class BatchingEngine:
             thread = None if self._running else self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+    @contextmanager
+    def tracing(self) -> Iterator[list[TracedSequence]]:
+        """Record every sequence that ends inside the block (a diagnostic for tests and
+        benchmarks comparing batched with unbatched greedy outputs)."""
+        trace: list[TracedSequence] = []
+        with self._cond:
+            self._trace = trace
+        try:
+            yield trace
+        finally:
+            with self._cond:
+                self._trace = None
 
     def report(self) -> dict[str, Any]:
         """Options and statistics as plain data (`rclc.batching_report`)."""
@@ -268,32 +307,18 @@ class BatchingEngine:
         """Prefill one sequence alone, pick its first token, and join it to the batch."""
         began = time.perf_counter()
         try:
-            cache = DynamicCache(config=model.config)
-            prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
-            length = int(prompt.shape[1])
-            arguments = {"inputs_embeds": sequence.inputs_embeds} if sequence.inputs_embeds is not None else {
-                "input_ids": sequence.input_ids
-            }
             # The prefill is this sequence's own work: it runs in its submitter's context
             # (context variables, e.g. tracing, see it as theirs); batched steps serve many.
-            output = sequence.context.run(
-                model,
-                **arguments,
-                attention_mask=torch.ones(1, length, dtype=torch.long, device=prompt.device),
-                position_ids=torch.arange(length, device=prompt.device).unsqueeze(0),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            token = sequence.chooser(output.logits[0, -1].to(dtype=torch.float32))
+            logits, layers = sequence.context.run(prefill, model, sequence.input_ids, sequence.inputs_embeds)
+            if self._trace is not None:
+                prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
+                sequence.traced = (_digest(prompt), _margins(logits))
+            token = sequence.chooser(logits)
             ended = sequence.add(token)
-            layers = cache_layers(cache)
             if ended:
                 self._finished(sequence, layers)
                 return
-            limit = self.batching.batch_limit
-            room = self._right_room(sequence)
-            self._store.join(layers, room, max(limit, self._store.rows + 1))
+            self._store.join(layers, self._right_room(sequence), max(self.batching.batch_limit, self._store.rows + 1))
             self._active.append(sequence)
         except Exception as error:  # this sequence's input or choice failed: only it fails
             with self._cond:
@@ -317,20 +342,13 @@ class BatchingEngine:
         if not active:
             return
         began = time.perf_counter()
-        device = store.keys[0].device
         try:
-            store.grow(1)
-            output = model(
-                input_ids=torch.tensor([[sequence.tokens[-1]] for sequence in active], device=device),
-                attention_mask=store.attention_mask(device),
-                position_ids=torch.tensor(store.lengths, device=device).unsqueeze(1),
-                cache=store.cache(model.config),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            store.advance()
-            logits = output.logits[:, -1].to(dtype=torch.float32)
+            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active])
             greedy = logits.argmax(dim=-1).tolist()
+            if self._trace is not None:
+                for sequence, margin in zip(active, _margins(logits)):
+                    if sequence.traced is not None:
+                        sequence.traced[1].append(margin)
             tokens = []
             for row, sequence in enumerate(active):
                 if sequence.chooser.plain_greedy:
@@ -371,7 +389,47 @@ class BatchingEngine:
         with self._cond:
             self.stats.sequences += 1
             self.stats.tokens += len(sequence.tokens)
+            if self._trace is not None and sequence.traced is not None:
+                prompt, margins = sequence.traced
+                self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(margins)))
         self._outbox.append((sequence, sequence.outcome(layers)))
+
+
+def prefill(
+    model: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """One prompt (`input_ids [1, n]` or `inputs_embeds [1, n, hidden]`) forwarded alone, as
+    `generate` forwards it: (its last position's `[vocab]` float32 logits, its KV per layer)."""
+    prompt = inputs_embeds if inputs_embeds is not None else input_ids
+    length = int(prompt.shape[1])
+    cache = DynamicCache(config=model.config)
+    arguments = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": input_ids}
+    output = model(
+        **arguments,
+        attention_mask=torch.ones(1, length, dtype=torch.long, device=prompt.device),
+        position_ids=torch.arange(length, device=prompt.device).unsqueeze(0),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return output.logits[0, -1].to(dtype=torch.float32), cache_layers(cache)
+
+
+def decode_step(model: Any, store: BatchCache, tokens: list[int]) -> torch.Tensor:
+    """Forward each row's last token (`tokens[row]`) at its next position in one batched
+    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32."""
+    device = store.keys[0].device
+    store.grow(1)
+    output = model(
+        input_ids=torch.tensor([[token] for token in tokens], device=device),
+        attention_mask=store.attention_mask(device),
+        position_ids=torch.tensor(store.lengths, device=device).unsqueeze(1),
+        cache=store.cache(model.config),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    store.advance()
+    return output.logits[:, -1].to(dtype=torch.float32)
 
 
 _engines: weakref.WeakKeyDictionary[Any, BatchingEngine] = weakref.WeakKeyDictionary()
