@@ -21,7 +21,7 @@ import torch
 
 from rclc import testing
 from rclc._cache import backbone
-from rclc.backends import hf_batching
+from rclc.backends import hf_sequences
 from rclc_graph import LocalExecutor
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
 
@@ -130,7 +130,7 @@ class ForwardCounter:
     def __init__(self, model: Any) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.handle = backbone(model).register_forward_pre_hook(self._hook)
-        self._add = hf_batching.Sequence.add
+        self._add = hf_sequences.Sequence.add
         counts, add = self.counts, self._add
 
         def counting_add(sequence: Any, token: int) -> bool:
@@ -138,7 +138,7 @@ class ForwardCounter:
                 counts[sequence.context.get(CURRENT_NODE)] += 1
             return add(sequence, token)
 
-        hf_batching.Sequence.add = counting_add
+        hf_sequences.Sequence.add = counting_add
 
     def _hook(self, module: Any, args: Any) -> None:
         if threading.current_thread().name != "rclc-batching" or CURRENT_NODE.get() != CURRENT_NODE_DEFAULT:
@@ -146,7 +146,7 @@ class ForwardCounter:
 
     def remove(self) -> None:
         self.handle.remove()
-        hf_batching.Sequence.add = self._add
+        hf_sequences.Sequence.add = self._add
 
     def __enter__(self) -> ForwardCounter:
         return self

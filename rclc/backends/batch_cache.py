@@ -1,4 +1,5 @@
-"""The batching engine's KV store: every decoding sequence's cache in one left-padded buffer.
+"""The batching engine's KV store (every decoding sequence's cache in one left-padded
+buffer) and the two forwards over it: a prompt's prefill alone, a batched decode step.
 
 Why our own buffer and not a list of `DynamicCache`s or transformers' own caches:
 
@@ -29,6 +30,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .._cache import cache_layers
 from ..errors import IncompatibleStateError
 
 
@@ -196,3 +198,40 @@ class BatchCache:
         """After a successful step: every row holds one more position."""
         self.end += 1
         self.lengths = [length + 1 for length in self.lengths]
+
+
+def prefill(
+    model: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """One prompt (`input_ids [1, n]` or `inputs_embeds [1, n, hidden]`) forwarded alone, as
+    `generate` forwards it: (its last position's `[vocab]` float32 logits, its KV per layer)."""
+    prompt = inputs_embeds if inputs_embeds is not None else input_ids
+    length = int(prompt.shape[1])
+    cache = DynamicCache(config=model.config)
+    arguments = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": input_ids}
+    output = model(
+        **arguments,
+        attention_mask=torch.ones(1, length, dtype=torch.long, device=prompt.device),
+        position_ids=torch.arange(length, device=prompt.device).unsqueeze(0),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return output.logits[0, -1].to(dtype=torch.float32), cache_layers(cache)
+
+
+def decode_step(model: Any, store: BatchCache, tokens: list[int]) -> torch.Tensor:
+    """Forward each row's last token (`tokens[row]`) at its next position in one batched
+    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32."""
+    device = store.keys[0].device
+    store.grow(1)
+    output = model(
+        input_ids=torch.tensor([[token] for token in tokens], device=device),
+        attention_mask=store.attention_mask(device),
+        position_ids=torch.tensor(store.lengths, device=device).unsqueeze(1),
+        cache=store.cache(model.config),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    store.advance()
+    return output.logits[:, -1].to(dtype=torch.float32)

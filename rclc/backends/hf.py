@@ -24,7 +24,8 @@ from ..models import check_model, context_window
 from ..snapshot import restore_state
 from ..state import SenderState, appended_rows, build_state
 from .contract import Backend, NativeGeneration, TokenCallback
-from .hf_batching import Sequence, engine_for
+from .hf_batching import engine_for
+from .hf_sequences import Sequence
 from .token_choice import TokenChooser, end_tokens, generation_config
 
 
@@ -137,7 +138,7 @@ class HFBackend(Backend):
 
         engine = engine_for(model)
         engine.submit(sequence)
-        outcome = sequence.wait(report, engine)
+        outcome = sequence.wait(report, engine.settle)
         if outcome.error is not None:
             raise outcome.error
         if outcome.cancelled:

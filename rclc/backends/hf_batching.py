@@ -28,9 +28,6 @@ cause once its prefill succeeded) fails the sequences in that step and resets th
 
 from __future__ import annotations
 
-import contextvars
-import hashlib
-import queue
 import threading
 import time
 import weakref
@@ -41,123 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from .._cache import cache_layers
 from ..generation import Batching
-from .batch_cache import BatchCache
-from .token_choice import TokenChooser
-
-
-@dataclass
-class Outcome:
-    """How a sequence ended: its tokens, its cache layers (prompt + tokens but the last, as
-    `generate` leaves them), and why it ended."""
-
-    tokens: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    stopped: bool = False
-    cancelled: bool = False
-    error: BaseException | None = None
-
-
-class Sequence:
-    """One generation: its prompt (`input_ids [1, n]` or `inputs_embeds [1, n, hidden]`),
-    limits and events. Built by the waiter; the engine thread owns its decoding state."""
-
-    def __init__(
-        self,
-        *,
-        input_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-        max_new_tokens: int,
-        end_tokens: frozenset[int],
-        chooser: TokenChooser,
-        stop: threading.Event | None,
-        cancel: threading.Event | None,
-    ) -> None:
-        self.input_ids, self.inputs_embeds = input_ids, inputs_embeds
-        self.max_new_tokens, self.end_tokens, self.chooser = max_new_tokens, end_tokens, chooser
-        self.stop, self.cancel = stop, cancel
-        self.context = contextvars.copy_context()  # the submitter's: its prefill runs in it
-        self.traced: tuple[str, list[float]] | None = None  # (prompt digest, margins) while tracing
-        self.tokens: list[int] = []
-        self.stopped = False  # the stop event was seen set after a token (`generate`'s criterion fired)
-        self.abandoned = threading.Event()  # the waiter stopped listening (its on_token raised)
-        self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-
-    # -- engine side ---------------------------------------------------------------------
-
-    def gone(self) -> bool:
-        """The caller was cancelled or stopped listening: decode nothing more for it."""
-        return self.abandoned.is_set() or (self.cancel is not None and self.cancel.is_set())
-
-    def add(self, token: int) -> bool:
-        """Record and report a token; True when it ends the sequence (checked as `generate`'s
-        stopping criteria are: after every token, the first included)."""
-        self.tokens.append(token)
-        self._events.put(("token", token))
-        by_event = self.stop is not None and self.stop.is_set()
-        self.stopped = self.stopped or by_event
-        return token in self.end_tokens or len(self.tokens) >= self.max_new_tokens or by_event or self.gone()
-
-    def outcome(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None, error: BaseException | None = None) -> Outcome:
-        """How the sequence ended, for `deliver` (the engine never touches it afterwards)."""
-        cancelled = error is None and self.gone()
-        return Outcome(list(self.tokens), layers, self.stopped and error is None, cancelled, error)
-
-    def deliver(self, outcome: Outcome) -> None:
-        self._events.put(("end", outcome))
-
-    def finish(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None, error: BaseException | None = None) -> None:
-        """End the sequence now (outside the loop's normal delivery)."""
-        self.deliver(self.outcome(layers, error))
-
-    # -- waiter side ---------------------------------------------------------------------
-
-    def wait(self, on_token: Any, engine: BatchingEngine) -> Outcome:
-        """Block until the sequence ends, calling `on_token(token)` for each token in order.
-
-        If `on_token` raises, the sequence is abandoned; the error is raised once the engine
-        has dropped it (at its next step) and, when nothing else is left to decode, once the
-        loop thread has ended, so nothing keeps computing for a caller that gave up.
-        """
-        while True:
-            kind, value = self._events.get()
-            if kind == "end":
-                if value.cancelled:
-                    engine.settle()
-                return value
-            if on_token is not None:
-                try:
-                    on_token(value)
-                except BaseException:
-                    self.abandoned.set()
-                    while self._events.get()[0] != "end":
-                        pass
-                    engine.settle()
-                    raise
-
-
-@dataclass(frozen=True)
-class TracedSequence:
-    """One decoded sequence as `BatchingEngine.tracing` records it: which prompt (sha256 of
-    its rows or IDs), its tokens, and at each token the margin between the two largest
-    logits. A greedy token whose margin is within float32 rounding of 0 may differ between
-    a batched and an unbatched decode; the margin says when that is the explanation."""
-
-    prompt: str
-    tokens: tuple[int, ...]
-    margins: tuple[float, ...]
-
-
-def _digest(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(tensor.detach().to("cpu").contiguous().numpy().tobytes()).hexdigest()
-
-
-def _margins(logits: torch.Tensor) -> list[float]:
-    top = logits.topk(2, dim=-1).values
-    return (top[..., 0] - top[..., 1]).reshape(-1).tolist()
+from .batch_cache import BatchCache, decode_step, prefill
+from .hf_sequences import Outcome, Sequence, TracedSequence, digest, margins
 
 
 @dataclass
@@ -312,7 +196,7 @@ class BatchingEngine:
             logits, layers = sequence.context.run(prefill, model, sequence.input_ids, sequence.inputs_embeds)
             if self._trace is not None:
                 prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
-                sequence.traced = (_digest(prompt), _margins(logits))
+                sequence.traced = (digest(prompt), margins(logits))
             token = sequence.chooser(logits)
             ended = sequence.add(token)
             if ended:
@@ -346,7 +230,7 @@ class BatchingEngine:
             logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active])
             greedy = logits.argmax(dim=-1).tolist()
             if self._trace is not None:
-                for sequence, margin in zip(active, _margins(logits)):
+                for sequence, margin in zip(active, margins(logits)):
                     if sequence.traced is not None:
                         sequence.traced[1].append(margin)
             tokens = []
@@ -390,46 +274,9 @@ class BatchingEngine:
             self.stats.sequences += 1
             self.stats.tokens += len(sequence.tokens)
             if self._trace is not None and sequence.traced is not None:
-                prompt, margins = sequence.traced
-                self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(margins)))
+                prompt, found = sequence.traced
+                self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
         self._outbox.append((sequence, sequence.outcome(layers)))
-
-
-def prefill(
-    model: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """One prompt (`input_ids [1, n]` or `inputs_embeds [1, n, hidden]`) forwarded alone, as
-    `generate` forwards it: (its last position's `[vocab]` float32 logits, its KV per layer)."""
-    prompt = inputs_embeds if inputs_embeds is not None else input_ids
-    length = int(prompt.shape[1])
-    cache = DynamicCache(config=model.config)
-    arguments = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": input_ids}
-    output = model(
-        **arguments,
-        attention_mask=torch.ones(1, length, dtype=torch.long, device=prompt.device),
-        position_ids=torch.arange(length, device=prompt.device).unsqueeze(0),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return output.logits[0, -1].to(dtype=torch.float32), cache_layers(cache)
-
-
-def decode_step(model: Any, store: BatchCache, tokens: list[int]) -> torch.Tensor:
-    """Forward each row's last token (`tokens[row]`) at its next position in one batched
-    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32."""
-    device = store.keys[0].device
-    store.grow(1)
-    output = model(
-        input_ids=torch.tensor([[token] for token in tokens], device=device),
-        attention_mask=store.attention_mask(device),
-        position_ids=torch.tensor(store.lengths, device=device).unsqueeze(1),
-        cache=store.cache(model.config),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    store.advance()
-    return output.logits[:, -1].to(dtype=torch.float32)
 
 
 _engines: weakref.WeakKeyDictionary[Any, BatchingEngine] = weakref.WeakKeyDictionary()

@@ -16,7 +16,8 @@ import rclc
 from rclc._cache import backbone
 from rclc.backends import hf_batching
 from rclc.backends.batch_cache import BatchCache
-from rclc.backends.hf_batching import decode_step, engine_for, prefill
+from rclc.backends.batch_cache import decode_step, prefill
+from rclc.backends.hf_batching import engine_for
 
 PROMPTS = [
     "Short one.",
