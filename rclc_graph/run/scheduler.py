@@ -1,8 +1,9 @@
 """The anyio run loop: start every node whose senders finished, collect results, publish events.
 
 Planning is the plan's pure `ready()`; this module only runs what it says. A node runs in
-its own task once all its senders finished, so independent branches overlap (model work
-itself is serialised by the transfer core's locks). A failing node cancels the rest of
+its own task once all its senders finished, so independent branches overlap (their
+generations on one model decode together in its batches; the transfer core runs other
+model work one forward at a time per model). A failing node cancels the rest of
 the run; cancelling the run stops generation at the next step, waits for worker threads,
 retires the run's event epoch and re-raises. Where a node executes is the executor's
 business (`LocalExecutor` in-process; others can place nodes elsewhere).
