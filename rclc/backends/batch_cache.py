@@ -8,8 +8,9 @@ Why our own buffer and not a list of `DynamicCache`s or transformers' own caches
   every sequence writes its next position into the same column;
 - `DynamicCache` appends by concatenation, which copies the whole cache at every step
   (measured: about 40 % of a 32-sequence decode step on the embedded model); here the
-  buffer is preallocated with room for every sequence's remaining tokens and a step writes
-  one column in place;
+  buffer has room for the next `ROOM_STEP` tokens (or fewer, when no sequence needs more)
+  and a step writes one column in place, so the buffer is copied once per `ROOM_STEP`
+  steps at most, and never holds room for tokens an early end of sequence makes unneeded;
 - transformers' `StaticCache` has one length for the whole batch and its paged cache
   (continuous batching) takes token IDs only and switches the model's attention
   implementation process-wide (see docs/performance.md).
@@ -32,6 +33,9 @@ from transformers.cache_utils import DynamicLayer
 
 from .._cache import cache_layers
 from ..errors import IncompatibleStateError
+
+ROOM_STEP = 64
+"""Columns a (re)allocation leaves free after the live window, at most."""
 
 
 class _StepLayer(DynamicLayer):
@@ -104,7 +108,8 @@ class BatchCache:
         self.start, self.end = left, left + width
 
     def reserve(self, row_capacity: int, length: int, right_room: int, template: torch.Tensor) -> None:
-        """Room for one more row of `length` positions and `right_room` columns after `end`."""
+        """Room for one more row of `length` positions; when that takes a reallocation, it
+        leaves `right_room` columns free after `end` (otherwise `grow` adds them as needed)."""
         have_rows = self.keys[0].shape[0] if self.keys else 0
         have_columns = self.keys[0].shape[2] if self.keys else 0
         left_needed = max(0, length - self.width)
@@ -112,7 +117,7 @@ class BatchCache:
             self.keys
             and have_rows > self.rows
             and self.start >= left_needed
-            and have_columns - self.end >= right_room
+            and have_columns - self.end >= 1
         ):
             if left_needed:
                 new_start = self.start - left_needed
@@ -128,11 +133,13 @@ class BatchCache:
     # -- sequences joining and leaving ---------------------------------------------------
 
     def join(self, layers: list[tuple[torch.Tensor, torch.Tensor]], right_room: int, row_capacity: int) -> int:
-        """Copy one sequence's `[1, kv_heads, n, head_dim]` KV per layer in; return its row."""
+        """Copy one sequence's `[1, kv_heads, n, head_dim]` KV per layer in; return its row.
+        `right_room`: the columns the batch may still need after `end` (at most `ROOM_STEP`
+        are reserved; `grow` adds more when they are used up)."""
         if len(layers) != self.layer_count:
             raise IncompatibleStateError(f"cache: expected {self.layer_count} layers, got {len(layers)}")
         length = int(layers[0][0].shape[2])
-        self.reserve(row_capacity, length, right_room, layers[0][0])
+        self.reserve(row_capacity, length, max(1, min(right_room, ROOM_STEP)), layers[0][0])
         row = self.rows
         first = self.end - length
         for index, (keys, values) in enumerate(layers):
@@ -177,9 +184,10 @@ class BatchCache:
         return (self.keys[0].shape[2] - self.end) if self.keys else 0
 
     def grow(self, right_room: int) -> None:
-        """Make sure `right_room` columns are free after `end` (reallocates if needed)."""
-        if self.room() < right_room:
-            self._allocate(self.keys[0].shape[0], 0, right_room, self.keys[0])
+        """Make sure one column is free after `end`; reallocating, leave `right_room` free
+        (the columns the batch's sequences may still need, at most `ROOM_STEP`)."""
+        if self.room() < 1:
+            self._allocate(self.keys[0].shape[0], 0, max(1, min(right_room, ROOM_STEP)), self.keys[0])
 
     def attention_mask(self, device: torch.device) -> torch.Tensor:
         """`[rows, width + 1]`: 1 where a row holds a position (and for the new one), 0 on padding."""
@@ -220,11 +228,12 @@ def prefill(
     return output.logits[0, -1].to(dtype=torch.float32), cache_layers(cache)
 
 
-def decode_step(model: Any, store: BatchCache, tokens: list[int]) -> torch.Tensor:
+def decode_step(model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP) -> torch.Tensor:
     """Forward each row's last token (`tokens[row]`) at its next position in one batched
-    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32."""
+    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32.
+    `right_room`: the columns the rows may still need (sizes a reallocation)."""
     device = store.keys[0].device
-    store.grow(1)
+    store.grow(right_room)
     output = model(
         input_ids=torch.tensor([[token] for token in tokens], device=device),
         attention_mask=store.attention_mask(device),

@@ -227,7 +227,7 @@ class BatchingEngine:
             return
         began = time.perf_counter()
         try:
-            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active])
+            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active], self._right_room())
             greedy = logits.argmax(dim=-1).tolist()
             if self._trace is not None:
                 for sequence, margin in zip(active, margins(logits)):
