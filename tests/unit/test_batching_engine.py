@@ -353,3 +353,19 @@ def test_the_loop_thread_ends_when_no_work_is_left(tiny):
     assert not engine.report()["running"]
     assert engine._thread is not None and not engine._thread.is_alive()
     assert hf_batching.existing_engine(model) is engine
+
+
+def test_the_buffer_reserves_room_for_at_most_64_more_tokens(tiny):
+    """A sequence allowed 5000 new tokens does not make the batch hold 5000 empty columns."""
+    from rclc.backends.batch_cache import ROOM_STEP
+
+    model, tokenizer = tiny
+    store = BatchCache(model.config.num_hidden_layers)
+    with torch.no_grad():
+        _, layers = prefill(model, None, embeds(model, tokenizer, PROMPTS[1]))
+        store.join(layers, right_room=5000, row_capacity=4)
+        assert store.keys[0].shape[2] == store.width + ROOM_STEP
+        for _ in range(ROOM_STEP + 3):  # past the reserved room: grow adds another step's worth
+            decode_step(model, store, [1], right_room=5000)
+    assert store.width == layers[0][0].shape[2] + ROOM_STEP + 3
+    assert store.keys[0].shape[2] <= store.width + ROOM_STEP
