@@ -29,13 +29,19 @@ Torch runs with `--threads` intra-op threads (default 1: the runs' parallelism i
 measured, and two runs' forwards share this machine's 2 cores). The machine is shared, so
 compare the ratio measured in one process, not absolute times across runs.
 
+With `--backend vllm` the same comparison runs on the embedded model served by an
+in-process vLLM engine (from the vLLM environment, `make vllm`): every agent's requests go
+through the engine's submission loop, and the histogram counts engine steps per number of
+requests in the engine (no near-tie trace: vLLM's kernels are its own).
+
 Run: python benchmarks/concurrent_runs.py [--runs 32] [--workloads fanout_qa,chain_notes]
-     [--repeats 1] [--threads 1] [--max-batch 32] [--max-new-tokens N]
+     [--repeats 1] [--threads 1] [--max-batch 32] [--max-new-tokens N] [--backend hf|vllm]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -124,6 +130,18 @@ def _capped(plans: list[Any], max_new_tokens: int | None) -> list[Any]:
         )
         capped.append(dataclasses.replace(plan, nodes=nodes))
     return capped
+
+
+def on_backend(plans: list[Any], backend: str) -> list[Any]:
+    """The plans with every node's model served by `backend`."""
+    if backend == "hf":
+        return plans
+    return [
+        dataclasses.replace(plan, nodes=tuple(
+            dataclasses.replace(node, model=node.model.model_copy(update={"backend": backend})) for node in plan.nodes
+        ))
+        for plan in plans
+    ]
 
 
 class RssSampler:
@@ -224,11 +242,18 @@ def near_ties(sequential_trace: list[Any], concurrent_trace: list[Any]) -> list[
     return found
 
 
+class _NoTrace:
+    """Stands in for the HF engine's trace on vLLM (its kernels are its own)."""
+
+    def tracing(self) -> Any:
+        return contextlib.nullcontext([])
+
+
 def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespace) -> dict[str, Any]:
     from rclc.backends.hf_batching import engine_for  # the engine's trace is a diagnostic, not public API
 
     model = pool.get(plans[0].models()[0]).model
-    engine = engine_for(model)
+    engine = engine_for(model) if args.backend == "hf" else _NoTrace()
     anyio.run(sequential, plans[:1], pool)  # warm-up
     seq_times, conc_times, seq_tokens, conc_tokens = [], [], [], []
     seq_peak = conc_peak = 0
@@ -304,6 +329,7 @@ def main() -> None:
     parser.add_argument("--max-events", type=int, default=4)
     parser.add_argument("--max-bytes", type=int, default=4096)
     parser.add_argument("--consumer-ms", type=float, default=20.0)
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     args = parser.parse_args()
 
     import torch
@@ -312,8 +338,8 @@ def main() -> None:
     pool = ModelPool()
     pool.set_max_batch(args.max_batch)
     builders = {
-        "fanout_qa": lambda: fanout_plans(args.runs, args.max_new_tokens),
-        "chain_notes": lambda: chain_plans(args.runs, args.max_new_tokens, args.notes_tokens),
+        "fanout_qa": lambda: on_backend(fanout_plans(args.runs, args.max_new_tokens), args.backend),
+        "chain_notes": lambda: on_backend(chain_plans(args.runs, args.max_new_tokens, args.notes_tokens), args.backend),
     }
     workloads = [name.strip() for name in args.workloads.split(",") if name.strip()]
     unknown = sorted(set(workloads) - set(builders))
@@ -327,12 +353,20 @@ def main() -> None:
             rclc.configure_batching(model, wait_ms=args.wait_ms)
         results.append(measure(name, plans, pool, args))
     model = pool.loaded()[0].model
+    if args.backend == "vllm":
+        from rclc_graph.executors.vllm_engine import shutdown  # only vLLM runs need it
+
+        report = rclc.batching_report(model)
+        shutdown(pool.loaded()[0])
+    else:
+        report = rclc.batching_report(model)
     print(json.dumps({
         "benchmark": "concurrent_runs",
         "model": "embedded (SmolLM2-135M-Instruct, float32)",
+        "backend": args.backend,
         "runs": args.runs,
         "repeats": args.repeats,
-        "batching": rclc.batching_report(model) | {"batch_sizes": "per workload below"},
+        "batching": report | {"batch_sizes": "per workload below"},
         "answer_max_new_tokens_overridden": args.max_new_tokens,
         "notes_tokens": args.notes_tokens,
         "consumer_ms_per_event": args.consumer_ms,
