@@ -141,7 +141,7 @@ class ForwardCounter:
         hf_sequences.Sequence.add = counting_add
 
     def _hook(self, module: Any, args: Any) -> None:
-        if threading.current_thread().name != "rclc-batching" or CURRENT_NODE.get() != CURRENT_NODE_DEFAULT:
+        if not threading.current_thread().name.startswith("rclc-batching") or CURRENT_NODE.get() != CURRENT_NODE_DEFAULT:
             self.counts[CURRENT_NODE.get()] += 1
 
     def remove(self) -> None:

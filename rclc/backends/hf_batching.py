@@ -1,4 +1,4 @@
-"""The HF batching engine: one step loop per loaded model decodes every concurrent sequence.
+"""The HF batching engine: per loaded model, every concurrent generation decodes in one batch.
 
 Why our own engine rather than transformers' continuous batching
 (`transformers.generation.continuous_batching`): its requests are token-ID lists, while a
@@ -8,22 +8,29 @@ it switches the model's attention implementation process-wide for as long as it 
 through); and it samples from torch's global RNG. docs/performance.md has the evaluation.
 
 How it works. `HFBackend.generate` submits a `Sequence` and waits for its tokens in its own
-worker thread. A loop thread, started when work arrives and gone when none is left:
+worker thread. Two threads per model, each started when it has work and gone when it has
+none, share the work:
 
-1. admits waiting sequences while the batch has room: each is prefilled alone (batch of
-   one, exactly the forward `generate` would run, so its first token is the unbatched one;
-   in the context its caller submitted it from, so context variables see it as theirs),
-   picks its first token and, unless that ended it, joins the batch (`BatchCache`);
-2. runs one decode step for every sequence in the batch: one forward with a left-padded
-   cache, an attention mask and per-sequence positions; each sequence picks its next token
-   from its own row of logits (`TokenChooser`: its own processors and random generator);
-3. lets ended sequences leave (end-of-sequence token, `max_new_tokens`, their `stop` event,
-   their caller cancelled or gone), handing each its tokens and a private copy of its cache.
+1. the prefill thread takes waiting sequences in arrival order while the batch has room
+   (at most `max_batch` sequences prefilled or decoding): each is prefilled alone (batch of
+   one, exactly the forward `generate` runs, so its first token is the unbatched one; in
+   the context its caller submitted it from, so context variables see it as theirs) and
+   picks its first token;
+2. the decode thread joins prefilled sequences to the batch (`BatchCache`) and runs one
+   decode step for every sequence in it: one forward with a left-padded cache, an
+   attention mask and per-sequence positions; each sequence picks its next token from its
+   own row of logits (`TokenChooser`: its own processors and random generator);
+3. ended sequences leave (end-of-sequence token, `max_new_tokens`, their `stop` event,
+   their caller cancelled or gone), each with its tokens and a private copy of its cache.
 
-A step with room waits up to `wait_ms` for company. Tokens go to each sequence's waiter
-through a queue, so a slow `on_token` consumer delays only its own sequence. A failing
-prefill fails only its sequence; a failing decode step (which no input of one sequence can
-cause once its prefill succeeded) fails the sequences in that step and resets the batch.
+Prefills and decode steps run at the same time (on a CPU, on different cores), so a long
+prompt does not hold up the batch, and decoding never waits for a selection elsewhere
+(worker-side forwards take the model's forward slot; neither engine thread does). A decode
+step with room waits up to `wait_ms` for a sequence whose prefill is under way. Tokens go
+to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
+own sequence. A failing prefill fails only its sequence; a failing decode step (which no
+input of one sequence can cause once its prefill succeeded) fails the sequences in that
+step and resets the batch.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ import torch
 
 from ..generation import Batching
 from .batch_cache import BatchCache, decode_step, prefill
-from .hf_sequences import Outcome, Sequence, TracedSequence, digest, margins
+from .hf_sequences import Sequence, TracedSequence, digest, margins
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -57,19 +66,20 @@ class Statistics:
 
 
 class BatchingEngine:
-    """The decode loop of one HF model (see the module docs)."""
+    """The prefill and decode threads of one HF model (see the module docs)."""
 
     def __init__(self, model: Any, batching: Batching) -> None:
         self._model = weakref.ref(model)  # the registry is keyed weakly by the model
         self.batching = batching
         self.stats = Statistics()
         self._cond = threading.Condition()
-        self._pending: list[Sequence] = []
-        self._active: list[Sequence] = []
-        self._running = False
-        self._thread: threading.Thread | None = None
+        self._pending: list[Sequence] = []  # submitted, not prefilled yet
+        self._prefilling: Sequence | None = None
+        self._ready: list[tuple[Sequence, Layers]] = []  # prefilled, joining at the next step
+        self._active: list[Sequence] = []  # in the batch (the decode thread's)
+        self._threads: dict[str, threading.Thread | None] = {"prefill": None, "decode": None}
+        self._running = {"prefill": False, "decode": False}
         self._store = BatchCache(int(model.config.num_hidden_layers))
-        self._outbox: list[tuple[Sequence, Outcome]] = []  # ended this iteration, delivered at the next
         self._trace: list[TracedSequence] | None = None
 
     # -- callers -------------------------------------------------------------------------
@@ -81,22 +91,38 @@ class BatchingEngine:
             self._cond.notify_all()
 
     def submit(self, sequence: Sequence) -> None:
-        """Queue a sequence; the loop thread starts if it is not running."""
+        """Queue a sequence for its prefill."""
         with self._cond:
             self._pending.append(sequence)
-            if not self._running:
-                self._running = True
-                self._thread = threading.Thread(target=self._run, name="rclc-batching", daemon=True)
-                self._thread.start()
+            self._start("prefill")
             self._cond.notify_all()
 
+    def _start(self, role: str) -> None:
+        """Start the `role` thread unless it runs (caller holds the condition)."""
+        if not self._running[role]:
+            self._running[role] = True
+            target = self._prefill_loop if role == "prefill" else self._decode_loop
+            thread = threading.Thread(target=target, name=f"rclc-batching-{role}", daemon=True)
+            self._threads[role] = thread
+            thread.start()
+
+    def _idle(self) -> bool:
+        return not (self._pending or self._prefilling or self._ready or self._active)
+
     def settle(self, timeout: float = 5.0) -> None:
-        """Wait for the loop thread to end if it has no work left (a cancelled caller then
-        leaves no thread of its own behind; one serving other sequences keeps running)."""
+        """Once no sequence is left, wait until both threads have ended (a cancelled caller
+        then leaves no thread behind; threads serving other sequences keep running)."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            thread = None if self._running else self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            while self._idle() and any(self._running.values()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
+            threads = [] if not self._idle() else [t for t in self._threads.values() if t is not None]
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     @contextmanager
     def tracing(self) -> Iterator[list[TracedSequence]]:
@@ -120,9 +146,9 @@ class BatchingEngine:
             return {
                 **self.batching.to_dict(),
                 "backend": "hf",
-                "running": self._running,
-                "active": len(self._active),
-                "waiting": len(self._pending),
+                "running": any(self._running.values()),
+                "active": len(self._active) + len(self._ready),
+                "waiting": len(self._pending) + (self._prefilling is not None),
                 "sequences": stats.sequences,
                 "failed": stats.failed,
                 "tokens": stats.tokens,
@@ -133,62 +159,49 @@ class BatchingEngine:
                 "decode_seconds": round(stats.decode_seconds, 3),
             }
 
-    # -- the loop thread -----------------------------------------------------------------
+    # -- the prefill thread --------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _prefill_loop(self) -> None:
         model = self._model()
         try:
             with torch.no_grad():
                 while True:
-                    admitted = self._next_admissions(model is not None)
-                    # Delivered after the loop decided whether to go on, so a caller whose
-                    # sequence was the last one finds the loop already ending.
-                    outbox, self._outbox = self._outbox, []
-                    for sequence, outcome in outbox:
-                        sequence.deliver(outcome)
-                    if admitted is None:
+                    sequence = self._next_prefill(model is not None)
+                    if sequence is None:
                         return
-                    for sequence in admitted:
-                        self._admit(model, sequence)
-                    if self._active:
-                        self._step(model)
-        except BaseException as error:  # a bug in the loop itself: fail everyone, never hang a waiter
+                    self._prefill(model, sequence)
+        except BaseException as error:  # a bug in the loop itself: fail its sequences, never hang a waiter
             with self._cond:
-                stranded = self._pending + self._active
-                for sequence, outcome in self._outbox:
-                    sequence.deliver(outcome)
-                self._outbox, self._pending, self._active = [], [], []
-                self._store = BatchCache(self._store.layer_count)
-                self._running = False
+                stranded, self._pending = self._pending, []
+                if self._prefilling is not None:
+                    stranded.append(self._prefilling)
+                self._prefilling = None
+                self._running["prefill"] = False
+                self._cond.notify_all()
             for sequence in stranded:
                 sequence.finish(None, error)
             raise
 
-    def _next_admissions(self, alive: bool) -> list[Sequence] | None:
-        """Sequences to prefill now (possibly none); None when the loop should exit."""
+    def _next_prefill(self, alive: bool) -> Sequence | None:
+        """The next sequence to prefill, once the batch has room; None when the thread ends."""
         with self._cond:
-            if not alive:
-                stranded, self._pending = self._pending, []
-                self._running = False
-                for sequence in stranded:
-                    sequence.finish(None, RuntimeError("the model was garbage-collected"))
-                return None
-            limit = self.batching.batch_limit
-            if self._active and not self._pending and len(self._active) < limit and self.batching.wait_ms > 0:
-                self._cond.wait(self.batching.wait_ms / 1000)  # room in the batch: wait briefly for company
-            gone = [sequence for sequence in self._pending if sequence.gone()]
-            if gone:
-                self._pending = [sequence for sequence in self._pending if not sequence.gone()]
-            if not self._pending and not self._active and not gone:
-                self._running = False
-                return None
-            room = max(0, limit - len(self._active))
-            admitted, self._pending = self._pending[:room], self._pending[room:]
-        self._outbox.extend((sequence, sequence.outcome(None)) for sequence in gone)
-        return admitted
+            while True:
+                gone = [sequence for sequence in self._pending if sequence.gone() or not alive]
+                if gone:
+                    self._pending = [sequence for sequence in self._pending if sequence not in gone]
+                    for sequence in gone:  # delivered under the lock: nothing slow happens there
+                        sequence.finish(None, None if alive else RuntimeError("the model was garbage-collected"))
+                if not self._pending:
+                    self._running["prefill"] = False
+                    self._cond.notify_all()
+                    return None
+                if len(self._active) + len(self._ready) < self.batching.batch_limit:
+                    self._prefilling = self._pending.pop(0)
+                    return self._prefilling
+                self._cond.wait()  # the batch is full: a sequence leaving makes room
 
-    def _admit(self, model: Any, sequence: Sequence) -> None:
-        """Prefill one sequence alone, pick its first token, and join it to the batch."""
+    def _prefill(self, model: Any, sequence: Sequence) -> None:
+        """Prefill one sequence alone and pick its first token; queue it to join the batch."""
         began = time.perf_counter()
         try:
             # The prefill is this sequence's own work: it runs in its submitter's context
@@ -197,23 +210,83 @@ class BatchingEngine:
             if self._trace is not None:
                 prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
                 sequence.traced = (digest(prompt), margins(logits))
-            token = sequence.chooser(logits)
-            ended = sequence.add(token)
-            if ended:
-                self._finished(sequence, layers)
-                return
-            self._store.join(layers, self._right_room(sequence), max(self.batching.batch_limit, self._store.rows + 1))
-            self._active.append(sequence)
+            ended = sequence.add(sequence.chooser(logits))
         except Exception as error:  # this sequence's input or choice failed: only it fails
             with self._cond:
                 self.stats.failed += 1
-            self._outbox.append((sequence, sequence.outcome(None, error)))
-        finally:
-            with self._cond:
                 self.stats.prefill_seconds += time.perf_counter() - began
+                self._prefilling = None
+                self._cond.notify_all()
+            sequence.finish(None, error)
+            return
+        with self._cond:
+            self.stats.prefill_seconds += time.perf_counter() - began
+            self._prefilling = None
+            if ended:
+                self._count_finished(sequence)
+            else:
+                self._ready.append((sequence, layers))
+                self._start("decode")
+            self._cond.notify_all()
+        if ended:
+            sequence.finish(layers)
+
+    # -- the decode thread ---------------------------------------------------------------
+
+    def _decode_loop(self) -> None:
+        model = self._model()
+        try:
+            with torch.no_grad():
+                while True:
+                    joining = self._next_joining()
+                    if joining is None:
+                        return
+                    for sequence, layers in joining:
+                        self._join(sequence, layers)
+                    if self._active:
+                        self._step(model)
+        except BaseException as error:  # a bug in the loop itself: fail its sequences, never hang a waiter
+            with self._cond:
+                stranded = self._active + [sequence for sequence, _ in self._ready]
+                self._active, self._ready = [], []
+                self._store = BatchCache(self._store.layer_count)
+                self._running["decode"] = False
+                self._cond.notify_all()
+            for sequence in stranded:
+                sequence.finish(None, error)
+            raise
+
+    def _next_joining(self) -> list[tuple[Sequence, Layers]] | None:
+        """Prefilled sequences to join before the next step; None when the thread ends."""
+        with self._cond:
+            while not self._active and not self._ready:
+                if self._prefilling is None and not self._pending:
+                    self._running["decode"] = False
+                    self._cond.notify_all()
+                    return None
+                self._cond.wait()  # a prefill under way will bring a sequence
+            room = len(self._active) + len(self._ready) < self.batching.batch_limit
+            if self._active and not self._ready and room and self._prefilling is not None and self.batching.wait_ms > 0:
+                self._cond.wait(self.batching.wait_ms / 1000)  # a sequence is nearly ready: wait for it briefly
+            joining, self._ready = self._ready, []
+            return joining
+
+    def _join(self, sequence: Sequence, layers: Layers) -> None:
+        if sequence.gone():
+            self._leave_now(sequence, layers)
+            return
+        try:
+            self._store.join(layers, self._right_room(sequence), max(self.batching.batch_limit, self._store.rows + 1))
+        except Exception as error:  # e.g. out of memory for this sequence's rows: only it fails
+            with self._cond:
+                self.stats.failed += 1
+                self._cond.notify_all()
+            sequence.finish(None, error)
+            return
+        self._active.append(sequence)
 
     def _right_room(self, joining: Sequence | None = None) -> int:
-        """Columns the batch needs after `end` for every sequence's remaining tokens."""
+        """Columns the batch may still need after `end` (every sequence's remaining tokens)."""
         sequences = self._active + ([joining] if joining is not None else [])
         return max(sequence.max_new_tokens - len(sequence.tokens) for sequence in sequences)
 
@@ -246,12 +319,13 @@ class BatchingEngine:
                 failed, self._active = list(active), []
                 self._store = BatchCache(store.layer_count)
                 self.stats.failed += len(failed)
-            self._outbox.extend((sequence, sequence.outcome(None, error)) for sequence in failed)
-            return
-        finally:
-            with self._cond:
                 self.stats.decode_seconds += time.perf_counter() - began
+                self._cond.notify_all()
+            for sequence in failed:
+                sequence.finish(None, error)
+            return
         with self._cond:
+            self.stats.decode_seconds += time.perf_counter() - began
             self.stats.steps[len(active)] += 1
         ended = [sequence.add(token) for sequence, token in zip(active, tokens)]
         for index in reversed(range(len(active))):
@@ -267,16 +341,21 @@ class BatchingEngine:
         if moved is not None:
             active[index] = active[moved]
         active.pop()
-        self._finished(sequence, layers)
+        self._leave_now(sequence, layers)
 
-    def _finished(self, sequence: Sequence, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _leave_now(self, sequence: Sequence, layers: Layers) -> None:
         with self._cond:
-            self.stats.sequences += 1
-            self.stats.tokens += len(sequence.tokens)
-            if self._trace is not None and sequence.traced is not None:
-                prompt, found = sequence.traced
-                self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
-        self._outbox.append((sequence, sequence.outcome(layers)))
+            self._count_finished(sequence)
+            self._cond.notify_all()  # room for the prefill thread
+        sequence.finish(layers)
+
+    def _count_finished(self, sequence: Sequence) -> None:
+        """Statistics and trace of an ended sequence (caller holds the condition)."""
+        self.stats.sequences += 1
+        self.stats.tokens += len(sequence.tokens)
+        if self._trace is not None and sequence.traced is not None:
+            prompt, found = sequence.traced
+            self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
 
 
 _engines: weakref.WeakKeyDictionary[Any, BatchingEngine] = weakref.WeakKeyDictionary()

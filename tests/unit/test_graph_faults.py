@@ -87,7 +87,7 @@ def _raise_in_generation(world, node):
     original = decoder.forward
 
     def forward(*args, **kwargs):
-        if threading.current_thread().name == "rclc-batching" and CURRENT_NODE.get() == node:
+        if threading.current_thread().name.startswith("rclc-batching") and CURRENT_NODE.get() == node:
             raise RuntimeError("generation fault injected")
         return original(*args, **kwargs)
 
