@@ -17,8 +17,9 @@ For each workload, side by side in this process:
    for room, then takes `--consumer-ms` per event), so backpressure is exercised while the
    runs share the model's batches.
 
-Reported per workload: wall seconds (median over `--repeats`), runs per minute and
-generated tokens per second of each phase and their ratio, the decode batch-size histogram
+Reported per workload: wall seconds (median over `--repeats`, the phases alternating),
+the process's CPU seconds, runs per minute and generated tokens per second of each phase
+and their ratio, the decode batch-size histogram
 of each phase (`rclc.batching_report`: decode steps per batch size), peak RSS (sampled every
 10 ms), and whether the concurrent outputs equal the sequential ones. Where a greedy token
 differs, the engine's trace gives the top-2 logit margin at the first differing token of
@@ -213,6 +214,13 @@ async def concurrent(plans: list[Any], pool: ModelPool, *, max_events: int, max_
     return results, [stream.stats() for stream in streams]
 
 
+def cpu_seconds() -> float:
+    """CPU time this process has used (all threads): with other jobs on the machine, wall
+    time depends on them, CPU time much less."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def generated_tokens(results: list[Any]) -> int:
     return sum(node.generated_tokens for result in results for node in result.nodes.values())
 
@@ -255,7 +263,7 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
     model = pool.get(plans[0].models()[0]).model
     engine = engine_for(model) if args.backend == "hf" else _NoTrace()
     anyio.run(sequential, plans[:1], pool)  # warm-up
-    seq_times, conc_times, seq_tokens, conc_tokens = [], [], [], []
+    seq_times, conc_times, seq_tokens, conc_tokens, seq_cpu, conc_cpu = [], [], [], [], [], []
     seq_peak = conc_peak = 0
     identical = True
     ties: list[dict[str, Any]] = []
@@ -263,20 +271,22 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
     for _ in range(args.repeats):
         before = dict(rclc.batching_report(model)["batch_sizes"])
         with RssSampler() as sampler, engine.tracing() as seq_trace:
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), cpu_seconds()
             reference = anyio.run(sequential, plans, pool)
             seq_times.append(time.perf_counter() - began)
+            seq_cpu.append(cpu_seconds() - cpu)
         seq_peak = max(seq_peak, sampler.peak)
         seq_histogram = histogram_since(model, before)
         seq_tokens.append(generated_tokens(reference))
         before = dict(rclc.batching_report(model)["batch_sizes"])
         with RssSampler() as sampler, engine.tracing() as conc_trace:
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), cpu_seconds()
             results, stats = anyio.run(
                 lambda: concurrent(plans, pool, max_events=args.max_events, max_bytes=args.max_bytes,
                                    consumer_seconds=args.consumer_ms / 1000)
             )
             conc_times.append(time.perf_counter() - began)
+            conc_cpu.append(cpu_seconds() - cpu)
         conc_peak = max(conc_peak, sampler.peak)
         conc_histogram = histogram_since(model, before)
         conc_tokens.append(generated_tokens(results))
@@ -298,6 +308,10 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
         "sequential_runs_per_minute": round(60 * runs / seq, 2),
         "concurrent_runs_per_minute": round(60 * runs / conc, 2),
         "runs_per_minute_ratio": round(seq / conc, 2),
+        "sequential_cpu_seconds": round(statistics.median(seq_cpu), 2),
+        "concurrent_cpu_seconds": round(statistics.median(conc_cpu), 2),
+        "sequential_seconds_each_repeat": [round(value, 2) for value in seq_times],
+        "concurrent_seconds_each_repeat": [round(value, 2) for value in conc_times],
         "sequential_tokens_per_second": round(statistics.median(seq_tokens) / seq, 2),
         "concurrent_tokens_per_second": round(statistics.median(conc_tokens) / conc, 2),
         "generated_tokens_per_phase": statistics.median(conc_tokens),
