@@ -2,9 +2,8 @@
 
 A `Sequence` is built by the waiting worker thread (`HFBackend.generate`) and submitted;
 from then on only the engine's threads (prefill, then decode) touch it, and the two sides
-talk through a queue: a
-("token", id) per token, in order, then one ("end", Outcome). `TracedSequence` is what the
-engine's tracing diagnostic records of a finished sequence.
+talk through a queue: a ("token", id) per token, in order, then one ("end", Outcome).
+`TracedSequence` is what the engine's tracing diagnostic records of a finished sequence.
 """
 
 from __future__ import annotations
