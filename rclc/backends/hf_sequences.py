@@ -1,9 +1,9 @@
 """One generation in the batching engine: what its waiter and the engine's loop share.
 
 A `Sequence` is built by the waiting worker thread (`HFBackend.generate`) and submitted;
-from then on only the loop thread decodes it, and the two talk through a queue: a
-("token", id) per token, in order, then one ("end", Outcome). `TracedSequence` is what the
-engine's tracing diagnostic records of a finished sequence.
+from then on only the engine's threads (prefill, then decode) touch it, and the two sides
+talk through a queue: a ("token", id) per token, in order, then one ("end", Outcome).
+`TracedSequence` is what the engine's tracing diagnostic records of a finished sequence.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Sequence:
 
         If `on_token` raises, the sequence is abandoned; the error is raised once the engine
         has dropped it (at its next step) and `settle` returned (the engine's: it waits for
-        the loop thread when nothing else is left to decode), so nothing keeps computing for
+        the engine's threads when nothing else is left to decode), so nothing keeps computing for
         a caller that gave up. A cancelled sequence settles the same way.
         """
         while True:
