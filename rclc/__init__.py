@@ -47,6 +47,9 @@ _LAZY: dict[str, str] = {
     "latent_mass_sync": "reasoning",
     "GenerationResult": "generation",
     "Sampling": "generation",
+    "Batching": "generation",
+    "configure_batching": "backends.batching",
+    "batching_report": "backends.batching",
     "model_identity": "snapshot",
     "run_in_worker": "_worker",
     "call_sync": "_sync",
@@ -74,9 +77,12 @@ __all__ = [
     # reasoning
     "latent_mass",
     "latent_mass_sync",
-    # native generation
+    # native generation, and how concurrent generations share a model
+    "Batching",
     "GenerationResult",
     "Sampling",
+    "batching_report",
+    "configure_batching",
     # tokenizing user text as literal text (never control tokens)
     "Encoding",
     "encode_chat",
@@ -113,8 +119,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from ._sync import call_sync
     from ._worker import run_in_worker
     from .agent import Agent, bind
+    from .backends.batching import batching_report, configure_batching
     from .doctor import check
-    from .generation import GenerationResult, Sampling
+    from .generation import Batching, GenerationResult, Sampling
     from .hf import sender_from_hf
     from .literal import Encoding, encode_chat, encode_literal
     from .pipeline import transfer, transfer_sync

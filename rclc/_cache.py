@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ._locks import attention_lock
+from ._locks import forward_slot
 from ._worker import check_stop
 from .errors import RclcError
 
@@ -118,10 +118,10 @@ def forward_rows(
     """Forward new rows over `cache` at dense positions; return (last hidden states, cache).
 
     Rows are `[1, n, hidden]` embeddings or `[1, n]` IDs. The cache object is extended in
-    place (callers pass a view or a fresh cache). Runs under the process-wide attention
-    lock because attention dispatch is global state that a capture may be changing.
-    Inside a worker whose caller was cancelled it raises `WorkCancelled` instead of
-    starting another forward (see `rclc._worker`).
+    place (callers pass a view or a fresh cache). Runs in the model's forward slot (one
+    worker-side forward per model at a time; see `rclc._locks`). Inside a worker whose
+    caller was cancelled it raises `WorkCancelled` instead of starting another forward
+    (see `rclc._worker`).
     """
     decoder = backbone(model)
     memory = cache_length(cache) if start is None else start
@@ -141,8 +141,8 @@ def forward_rows(
         kwargs["input_ids"] = input_ids
     # no_grad rather than inference_mode: the cache outlives this call and users may run
     # autograd-recording code (custom selectors, reasoning methods) over it.
-    with attention_lock, torch.no_grad():
-        check_stop()  # under the lock: a forward that waited for it does not start once cancelled
+    with forward_slot(model), torch.no_grad():
+        check_stop()  # in the slot: a forward that waited for it does not start once cancelled
         output = decoder(**kwargs)
     return output.last_hidden_state, cache
 

@@ -1,15 +1,67 @@
-"""The two process-wide locks of the transfer core.
+"""The transfer core's locks: one process-wide preparation lock, and a forward slot per model.
 
-Attention capture swaps the model's attention dispatch, which is process-global state,
-so every rclc forward (captures, rollouts, prefills) holds `attention_lock`. Selection
-and sender snapshots hold `preparation_lock`, so concurrent transfers never run two
-selectors at once. Order is always preparation -> attention, never the reverse. Both are
-re-entrant so a helper that already holds one may call another helper that takes it.
+Selection and sender snapshots hold `preparation_lock`, so concurrent transfers never run
+two selectors at once and an agent's state is read and switched consistently. It is
+re-entrant so a helper that already holds it may call another helper that takes it.
+
+Forwards that rclc runs in worker threads (prefills, captures, latent rollouts, re-prefills)
+take the `forward_slot` of their model: one such forward per model at a time, so N
+concurrent runs do not start N prefills at once on one model (each would hold its own
+activations, and on a CPU they would only share the same cores). The slot is per model,
+not per process: work on another model never waits for it. Native generation does not take
+it: the batching engine (`rclc.backends.hf_batching`) owns decoding, so a selection never
+holds up another run's decode. Attention capture needs no lock at all any more: it is
+per thread (see `rclc.selectors._attention_capture`).
+
+A thread holds at most one slot: a forward inside another forward (a capture whose fold
+captures another model) runs under the slot already held, so two threads can never wait
+for each other's slots. Order is always preparation -> slot, never the reverse.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 preparation_lock = threading.RLock()
-attention_lock = threading.RLock()
+
+_slots: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_slots_guard = threading.Lock()
+_held = threading.local()  # .depth: how many forward_slot blocks this thread is inside
+
+
+def _slot_lock(model: Any) -> Any:
+    with _slots_guard:
+        lock = _slots.get(model)
+        if lock is None:
+            lock = threading.Lock()
+            _slots[model] = lock
+        return lock
+
+
+def share_forward_slot(model: Any, lock: Any) -> None:
+    """Make `model`'s forwards take `lock` (the vLLM view shares its engine's step lock)."""
+    with _slots_guard:
+        _slots[model] = lock
+
+
+@contextmanager
+def forward_slot(model: Any) -> Iterator[None]:
+    """Hold `model`'s forward slot for one worker-side forward (re-entrant within a thread)."""
+    depth = getattr(_held, "depth", 0)
+    if depth:
+        _held.depth = depth + 1
+        try:
+            yield
+        finally:
+            _held.depth = depth
+        return
+    with _slot_lock(model):
+        _held.depth = 1
+        try:
+            yield
+        finally:
+            _held.depth = 0

@@ -43,6 +43,12 @@ def stop_requested() -> bool:
     return event is not None and event.is_set()
 
 
+def current_stop() -> threading.Event | None:
+    """The stop flag of the worker call running in this thread (None outside workers), for
+    work this thread hands to another thread (the batching engine decodes elsewhere)."""
+    return getattr(_current, "stop", None)
+
+
 def check_stop() -> None:
     """Raise `WorkCancelled` when the current worker call's caller was cancelled."""
     if stop_requested():

@@ -21,6 +21,7 @@ from packaging.version import Version
 
 from . import __version__ as _package_version
 from .errors import RclcError
+from .generation import Batching
 from .models import check_model, embedded_present
 from .policy import BACKENDS
 
@@ -238,6 +239,18 @@ def engine_report(llm: Any) -> dict[str, Any]:
     }
 
 
+def batching_summary(agent: Any) -> dict[str, Any]:
+    """How concurrent generations share the model: the defaults new models get, or the bound
+    model's options and figures (`rclc.batching_report`)."""
+    if agent is None:
+        return {**Batching().to_dict(), "scope": "defaults"}
+    # torch-backed: only a bound agent gets here, and the doctor must run without torch.
+    from .backends.batching import batching_report
+
+    target = agent.engine if getattr(agent, "backend", "hf") == "vllm" else agent.model
+    return {**batching_report(target), "scope": "model"}
+
+
 def _resolve_options(agent: Any, backend: str | None, allow_unstable: bool | None) -> tuple[str, bool]:
     if agent is not None:
         bound_backend = agent.backend
@@ -264,9 +277,10 @@ def _resolve_options(agent: Any, backend: str | None, allow_unstable: bool | Non
 
 
 def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool | None = None) -> dict[str, Any]:
-    """Report versions, accelerator availability and actionable issues as a JSON-ready dict.
+    """Report versions, accelerator availability, batching and actionable issues as a JSON-ready dict.
 
-    With `agent`, its backend, unstable opt-in and model are checked; an explicit
+    `batching` holds the options new models get (or, with `agent`, its model's options and
+    decode figures). With `agent`, its backend, unstable opt-in and model are checked; an explicit
     `backend`/`allow_unstable` that disagrees with the agent raises RclcError. A vLLM
     agent's engine is checked again (binding check, idle) and reported under `engine`.
     """
@@ -297,6 +311,7 @@ def check(agent: Any = None, *, backend: str | None = None, allow_unstable: bool
         "versions": versions,
         "cuda_available": cuda_available,
         "embedded_model": embedded_present(),
+        "batching": batching_summary(agent),
         "issues": issues,
     }
     if agent is not None and backend == "vllm":

@@ -11,10 +11,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ._arguments import is_exact_int, optional_int, require_bool
+from ._arguments import is_exact_int, optional_int, require_bool, require_int
 from .errors import RclcError
+from .policy import DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS
 
-__all__ = ["GenerationResult", "Sampling", "check_generate_options"]
+__all__ = ["Batching", "GenerationResult", "Sampling", "check_generate_options"]
 
 
 MAX_SEED = 2**64 - 1  # torch.manual_seed refuses anything larger
@@ -24,9 +25,10 @@ MAX_SEED = 2**64 - 1  # torch.manual_seed refuses anything larger
 class Sampling:
     """Decoding settings: greedy when `temperature` is None, else sampling with `top_p` and `seed`.
 
-    The seed also fixes HF's generation when it is greedy (the RNG is seeded either way,
-    inside a forked RNG so the caller's random state is untouched); vLLM uses it only when
-    sampling, as its greedy decoding draws nothing.
+    When sampling, the seed seeds a random generator of this generation's own (HF) or the
+    request's (vLLM), so what is drawn does not depend on other generations decoded in the
+    same batch, and the caller's global random state is never touched. Greedy decoding
+    draws nothing.
     """
 
     temperature: float | None = None
@@ -51,6 +53,40 @@ class Sampling:
     def greedy(self) -> bool:
         """True when decoding picks the most likely token at every step (no temperature)."""
         return self.temperature is None
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How concurrent native generations on one model share its forwards.
+
+    With `enabled` (the default) every generation on a model is decoded by that model's
+    batching engine: sequences join after their prefill, decode together, at most
+    `max_batch` at a time, and leave when they end. A decode step with room in its batch
+    waits up to `wait_ms` milliseconds for another sequence to join. `enabled=False` is
+    `max_batch=1`: generations decode one at a time, in arrival order, through the same
+    decode loop (so greedy and sampled outputs are the same either way, up to float
+    rounding). Set per model with `rclc.configure_batching(model, Batching(...))`.
+    """
+
+    enabled: bool = True
+    max_batch: int = DEFAULT_MAX_BATCH
+    wait_ms: float = DEFAULT_WAIT_MS
+
+    def __post_init__(self) -> None:
+        require_bool("enabled", self.enabled)
+        require_int("max_batch", self.max_batch, minimum=1)
+        wait = self.wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
+            raise RclcError(f"wait_ms: expected a finite number of milliseconds >= 0, got {wait!r}")
+
+    @property
+    def batch_limit(self) -> int:
+        """Sequences decoded together at most: `max_batch`, or 1 when batching is off."""
+        return self.max_batch if self.enabled else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as plain data (reports, `rclc.check()`)."""
+        return {"enabled": self.enabled, "max_batch": self.max_batch, "wait_ms": float(self.wait_ms)}
 
 
 @dataclass(frozen=True)

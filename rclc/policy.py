@@ -24,9 +24,11 @@ __all__ = [
     "BUILTIN_REASONING",
     "BUILTIN_SELECTORS",
     "BudgetPolicy",
+    "DEFAULT_MAX_BATCH",
     "DEFAULT_RATIO",
     "DEFAULT_REPRESENTATION",
     "DEFAULT_SELECTOR",
+    "DEFAULT_WAIT_MS",
     "MODES",
     "REASONING_CONTEXTS",
     "REPRESENTATIONS",
@@ -100,6 +102,11 @@ MODES = ("state", "full", "text")
 
 BACKENDS = ("hf", "vllm")
 """Where an agent's model runs: a Hugging Face model in this process, or an in-process vLLM engine."""
+
+DEFAULT_MAX_BATCH = 32
+"""Sequences one model decodes together at most (`rclc.Batching.max_batch`)."""
+DEFAULT_WAIT_MS = 1.0
+"""How long a decode step with room in its batch waits for another sequence to join (ms)."""
 
 
 def policy_label(mode: str, ratio: int | None = None, budget: int | None = None) -> str:

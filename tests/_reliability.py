@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import torch
 
 from rclc import testing
 from rclc._cache import backbone
+from rclc.backends import hf_sequences
 from rclc_graph import LocalExecutor
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
 
@@ -139,7 +141,8 @@ def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path,
 
 # -- counting model work per node --------------------------------------------------------------
 
-CURRENT_NODE: contextvars.ContextVar[str] = contextvars.ContextVar("current_node", default="(outside nodes)")
+CURRENT_NODE_DEFAULT = "(outside nodes)"
+CURRENT_NODE: contextvars.ContextVar[str] = contextvars.ContextVar("current_node", default=CURRENT_NODE_DEFAULT)
 
 
 class CountingExecutor(LocalExecutor):
@@ -155,17 +158,33 @@ class CountingExecutor(LocalExecutor):
 
 
 class ForwardCounter:
-    """Counts decoder forwards (prefills, selections, generation steps) per node."""
+    """Counts decoder forwards (prefills, selections, generation steps) per node.
+
+    Worker-side forwards and a generation's prefill run in the node's context; a decode step
+    of the batching engine serves every sequence in its batch, so it counts once for each
+    of them (one per token after the first, the token that step produced for it).
+    """
 
     def __init__(self, model: Any) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.handle = backbone(model).register_forward_pre_hook(self._hook)
+        self._add = hf_sequences.Sequence.add
+        counts, add = self.counts, self._add
+
+        def counting_add(sequence: Any, token: int) -> bool:
+            if sequence.tokens:  # not the first token: a decode step produced it
+                counts[sequence.context.get(CURRENT_NODE)] += 1
+            return add(sequence, token)
+
+        hf_sequences.Sequence.add = counting_add
 
     def _hook(self, module: Any, args: Any) -> None:
-        self.counts[CURRENT_NODE.get()] += 1
+        if not threading.current_thread().name.startswith("rclc-batching") or CURRENT_NODE.get() != CURRENT_NODE_DEFAULT:
+            self.counts[CURRENT_NODE.get()] += 1
 
     def remove(self) -> None:
         self.handle.remove()
+        hf_sequences.Sequence.add = self._add
 
     def __enter__(self) -> ForwardCounter:
         return self

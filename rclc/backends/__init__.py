@@ -1,7 +1,8 @@
 """Model work behind a bound agent: the contract (`Backend`) and its HF and vLLM implementations.
 
 `open_backend` picks the implementation for an agent's `backend=` name. The vLLM one
-imports no vLLM until an engine is bound (vLLM is an optional extra).
+imports no vLLM until an engine is bound (vLLM is an optional extra). Concurrent native
+generations on one model are batched (`configure_batching`, `batching_report`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,22 @@ from typing import Any
 
 from ..errors import RclcError
 from ..policy import BACKENDS
+from .batching import batching_report, configure_batching
 from .contract import Backend, NativeGeneration, TokenCallback
 from .hf import HFBackend
 from .vllm import VLLMBackend
 
-__all__ = ["BACKENDS", "Backend", "HFBackend", "NativeGeneration", "TokenCallback", "VLLMBackend", "open_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "HFBackend",
+    "NativeGeneration",
+    "TokenCallback",
+    "VLLMBackend",
+    "batching_report",
+    "configure_batching",
+    "open_backend",
+]
 
 
 def open_backend(name: str, model: Any, tokenizer: Any, *, allow_unstable: bool) -> Backend:

@@ -1,22 +1,22 @@
 """The Hugging Face backend: an agent's model work on a local HF model, in this process.
 
-Native generation is `model.generate` under the attention lock (attention capture swaps
-the process-global dispatch, so no generation may overlap one), with a streamer that
-reports each token from the worker thread and a stopping criterion that ends generation
-after the current step once a `stop` event is set or the awaiting caller is cancelled.
+Native generation goes through the model's batching engine (`hf_batching.py`): concurrent
+generations on one model decode together in batched forwards, each reporting its tokens
+from its own worker thread as they come, each ending after the current step once its
+`stop` event is set or its awaiting caller is cancelled. A generation alone in the engine
+runs exactly the forwards `model.generate` would run and picks the same greedy tokens.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from .._cache import cache_keyword, cache_length, crop_cache, extend
-from .._locks import attention_lock
-from .._worker import check_stop, stop_requested
+from .._cache import cache_from_layers, cache_keyword, cache_layers, cache_length, crop_cache, extend
+from .._worker import WorkCancelled, check_stop, current_stop
 from ..errors import IncompatibleStateError, RclcError
 from ..generation import Sampling
 from ..hf import generation_parts, complete_state, hf_generation_inputs, sender_from_hf
@@ -24,42 +24,19 @@ from ..models import check_model, context_window
 from ..snapshot import restore_state
 from ..state import SenderState, appended_rows, build_state
 from .contract import Backend, NativeGeneration, TokenCallback
+from .hf_batching import engine_for
+from .hf_sequences import Sequence
+from .token_choice import TokenChooser, end_tokens, generation_config
 
 
-class _TokenReporter:
-    """A `generate` streamer that hands each new token's text to `on_token(index, text)`.
+@dataclass(frozen=True)
+class BatchedGeneration:
+    """What the engine generated, shaped as `model.generate(..., return_dict_in_generate=True)`
+    returns it: `sequences` `[1, n]` (prompt IDs first for a token prompt) and `cache`
+    (prompt and tokens but the last, which was never forwarded)."""
 
-    HF first puts the prompt when generating from `input_ids`; that put is skipped.
-    """
-
-    def __init__(self, tokenizer: Any, on_token: TokenCallback, skip_prompt: bool) -> None:
-        self.tokenizer, self.on_token, self.skip_prompt = tokenizer, on_token, skip_prompt
-        self.index = 0
-
-    def put(self, value: torch.Tensor) -> None:
-        if self.skip_prompt:
-            self.skip_prompt = False
-            return
-        for token in value.reshape(-1).tolist():
-            self.on_token(self.index, self.tokenizer.decode([token], skip_special_tokens=False))
-            self.index += 1
-
-    def end(self) -> None:
-        pass
-
-
-class _StopRequested(StoppingCriteria):
-    """Ends generation at the next step once `stop` is set or the worker's caller was cancelled."""
-
-    def __init__(self, stop: threading.Event | None) -> None:
-        self.stop = stop
-        self.fired = False  # the stop event (not a cancellation) ended generation
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        by_event = self.stop is not None and self.stop.is_set()
-        self.fired = self.fired or by_event
-        stopped = by_event or stop_requested()
-        return torch.full((input_ids.shape[0],), stopped, dtype=torch.bool, device=input_ids.device)
+    sequences: torch.Tensor
+    cache: Any
 
 
 class HFBackend(Backend):
@@ -112,8 +89,9 @@ class HFBackend(Backend):
 
     def state_inputs(self, state: SenderState, output: int) -> dict[str, Any]:
         """`generation_inputs` for the state's rows plus a view of its cache without the last
-        position: `generate` forwards only that position before the first new token, so a
-        long history (a tool loop's earlier turns) is never prefilled again."""
+        position: the engine's prefill (like `model.generate`) forwards only the uncached
+        position before the first new token, so a long history (a tool loop's earlier turns)
+        is never prefilled again."""
         inputs = hf_generation_inputs(state.input_embeds, output)
         if state.past_key_values is not None and state.positions > 1:
             cache = crop_cache(self.model, state.past_key_values, state.positions - 1)
@@ -135,49 +113,68 @@ class HFBackend(Backend):
             )
         return rows[0]
 
-    def _config(self, sampling: Sampling, output: int) -> GenerationConfig:
-        """The model's end-of-sequence token, the tokenizer's padding, and `sampling` as HF settings."""
-        model, tokenizer = self.model, self.tokenizer
-        eos = model.generation_config.eos_token_id
-        if eos is None:
-            eos = tokenizer.eos_token_id
-        settings: dict[str, Any] = {
-            "max_new_tokens": output,
-            "do_sample": not sampling.greedy,
-            "eos_token_id": eos,
-            "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
-            "return_dict_in_generate": True,
-        }
-        if not sampling.greedy:
-            settings["temperature"] = sampling.temperature
-            if sampling.top_p is not None:
-                settings["top_p"] = sampling.top_p
-        return GenerationConfig(**settings)
-
     def generate(
         self, inputs: dict[str, Any], sampling: Sampling, *, on_token: TokenCallback | None, stop: threading.Event | None
     ) -> NativeGeneration:
-        """`model.generate` with a seeded, forked RNG under the attention lock (see the module docs)."""
+        """Decode in the model's batching engine, reporting tokens from this thread (see the module docs)."""
         if self.tokenizer is None:
             raise RclcError("tokenizer: native generation decodes tokens; bind the agent with its tokenizer")
-        config = self._config(sampling, inputs["max_new_tokens"])
-        arguments = {key: value for key, value in inputs.items() if key != "max_new_tokens"}
-        token_prompt = "input_ids" in arguments
-        streamer = None if on_token is None else _TokenReporter(self.tokenizer, on_token, skip_prompt=token_prompt)
-        criterion = _StopRequested(stop)
-        # Native generation must not overlap a capture on the same model (global dispatch).
-        with attention_lock, torch.no_grad(), torch.random.fork_rng(devices=[]):
-            check_stop()  # cancelled while waiting for the lock: start no model work
-            torch.manual_seed(sampling.seed)
-            output = self.model.generate(
-                **arguments,
-                generation_config=config,
-                streamer=streamer,
-                stopping_criteria=StoppingCriteriaList([criterion]),
+        check_stop()  # cancelled before anything started: submit nothing
+        model, tokenizer = self.model, self.tokenizer
+        output = int(inputs["max_new_tokens"])
+        config = generation_config(model, tokenizer, sampling, output)
+        token_prompt = "input_ids" in inputs
+        device = self.weight.device
+        past = self._past_layers(inputs, token_prompt)
+        if token_prompt:
+            prompt_ids = inputs["input_ids"].to(device)
+            chooser = TokenChooser(model, config, sampling.seed, prompt_ids)
+        else:
+            prompt_ids = None
+            chooser = TokenChooser(model, config, sampling.seed, torch.empty(1, 0, dtype=torch.long, device=device))
+        sequence = Sequence(
+            input_ids=prompt_ids,
+            inputs_embeds=None if token_prompt else inputs["inputs_embeds"].to(device),
+            max_new_tokens=output,
+            past=past,
+            end_tokens=end_tokens(config),
+            chooser=chooser,
+            stop=stop,
+            cancel=current_stop(),
+        )
+        report = None
+        if on_token is not None:
+            counter = iter(range(output))
+
+            def report(token: int) -> None:
+                on_token(next(counter), tokenizer.decode([token], skip_special_tokens=False))
+
+        engine = engine_for(model)
+        engine.submit(sequence)
+        outcome = sequence.wait(report, engine.settle)
+        if outcome.error is not None:
+            raise outcome.error
+        if outcome.cancelled:
+            raise WorkCancelled("the caller was cancelled; the sequence left the batch at its next step")
+        generated = torch.tensor(outcome.tokens, dtype=torch.int64, device=device)
+        sequences = torch.cat([prompt_ids[0], generated]) if token_prompt else generated
+        cache = cache_from_layers(model, outcome.layers) if outcome.layers else None
+        return NativeGeneration(generated, BatchedGeneration(sequences.unsqueeze(0), cache), outcome.stopped)
+
+    def _past_layers(self, inputs: dict[str, Any], token_prompt: bool) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The cache `state_inputs` put in `inputs` (a prefix of its rows), as layers the
+        engine prefills over; None when generation starts from the rows alone."""
+        cache = inputs.get(cache_keyword(self.model))
+        if cache is None:
+            return None
+        cached = cache_length(cache)
+        positions = 0 if token_prompt else int(inputs["inputs_embeds"].shape[1])
+        if token_prompt or not 0 < cached < positions:
+            raise IncompatibleStateError(
+                f"inputs: a cache of {cached} positions must be a proper prefix of the {positions} input rows; "
+                "generate from the dictionary state_inputs() returned"
             )
-        sequences = output.sequences[0]
-        generated = sequences[arguments["input_ids"].shape[1] :] if token_prompt else sequences
-        return NativeGeneration(generated, output, criterion.fired)
+        return cache_layers(cache)
 
     def continuation(
         self, inputs: dict[str, Any], known_ids: torch.Tensor, inherited: int, generation: Any

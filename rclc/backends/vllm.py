@@ -10,12 +10,13 @@ one). Differences that follow from the engine:
 - selection and reasoning run on the engine's HF-shaped view (`shared_view`), so the
   agent's `model` is that view and its tokenizer is the engine's;
 - generation inputs are `llm.generate` keyword arguments, not HF `generate` ones, and
-  `generate` runs `llm.generate` with both core locks held (capture prefills and the
-  view's side passes need the engine idle, so they wait rather than fail); vLLM has no
-  per-step hook there, so tokens are reported after generation and a generation always
-  runs to its end.
+  `generate` hands the request to the engine's submission loop (`rclc.vllm.submission`),
+  which steps the engine for every agent's requests together, so vLLM's own continuous
+  batching serves concurrent agents; tokens are reported after generation and a
+  generation runs to its end (a cancelled caller's request is aborted).
 
-The engine must be idle whenever the agent does model work (`require_idle`).
+The engine must not hold requests of a user's own loop whenever the agent does model work
+(`require_idle`); other agents' requests through the submission loop are fine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from .._arguments import is_exact_int, optional_int, require_bool
-from .._locks import attention_lock, preparation_lock
+from .._worker import WorkCancelled, current_stop
 from ..errors import ContextLimitError, IncompatibleStateError, RclcError, UnsupportedModelError
 from ..generation import Sampling
 from ..hf import prompt_ids
@@ -37,6 +38,7 @@ from ..state import SenderState, appended_rows, checkpoint_vocabulary, embedding
 from ..vllm.capture.engine_checks import check_version
 from ..vllm.engine import check_engine, engine_context_limit, engine_tokenizer, require_idle
 from ..vllm.senders import prefill_state, shared_view, state_from_capture
+from ..vllm.submission import run_request
 from .contract import Backend, NativeGeneration, TokenCallback
 
 
@@ -211,24 +213,28 @@ class VLLMBackend(Backend):
         return rows.to(device=weight.device, dtype=weight.dtype)
 
     def _sampling_params(self, sampling: Sampling, max_tokens: int) -> Any:
-        """`sampling` as vLLM settings: greedy is temperature 0 (and draws nothing, so no seed)."""
+        """`sampling` as vLLM settings: greedy is temperature 0 (and draws nothing, so no seed).
+        Only the final output is wanted (as `llm.generate` asks for it)."""
         import vllm  # the optional extra: only an agent bound to an engine gets here
+        from vllm.sampling_params import RequestOutputKind  # the same optional extra
 
+        final = {"output_kind": RequestOutputKind.FINAL_ONLY}
         if sampling.greedy:
-            return vllm.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            return vllm.SamplingParams(max_tokens=max_tokens, temperature=0.0, **final)
         options: dict[str, Any] = {"temperature": sampling.temperature, "seed": sampling.seed}
         if sampling.top_p is not None:
             options["top_p"] = sampling.top_p
-        return vllm.SamplingParams(max_tokens=max_tokens, **options)
+        return vllm.SamplingParams(max_tokens=max_tokens, **options, **final)
 
     def generate(
         self, inputs: dict[str, Any], sampling: Sampling, *, on_token: TokenCallback | None, stop: threading.Event | None
     ) -> NativeGeneration:
-        """`llm.generate` with the core's locks held; tokens are reported once it returns.
+        """One request through the engine's submission loop; tokens are reported once it ends.
 
         The output is capped at `max_model_len - prompt - 1`: recording the continuation
         re-prefills prompt and output, and the capture needs one spare position. `stop` is
-        not consulted: `llm.generate` offers no per-step hook, so it always runs to its end.
+        not consulted (a vLLM generation runs to its end); a cancelled caller's request is
+        aborted at the loop's next step.
         """
         prompts = inputs["prompts"]
         if "prompt_embeds" in prompts:
@@ -242,10 +248,14 @@ class VLLMBackend(Backend):
                 f"context space: the prompt holds {prompt_length} positions; the engine's limit {limit} leaves no "
                 "room to generate and record a continuation"
             )
-        arguments = {**inputs, "sampling_params": self._sampling_params(sampling, cap)}
-        with preparation_lock, attention_lock:
-            require_idle(self.engine)
-            output = self.engine.generate(**arguments)
+        require_idle(self.engine)
+        cancel = current_stop()
+        submitted = run_request(self.engine, prompts, self._sampling_params(sampling, cap), capture=False, cancel=cancel)
+        if submitted.error is not None:
+            raise submitted.error
+        if submitted.cancelled:
+            raise WorkCancelled("the caller was cancelled; the generation request was aborted")
+        output = [submitted.output]  # shaped as llm.generate returns it
         generated, _ = completion_ids(output, int(self.weight.shape[0]))
         if on_token is not None:
             for index, token in enumerate(generated.tolist()):

@@ -2,25 +2,37 @@
 model's own attention kernel, and hand each global layer's post-RoPE queries and full keys
 to a `fold` callback.
 
-Why a registry swap rather than hooks: the post-RoPE query and the key tensor *after* the
-cache append only exist inside the attention call. Transformers dispatches that call by
-name (`config._attn_implementation`) through `ALL_ATTENTION_FUNCTIONS`, and builds the
-mask through `ALL_MASK_ATTENTION_FUNCTIONS` under the same name. We register one extra
-name whose functions delegate to the original implementation with the same arguments, so
-the model's outputs are exactly what they would have been, and the fold sees the tensors
-in passing.
+Why a registered implementation rather than hooks: the post-RoPE query and the key tensor
+*after* the cache append only exist inside the attention call. Transformers dispatches that
+call by name (`config._attn_implementation`) through `ALL_ATTENTION_FUNCTIONS`, and builds
+the mask through `ALL_MASK_ATTENTION_FUNCTIONS` under the same name. We register one extra
+name whose functions delegate to the model's original implementation with the same
+arguments, so every output is exactly what it would have been, and a capture's fold sees
+the tensors in passing.
 
-Switching: every config reachable from the model (module `config` attributes and their
-sub-configs) gets its `_attn_implementation_internal` written directly and written back
-afterwards by identity. `model.set_attn_implementation` would also work but re-validates
-the implementation and walks every module on each call, and we need to restore the exact
-previous values anyway (measured in benchmarks/selection_overhead.py: `switch_ms`).
+Per thread, not per process: a capture is recorded in the capturing thread only
+(`threading.local`). While at least one capture of a model runs (in any thread), the
+model's configs name the delegating implementation; a forward of that model in any other
+thread (the batching engine's decode, another run's prefill, another capture) goes through
+the same delegates, is served exactly as by the original implementation and folds nothing
+unless its own thread has an active capture of that model. So captures and other forwards
+on one model run concurrently, and no lock is held across a capture. When the last capture
+of a model ends its configs get their exact previous values back (written back by
+identity), so an idle model is the user's model as it was.
+
+Switching writes every reachable config's `_attn_implementation_internal` directly.
+`model.set_attn_implementation` would also work but re-validates the implementation and
+walks every module on each call, and we need to restore the exact previous values anyway
+(measured in benchmarks/selection_overhead.py: `switch_ms`). Which implementation a
+delegate forwards to is kept per config object, and kept for the config's lifetime, so a
+forward that read the delegating name just before the last capture ended still finds it.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,11 +43,10 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 from .._cache import cache_length, crop_cache, forward_rows, view_cache
-from .._locks import attention_lock
 from ..errors import CaptureError, RclcError
 from ..models import CAPTURE_ATTENTION
 
-CAPTURE_NAME = CAPTURE_ATTENTION  # models.check_model must recognise the swap
+CAPTURE_NAME = CAPTURE_ATTENTION  # models.check_model must recognise the delegating name
 
 Fold = Callable[[torch.Tensor, torch.Tensor, float], None]
 
@@ -43,30 +54,63 @@ _registration_lock = threading.Lock()
 _registered = False
 
 
-@dataclass
-class _ActiveCapture:
-    """What the registered functions need while one capture runs (one at a time: attention lock)."""
+@dataclass(frozen=True)
+class _Delegate:
+    """What the registered functions forward to for one config object."""
 
-    fold: Fold
+    config: weakref.ref
     attention: Callable[..., Any] | None  # None: the model's own eager function, resolved per module
     mask: Callable[..., Any]
+
+
+@dataclass
+class _Install:
+    """One model switched to the delegating name: the values to write back, and its capture count."""
+
+    saved: list[tuple[Any, Any]]
+    configs: frozenset[int]
+    users: int = 0
+
+
+@dataclass
+class _ActiveCapture:
+    """One capture running in this thread: its fold and what it checks."""
+
+    model: Any
+    fold: Fold
+    configs: frozenset[int]  # ids of the captured model's configs (a fold may forward another model)
     keys_expected: int
     global_layers: frozenset[int]
-    thread: int
     seen: set[int] = field(default_factory=set)
 
 
-_active: _ActiveCapture | None = None
+_install_lock = threading.Lock()
+_installs: dict[int, _Install] = {}  # id(model) -> its install, while a capture of it runs
+_delegates: dict[int, _Delegate] = {}  # id(config) -> where its delegating calls go
+_local = threading.local()  # .captures: this thread's active captures, innermost last
 
 
-def _require_active() -> _ActiveCapture:
-    active = _active
-    if active is None:
+def active_captures() -> tuple[_ActiveCapture, ...]:
+    """This thread's running captures, outermost first (empty outside a capture)."""
+    return tuple(getattr(_local, "captures", ()))
+
+
+def _capturing(config: Any) -> _ActiveCapture | None:
+    """The innermost capture of this thread that captures the model `config` belongs to."""
+    for active in reversed(getattr(_local, "captures", ())):
+        if id(config) in active.configs:
+            return active
+    return None
+
+
+def _delegate(config: Any) -> _Delegate:
+    entry = _delegates.get(id(config)) if config is not None else None
+    if entry is None or entry.config() is not config:
         raise CaptureError(
             f"attention capture: a model is configured with {CAPTURE_NAME!r} outside a capture; "
             "its previous attention implementation was not restored (set model.config._attn_implementation back)"
         )
-    return active
+    return entry
 
 
 def _eager_attention(module: Any) -> Callable[..., Any]:
@@ -80,11 +124,13 @@ def _eager_attention(module: Any) -> Callable[..., Any]:
 
 
 def _capture_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    active = _require_active()
-    attention = active.attention if active.attention is not None else _eager_attention(module)
+    config = getattr(module, "config", None)
+    entry = _delegate(config)
+    attention = entry.attention if entry.attention is not None else _eager_attention(module)
     output = attention(module, query, key, *args, **kwargs)[0]
-    if threading.get_ident() != active.thread:
-        # Someone else forwarding this model during our capture: serve them, fold nothing.
+    active = _capturing(config)
+    if active is None:
+        # Another thread's capture switched this model: serve this forward, fold nothing.
         return output, None
     layer = getattr(module, "layer_idx", None)
     active.seen.add(layer)
@@ -104,7 +150,7 @@ def _capture_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *arg
 
 
 def _capture_mask(*args: Any, **kwargs: Any) -> Any:
-    return _require_active().mask(*args, **kwargs)
+    return _delegate(kwargs.get("config")).mask(*args, **kwargs)
 
 
 def _register() -> None:
@@ -119,9 +165,12 @@ def _register() -> None:
             _registered = True
 
 
-def _delegates(implementation: str) -> tuple[Callable[..., Any] | None, Callable[..., Any]]:
+def _delegates_for(implementation: str) -> tuple[Callable[..., Any] | None, Callable[..., Any]]:
     if implementation == CAPTURE_NAME:
-        raise CaptureError("attention capture: captures cannot nest (the model is already being captured)")
+        raise CaptureError(
+            f"attention capture: the model is configured with {CAPTURE_NAME!r} but no capture of it is running; "
+            "set model.config._attn_implementation back to 'sdpa' or 'eager'"
+        )
     if implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
         raise CaptureError(
             f"attention capture: attention implementation {implementation!r} has no mask factory to delegate to; "
@@ -136,6 +185,51 @@ def _delegates(implementation: str) -> tuple[Callable[..., Any] | None, Callable
             "load the model with attn_implementation='sdpa' or 'eager'"
         )
     return ALL_ATTENTION_FUNCTIONS[implementation], mask
+
+
+def _forget_dead_delegates() -> None:
+    for key in [key for key, entry in _delegates.items() if entry.config() is None]:
+        del _delegates[key]
+
+
+def _install(model: Any) -> frozenset[int]:
+    """Switch `model` to the delegating name (first capture of it), count this capture and
+    return the ids of the model's configs."""
+    with _install_lock:
+        install = _installs.get(id(model))
+        if install is None:
+            config = model.config
+            original = getattr(config, "_attn_implementation", None) or "sdpa"
+            attention, mask = _delegates_for(original)
+            configs = reachable_configs(model)
+            saved = [(c, getattr(c, "_attn_implementation_internal", None)) for c in configs]
+            _forget_dead_delegates()
+            for c in configs:
+                _delegates[id(c)] = _Delegate(weakref.ref(c), attention, mask)
+            try:
+                for c in configs:
+                    c._attn_implementation_internal = CAPTURE_NAME
+                if config._attn_implementation != CAPTURE_NAME:
+                    raise CaptureError("attention capture: the model refused the capture attention implementation")
+            except BaseException:
+                for c, value in saved:
+                    c._attn_implementation_internal = value
+                raise
+            install = _Install(saved, frozenset(id(c) for c in configs))
+            _installs[id(model)] = install
+        install.users += 1
+        return install.configs
+
+
+def _uninstall(model: Any) -> None:
+    """Count one capture of `model` out; the last one writes its configs' values back."""
+    with _install_lock:
+        install = _installs[id(model)]
+        install.users -= 1
+        if install.users == 0:
+            del _installs[id(model)]
+            for c, value in install.saved:
+                c._attn_implementation_internal = value
 
 
 def reachable_configs(model: Any) -> list[Any]:
@@ -186,48 +280,42 @@ def capture(
     [1, K, memory + rows, d], scaling)` once per global layer.
 
     `past` is never written: the forward runs over a new cache object sharing its tensors,
-    and DynamicCache appends by concatenation into fresh tensors. Attention dispatch is
-    restored before this returns or raises (also when `fold` raises).
+    and DynamicCache appends by concatenation into fresh tensors. The model's attention
+    implementation is back to what it was once no capture of it runs (also when `fold`
+    raises). Other threads may forward or capture the same model meanwhile.
     """
-    global _active
     if (input_ids is None) == (inputs_embeds is None):
         raise RclcError("capture: pass exactly one of input_ids or inputs_embeds")
     rows = int((input_ids if input_ids is not None else inputs_embeds).shape[1])
     config = model.config
     layers = global_layers(config)
+    if any(active.model is model for active in active_captures()):
+        raise CaptureError("attention capture: captures cannot nest (the model is already being captured)")
     _register()
-    with attention_lock:
-        original = getattr(config, "_attn_implementation", None) or "sdpa"
-        attention, mask = _delegates(original)
-        private = view_cache(model, past) if cache_length(past) == memory else crop_cache(model, past, memory)
-        if cache_length(private) != memory:
-            raise CaptureError(
-                f"attention capture: the cache holds {cache_length(past)} positions, fewer than the {memory} requested"
-            )
-        configs = reachable_configs(model)
-        saved = [(c, getattr(c, "_attn_implementation_internal", None)) for c in configs]
-        # A fold may itself capture another model (same thread, re-entrant lock): put the
-        # outer capture back afterwards rather than clearing it.
-        outer = _active
+    private = view_cache(model, past) if cache_length(past) == memory else crop_cache(model, past, memory)
+    if cache_length(private) != memory:
+        raise CaptureError(
+            f"attention capture: the cache holds {cache_length(past)} positions, fewer than the {memory} requested"
+        )
+    configs = _install(model)
+    try:
         active = _ActiveCapture(
+            model=model,
             fold=fold,
-            attention=attention,
-            mask=mask,
+            configs=configs,
             keys_expected=memory + rows,
             global_layers=layers,
-            thread=threading.get_ident(),
         )
-        _active = active
+        stack = getattr(_local, "captures", None)
+        if stack is None:
+            stack = _local.captures = []
+        stack.append(active)
         try:
-            for c in configs:
-                c._attn_implementation_internal = CAPTURE_NAME
-            if config._attn_implementation != CAPTURE_NAME:
-                raise CaptureError("attention capture: the model refused the capture attention implementation")
             forward_rows(model, private, input_ids=input_ids, inputs_embeds=inputs_embeds, start=memory)
         finally:
-            _active = outer
-            for c, value in saved:
-                c._attn_implementation_internal = value
+            stack.pop()
+    finally:
+        _uninstall(model)
     expected = set(range(int(config.num_hidden_layers)))
     if active.seen != expected:
         missing = sorted(expected - active.seen)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import EngineBusyError, UnsupportedModelError
+from .submission import existing_loop
 
 from .capture.engine_checks import (
     CONNECTOR_NAMES,
@@ -71,12 +72,17 @@ def engine_model(llm: Any) -> torch.nn.Module:
 
 
 def require_idle(llm: Any) -> None:
-    """EngineBusyError (a RuntimeError) unless the engine has no unfinished requests.
+    """EngineBusyError (a RuntimeError) unless every unfinished request of the engine is
+    one rclc's submission loop added (`rclc.vllm.submission`).
 
     Capture prefills, the shared-weight view's side passes and re-prefills all use the
-    engine's weights and request loop; they must not interleave with user requests.
+    engine's weights and request loop; they must not interleave with requests of a user's
+    own loop. rclc's own requests of other agents are not "busy": they share the loop.
     """
-    if _engine(llm).has_unfinished_requests():
+    engine = _engine(llm)
+    loop = existing_loop(llm)
+    busy = loop.foreign_requests() > 0 if loop is not None else engine.has_unfinished_requests()
+    if busy:
         raise EngineBusyError(
             "the vLLM engine has unfinished requests; finish or abort them before binding, transferring or updating"
         )

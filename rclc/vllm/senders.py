@@ -8,8 +8,6 @@ make their own captures with `prefill_state`: one discarded one-token greedy req
 
 from __future__ import annotations
 
-import time
-import uuid
 import weakref
 from typing import Any
 
@@ -17,11 +15,13 @@ import torch
 
 from .._arguments import is_exact_int
 from .._cache import cache_from_layers
-from .._locks import attention_lock
+from .._locks import share_forward_slot
+from .._worker import WorkCancelled, current_stop
 from ..errors import CaptureError, ContextLimitError, IncompatibleStateError, RclcError
 from ..state import SenderState, build_state, embedding_weight
 from .capture import registry
 from .engine import _engine, engine_context_limit, engine_tokenizer, require_idle
+from .submission import engine_loop, run_request
 from .view import model_from_vllm
 
 CAPTURE_DEADLINE_S = 600.0
@@ -100,14 +100,27 @@ def state_from_capture(
 
 
 def shared_view(llm: Any, *, allow_unstable: bool = False) -> Any:
-    """The engine's HF-shaped view, built once per engine object and reused."""
+    """The engine's HF-shaped view, built once per engine object and reused.
+
+    Its forwards share the engine's step lock (the view runs the engine's own GEMMs, which
+    must not run during an engine step), so selection interleaves with generation step by
+    step instead of waiting for whole generations.
+    """
     try:
         view = _views.get(llm)
     except TypeError:  # an object that cannot be weakly referenced: build each time
-        return model_from_vllm(llm, allow_unstable=allow_unstable)
+        return _view_sharing_the_step_lock(llm, allow_unstable)
     if view is None:
-        view = model_from_vllm(llm, allow_unstable=allow_unstable)
+        view = _view_sharing_the_step_lock(llm, allow_unstable)
         _views[llm] = view
+    return view
+
+
+def _view_sharing_the_step_lock(llm: Any, allow_unstable: bool) -> Any:
+    loop = engine_loop(llm)
+    with loop.step_lock:  # building reads weights through the engine's GEMMs
+        view = model_from_vllm(llm, allow_unstable=allow_unstable)
+    share_forward_slot(view, loop.step_lock)
     return view
 
 
@@ -126,13 +139,6 @@ def sender_from_vllm(
     )
 
 
-def _finished(outputs: list[Any], external_id: str, internal_id: str) -> Any | None:
-    for output in outputs:
-        if output.request_id in (external_id, internal_id) and output.finished:
-            return output
-    return None
-
-
 def prefill_state(
     llm: Any,
     model: Any,
@@ -145,8 +151,9 @@ def prefill_state(
     """Prefill `token_ids` (or `input_embeds` rows) on the idle engine and return the captured state.
 
     Submits one discarded greedy request (one output token, EOS ignored) registered for
-    capture, steps the engine until it finishes, and always aborts and discards it
-    afterwards. The prompt needs one spare position below the engine's context limit.
+    capture through the engine's submission loop (so it is prefilled together with other
+    agents' requests), waits for it, and always discards the capture afterwards. The prompt
+    needs one spare position below the engine's context limit.
     """
     from vllm import SamplingParams  # the optional extra: only engine-bound callers get here
 
@@ -160,38 +167,35 @@ def prefill_state(
             f"context limit {limit} (max_model_len)"
         )
     engine = _engine(llm)
-    external_id = f"rclc-{uuid.uuid4().hex}"
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     prompt = (
         {"prompt_token_ids": ids.tolist()}
         if rows is None
         else {"prompt_embeds": rows.detach().to(device="cpu", dtype=engine.model_config.dtype)}
     )
-    # Idle is checked under the lock every engine user of rclc holds (graph generation
-    # included), so a capture waits for such a generation instead of failing on it.
-    with attention_lock:
-        require_idle(llm)
-        internal_id = engine.add_request(external_id, prompt, params)
-        finished = None
-        try:
-            registry.request_capture(internal_id)
-            deadline = time.monotonic() + CAPTURE_DEADLINE_S
-            while finished is None and engine.has_unfinished_requests():
-                if time.monotonic() > deadline:
-                    raise CaptureError(f"capture prefill did not finish within {CAPTURE_DEADLINE_S:.0f} s")
-                finished = _finished(engine.step(), external_id, internal_id)
-            if finished is None:
-                raise CaptureError("the capture request ended without a finished output (was it aborted?)")
-            cached = getattr(finished, "num_cached_tokens", 0) or 0
-            if cached:
-                raise CaptureError(
-                    f"the capture prefill reused {cached} cached positions; disable prefix caching "
-                    "(enable_prefix_caching=False)"
-                )
-            return state_from_capture(
-                model, tokenizer, internal_id, ids, inherited_positions=inherited_positions, input_embeds=rows
+    # Other agents' requests may share the engine (the submission loop adds them all);
+    # a user's own unfinished requests may not.
+    require_idle(llm)
+    cancel = current_stop()
+    submitted = run_request(llm, prompt, params, capture=True, cancel=cancel, deadline_s=CAPTURE_DEADLINE_S)
+    capture_id = submitted.internal_id
+    try:
+        if submitted.error is not None:
+            raise submitted.error
+        if submitted.cancelled:
+            if submitted.expired:
+                raise CaptureError(f"capture prefill did not finish within {CAPTURE_DEADLINE_S:.0f} s")
+            raise WorkCancelled("the caller was cancelled; the capture request was aborted")
+        finished = submitted.output
+        cached = getattr(finished, "num_cached_tokens", 0) or 0
+        if cached:
+            raise CaptureError(
+                f"the capture prefill reused {cached} cached positions; disable prefix caching "
+                "(enable_prefix_caching=False)"
             )
-        finally:
-            if finished is None:
-                engine.abort_request([internal_id], internal=True)
-            registry.discard_capture(internal_id)
+        return state_from_capture(
+            model, tokenizer, capture_id, ids, inherited_positions=inherited_positions, input_embeds=rows
+        )
+    finally:
+        if capture_id is not None:
+            registry.discard_capture(capture_id)

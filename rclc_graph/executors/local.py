@@ -58,7 +58,8 @@ class _TokenEvents:
     """`on_token` for `Agent.generate`: one node's token events, and the run's stop flag.
 
     The HF backend reports each token from the worker thread as it is generated; it is
-    published at once (through the event loop, so a slow event consumer slows generation).
+    published at once (through the event loop, so a slow event consumer slows this node's
+    reporting; the model's batching engine keeps decoding the node's sequence and the others).
     The vLLM backend reports every token only once `llm.generate` has returned; those are
     held and published on the event loop after the continuation is recorded
     (`publish_held`), so waiting for consumers is not counted as generation time.
@@ -195,9 +196,8 @@ class LocalExecutor(Executor):
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
         finished = await self._finish_state(ctx, node, agent, prompt.ids, deliveries, tools)
         generated, generation_seconds, text = finished.generated, finished.seconds, finished.text
-        # In a worker: sender_state takes the preparation lock, which another run's update may
-        # hold while it waits for the attention lock of a generation that is itself waiting for
-        # this event loop to publish its next token (a deadlock if the loop blocked here).
+        # In a worker: sender_state takes the preparation lock, which another run's selection
+        # may hold for a while; the event loop must never block on it (it publishes tokens).
         state = await rclc.run_in_worker(agent.sender_state)
         lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
         tail = finished.tail or [("token", generated)]

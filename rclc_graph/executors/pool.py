@@ -1,9 +1,11 @@
 """Model loading and sharing: one loaded model per distinct model declaration, per process.
 
 Every node whose agent names a model gets the same (model, tokenizer) object, and so do
-concurrent runs in the same process; the transfer core serialises model work on it. The
-pool never downloads weights by itself: `embedded` and local paths load offline, hub ids
-only where a hub is reachable.
+concurrent runs in the same process; the transfer core batches their generations on it
+(`rclc.Batching`: a declaration's `batching:` options, or `max_batch` set on the pool by
+`--max-batch`, are applied to the model whenever the pool hands it out, so the options of
+the declaration used last are in force). The pool never downloads weights by itself:
+`embedded` and local paths load offline, hub ids only where a hub is reachable.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import rclc
 from rclc.models import EMBEDDED_NAME, load, local_dir
 
 from ..spec.models import ModelSpec
@@ -42,6 +45,8 @@ class ModelPool:
         self._models: dict[ModelKey, LoadedModel] = {}
         self._profiles: dict[ModelKey, ModelProfile] = {}
         self._lock = threading.Lock()
+        self._batching: dict[ModelKey, dict[str, Any]] = {}  # options last applied to each model
+        self.max_batch: int | None = None  # --max-batch: overrides every declaration's max_batch
         self.loads = 0  # how many models were actually loaded (tests and records read it)
 
     def profile(self, spec: ModelSpec, base_dir: Path | None = None) -> ModelProfile:
@@ -87,7 +92,29 @@ class ModelPool:
                 loaded = self._load(key)
                 self._models[key] = loaded
                 self.loads += 1
+            self._apply_batching(spec, loaded)
             return loaded
+
+    def set_max_batch(self, max_batch: int | None) -> None:
+        """Decode at most `max_batch` sequences together on every model of this pool (None:
+        each declaration's own `batching.max_batch`, else rclc's default)."""
+        if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+            raise ValueError(f"max_batch: expected an int >= 1 or None, got {max_batch!r}")
+        with self._lock:
+            self.max_batch = max_batch
+            self._batching.clear()  # re-applied on the next get of each model
+
+    def _apply_batching(self, spec: ModelSpec, loaded: LoadedModel) -> None:
+        """Apply `spec.batching` (and the pool's max_batch) to the loaded model when they changed.
+        An API model has no local forwards to batch (its server batches), so it is left alone."""
+        if spec.is_api:
+            return
+        changes: dict[str, Any] = {} if spec.batching is None else spec.batching.model_dump()
+        if self.max_batch is not None:
+            changes["max_batch"] = self.max_batch
+        if changes and self._batching.get(loaded.key) != changes:
+            rclc.configure_batching(loaded.model, **changes)
+            self._batching[loaded.key] = changes
 
     def add(self, spec: ModelSpec, model: Any, tokenizer: Any, base_dir: Path | None = None) -> LoadedModel:
         """Register an already loaded model under `spec` (tests, notebooks, tiny models)."""
@@ -95,6 +122,8 @@ class ModelPool:
         with self._lock:
             loaded = LoadedModel(key, model, tokenizer)
             self._models[key] = loaded
+            self._batching.pop(key, None)
+            self._apply_batching(spec, loaded)
             return loaded
 
     def loaded(self) -> list[LoadedModel]:

@@ -10,6 +10,7 @@ it with `rclc_graph.run.run_plan_sync` and converts the scheduler's RunResult wi
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -125,20 +126,33 @@ def failed_result(error: BaseException, latency_s: float) -> CaseResult:
     return CaseResult(answer=None, latency_s=latency_s, status="failed", error=f"{type(error).__name__}: {error}")
 
 
-def scheduler_run_case(*, trust_code: bool = False, seed: int = 0, pool: ModelPool | None = None) -> RunCase:
+def scheduler_run_case(
+    *, trust_code: bool = False, seed: int = 0, pool: ModelPool | None = None, max_batch: int | None = None
+) -> RunCase:
     """The default `run_case`: plan, run with the scheduler, convert. Models are loaded once
-    (by one shared ModelPool) and reused for every case."""
+    (by one shared ModelPool) and reused for every case; concurrent calls (an experiment's
+    `concurrency`) share it too, so their generations batch together. `max_batch` caps the
+    pool's batches (`ModelPool.set_max_batch`)."""
     state: dict[str, Any] = {"pool": pool}
+    lock = threading.Lock()
+
+    def shared_pool() -> ModelPool:
+        with lock:
+            if state["pool"] is None:
+                state["pool"] = ModelPool()
+            if max_batch is not None and state["pool"].max_batch != max_batch:
+                state["pool"].set_max_batch(max_batch)
+            return state["pool"]
 
     def run_case(spec: GraphSpec, inputs: Mapping[str, Any], case: Case) -> CaseResult:
-        if state["pool"] is None:
-            state["pool"] = ModelPool()
+        models = shared_pool()
         plan = compile_plan(spec, inputs, trust_code=trust_code)
-        loads = state["pool"].loads
-        run = run_plan_sync(plan, pool=state["pool"], seed=seed)
-        fingerprints = {model.name: state["pool"].get(model).fingerprint for model in plan.models()}
+        loads = models.loads
+        run = run_plan_sync(plan, pool=models, seed=seed)
+        fingerprints = {model.name: models.get(model).fingerprint for model in plan.models()}
         result = case_result_from_run(run, plan, case, model_fingerprints=fingerprints)
-        return dataclasses.replace(result, warmup=state["pool"].loads > loads)
+        # With concurrent cases, every run in flight while a model loaded waited for it: all count as warm-up.
+        return dataclasses.replace(result, warmup=models.loads > loads)
 
     return run_case
 

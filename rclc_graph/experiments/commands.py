@@ -4,7 +4,7 @@
 
     rclc-graph experiment --topology T --data D.jsonl --arm NAME=POLICY ... [--arms-file F.yaml]
                           --out DIR [--limit N] [--json] [--trust-code] [--scorer module:fn]
-                          [--compare-to ARM]
+                          [--compare-to ARM] [--concurrency N] [--max-batch N]
     rclc-graph data make --size N --seed S --out FILE [--documents K]
     rclc-graph compare-runs DIR_A DIR_B [--json]
 
@@ -85,6 +85,13 @@ def experiment(
         None, "--compare-to", metavar="ARM",
         help="arm every other arm is tested against (exact McNemar on the shared cases); default: the first arm",
     ),
+    concurrency: int = typer.Option(
+        1, "--concurrency", "-c", min=1, metavar="N", help="runs in flight at once (rows stay in order)"
+    ),
+    max_batch: Optional[int] = typer.Option(
+        None, "--max-batch", min=1, metavar="N",
+        help="sequences a model decodes together at most (default: the topology's, else 32)",
+    ),
 ) -> None:
     """Run TOPOLOGY over DATA under every arm; write results.jsonl, summary.json, plots, report.md."""
     try:
@@ -119,6 +126,7 @@ def experiment(
             summary = runner.run_experiment(
                 topology, data, arms, out, limit=limit, progress=report, trust_code=trust_code, scorer=scorer,
                 seed=seed, input_map=mapping, retry_failed=retry_failed, compare_to=compare_to,
+                concurrency=concurrency, max_batch=max_batch,
             )
         except KeyboardInterrupt:
             console.print(f"interrupted; finished rows are in {out}/results.jsonl; run the same command to resume")

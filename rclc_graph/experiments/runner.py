@@ -8,7 +8,10 @@
    before a single model runs.
 2. Runs cases x arms, arms inner, so an interrupted experiment holds complete comparisons
    for its first cases. Each run goes through the injected `run_case` (default: the
-   scheduler) and becomes one fsynced row of DIR/results.jsonl.
+   scheduler) and becomes one fsynced row of DIR/results.jsonl. With `concurrency=N`, N
+   runs are in flight at once (their generations share each model's batches, see
+   rclc.Batching), and rows are still written in that order (see `_in_order`), so the
+   file, the progress reports and the summary equal a sequential run's.
 3. Resumes: rows already in the file for the same (case, arm) are not recomputed. A row
    computed for a different graph or a changed case is refused (new --out, or rename the
    arm), never silently mixed in.
@@ -24,8 +27,9 @@ import platform
 import subprocess
 import time
 from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from rclc.files import file_sha256, write_json_atomic
 
@@ -89,6 +93,8 @@ def run_experiment(
     input_map: Mapping[str, str] | None = None,
     retry_failed: bool = False,
     compare_to: str | None = None,
+    concurrency: int = 1,
+    max_batch: int | None = None,
 ) -> Summary:
     """Run (or resume) an experiment and write its summary, plots and report into `out_dir`.
 
@@ -99,9 +105,17 @@ def run_experiment(
     names the arm the table tests every other arm against (default: the first). ValueError
     (GraphError, StoreError) for any problem found before the runs start.
 
-    A row is marked `warmup` when its run loaded a model or was the first this call computed;
-    latency medians leave warm-up rows out (summary.py).
+    A row is marked `warmup` when its run loaded a model (with `concurrency` > 1: when a
+    model loaded while it was in flight) or was the first this call computed; latency
+    medians leave warm-up rows out (summary.py).
+
+    `concurrency` runs that many (case, arm) runs at once (each in its own thread; a custom
+    `run_case` must then be thread-safe); rows, progress and summary come in the same order
+    as with 1. `max_batch` caps how many sequences a model decodes together (default
+    scheduler only; None: the topology's `batching`, else rclc's default).
     """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
     arm_list = [parse_arm(arm) if isinstance(arm, str) else arm for arm in arms]
     if not arm_list:
         raise ValueError("arms: give at least one arm, e.g. r4=state:ratio=4")
@@ -121,7 +135,7 @@ def run_experiment(
     arm_fingerprints = {name: spec_fingerprint(arm_spec) for name, arm_spec in arm_specs.items()}
     if run_case is None:
         try:
-            run_case = scheduler_run_case(trust_code=trust_code, seed=seed)
+            run_case = scheduler_run_case(trust_code=trust_code, seed=seed, max_batch=max_batch)
         except ImportError as exc:
             raise RuntimeError(f"the graph scheduler is not available ({exc}); experiments need rclc_graph.run") from exc
 
@@ -132,25 +146,32 @@ def run_experiment(
         _refuse_stale(finished, cases, arm_list, arm_fingerprints)
         total = len(cases) * len(arm_list)
         done = 0
+        work = []
         for case in cases:
             inputs = mapping.inputs(case)
             for arm in arm_list:
                 previous = finished.get((case.id, arm.name))
-                if previous is not None and (previous.get("status") == "finished" or not retry_failed):
-                    done += 1
-                    resumed += 1
-                    if progress is not None:
-                        progress(Progress(done, total, case.id, arm.name, True, previous))
-                    continue
-                result = _run_one(run_case, arm_specs[arm.name], inputs, case)
-                row = result_row(case, arm, result, score, arm_fingerprint=arm_fingerprints[arm.name], seed=seed,
-                                 warmup=result.warmup or computed == 0)
-                store.append(row)
-                finished[(case.id, arm.name)] = row
+                resumed_row = previous is not None and (previous.get("status") == "finished" or not retry_failed)
+                work.append((case, arm, inputs, previous if resumed_row else None))
+
+        def compute(case: Case, arm: Arm, inputs: Mapping[str, Any]) -> CaseResult:
+            return _run_one(run_case, arm_specs[arm.name], inputs, case)
+
+        for (case, arm, _, previous), result in _in_order(work, compute, concurrency):
+            if previous is not None:
                 done += 1
-                computed += 1
+                resumed += 1
                 if progress is not None:
-                    progress(Progress(done, total, case.id, arm.name, False, row))
+                    progress(Progress(done, total, case.id, arm.name, True, previous))
+                continue
+            row = result_row(case, arm, result, score, arm_fingerprint=arm_fingerprints[arm.name], seed=seed,
+                             warmup=result.warmup or computed == 0)
+            store.append(row)
+            finished[(case.id, arm.name)] = row
+            done += 1
+            computed += 1
+            if progress is not None:
+                progress(Progress(done, total, case.id, arm.name, False, row))
         answers = {case.id: case.answers for case in cases}
         rows = [_rescored(row, score, answers) for row in store.rows()]
         recovered = store.recovered_bytes
@@ -210,6 +231,34 @@ def result_row(case: Case, arm: Arm, result: CaseResult, scorer: Scorer, *, arm_
 
 
 # -- internals -------------------------------------------------------------------------------
+
+
+def _in_order(work: list[tuple[Case, Arm, Mapping[str, Any], Any]], compute: Callable[..., CaseResult],
+              concurrency: int) -> Iterator[tuple[tuple[Case, Arm, Mapping[str, Any], Any], CaseResult | None]]:
+    """Each work item with its result (None for a resumed one), in `work`'s order.
+
+    With `concurrency` > 1 up to that many runs are in flight while the caller records them
+    in order; an item is handed over once it and every item before it are done, so an
+    interruption loses only runs that finished ahead of an unfinished earlier one (a resume
+    recomputes them). An exception a run lets through (ImportError) stops everything.
+    """
+    if concurrency == 1:
+        for item in work:
+            case, arm, inputs, previous = item
+            yield item, None if previous is not None else compute(case, arm, inputs)
+        return
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="experiment-run") as pool:
+        futures: list[Future | None] = [
+            None if previous is not None else pool.submit(compute, case, arm, inputs)
+            for case, arm, inputs, previous in work
+        ]
+        try:
+            for item, future in zip(work, futures):
+                yield item, None if future is None else future.result()
+        finally:
+            for future in futures:
+                if future is not None:
+                    future.cancel()  # runs not started yet never start; running ones finish
 
 
 def _run_one(run_case: RunCase, spec, inputs: Mapping[str, Any], case: Case) -> CaseResult:

@@ -4,11 +4,12 @@ Planning is the plan's pure `ready()`; this module only runs what it says. A nod
 once everything its inbound edges wait for is settled (finished or skipped); routing.py
 then decides from the finished outputs whether it runs (at least one inbound edge fired,
 or it has none) or is skipped, and skipping propagates. A node that runs does so in its
-own task, so independent branches overlap (model work itself is serialised by the transfer
-core's locks). A failing node cancels the rest of the run; cancelling the run stops
-generation at the next step, waits for worker threads, retires the run's event epoch and
-re-raises. Where a node executes is the executor's business (`LocalExecutor` in-process;
-others can place nodes elsewhere).
+own task, so independent branches overlap (their generations on one model decode together
+in its batches; the transfer core runs other model work one forward at a time per model).
+A failing node cancels the rest of the run; cancelling the run stops generation at the
+next step, waits for worker threads, retires the run's event epoch and re-raises. Where a
+node executes is the executor's business (`LocalExecutor` in-process; others can place
+nodes elsewhere).
 
 A node that waits for a person (`interrupt: before` without an answer, `interrupt: after`
 once it finished, or a function that raised `Interrupt`) stops the run: nodes already

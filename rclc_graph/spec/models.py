@@ -38,7 +38,16 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from rclc.policy import BACKENDS, BUILTIN_REASONING, BUILTIN_SELECTORS, MODES, REASONING_CONTEXTS, REPRESENTATIONS
+from rclc.policy import (
+    BACKENDS,
+    BUILTIN_REASONING,
+    BUILTIN_SELECTORS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_WAIT_MS,
+    MODES,
+    REASONING_CONTEXTS,
+    REPRESENTATIONS,
+)
 
 from . import templates
 from .predicates import Condition
@@ -61,7 +70,7 @@ API_BACKEND = "openai"
 """The graph-level backend of models served over an OpenAI-compatible HTTP API: no rclc state."""
 MODEL_BACKENDS = (*BACKENDS, API_BACKEND)
 _API_FIELDS = ("base_url", "model", "api_key_env", "timeout", "max_retries")
-_LOCAL_FIELDS = ("source", "dtype", "device")
+_LOCAL_FIELDS = ("source", "dtype", "device", "batching")
 MAX_TOOL_CALLS = 32  # a tool loop is bounded; this caps what a file may ask for
 
 
@@ -140,6 +149,16 @@ def _changed(spec: BaseModel, names: tuple[str, ...]) -> list[str]:
     return [name for name in names if getattr(spec, name) != fields[name].get_default(call_default_factory=True)]
 
 
+class BatchingSpec(_Spec):
+    """How concurrent generations on a model share its forwards (`rclc.Batching`)."""
+
+    enabled: bool = Field(True, description="decode concurrent generations together (false: one at a time)")
+    max_batch: PositiveInt = Field(DEFAULT_MAX_BATCH, description="sequences decoded together at most")
+    wait_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        DEFAULT_WAIT_MS, description="how long a decode step with room waits for another sequence (ms)"
+    )
+
+
 class ModelSpec(_Spec):
     """A model, loaded once per process and shared by every node whose agent names it."""
 
@@ -169,6 +188,11 @@ class ModelSpec(_Spec):
     )
     replicas: PositiveInt = Field(
         1, description="Ray actors holding this model (executor ray); in-process runs use one copy"
+    )
+    batching: BatchingSpec | None = Field(
+        None,
+        description="how concurrent generations share this model (enabled, max_batch, wait_ms); "
+        "omitted: rclc's defaults, or what the process configured",
     )
 
     @field_validator("source")

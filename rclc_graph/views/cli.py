@@ -224,6 +224,10 @@ def run(
         [], "--replicas", metavar="MODEL=N", help="MODEL=N: start N replicas of a model, overriding the topology (ray; repeatable)"
     ),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
+    max_batch: Optional[int] = typer.Option(
+        None, "--max-batch", min=1, metavar="N",
+        help="sequences a model decodes together at most (default: the topology's, else 32)",
+    ),
 ) -> None:
     """Run a topology on inputs; record it under --out and print outputs, hops and lineage."""
     console = stdout_console()
@@ -237,9 +241,16 @@ def run(
             raise ValueError(
                 "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
             )
+        if executor_name != "local" and max_batch is not None:
+            raise ValueError(
+                "--max-batch: it applies to --executor local only; set models[].batching.max_batch in the topology "
+                "for replicas"
+            )
     except (GraphError, ValueError) as error:
         usage_error(error)
     pool = default_pool()
+    if max_batch is not None:
+        pool.set_max_batch(max_batch)
     base_dir = topology.resolve().parent
     status = 0
     try:

@@ -10,8 +10,9 @@ send SIGKILL (or SIGINT) at exactly that point instead of racing a fast run:
     torn:K       the K-th node's snapshot is written, its node file not yet
     forward:N    inside the N-th decoder forward of the run (mid-generation or mid-selection)
 
-A pause waits at most --hold seconds (default: forever); inside a worker it also ends as
-soon as the run is cancelled (Ctrl-C), so the cancellation is what the test observes.
+A pause waits at most --hold seconds (default: forever); it also ends as soon as the run is
+cancelled (Ctrl-C), inside a worker or in the model's batching engine (a prefill or decode
+step of a cancelled caller's sequence), so the cancellation is what the test observes.
 Nothing here is part of the package: the hooks wrap public methods from outside.
 """
 
@@ -23,7 +24,20 @@ import time
 from pathlib import Path
 
 
-def _pause(marker: Path, hold: float | None) -> None:
+def _engine_cancelled(model) -> bool:
+    """In a batching-engine thread (no worker of its own): whether a sequence it is
+    prefilling or decoding belongs to a cancelled caller (the engine drops it after this
+    forward, at its next step)."""
+    from rclc.backends.hf_batching import existing_engine
+
+    engine = existing_engine(model) if model is not None else None
+    if engine is None:
+        return False
+    sequences = list(engine._active) + [engine._prefilling]
+    return any(sequence is not None and sequence.gone() for sequence in sequences)
+
+
+def _pause(marker: Path, hold: float | None, model=None) -> None:
     from rclc._worker import stop_requested
 
     temporary = marker.with_suffix(".tmp")
@@ -31,7 +45,7 @@ def _pause(marker: Path, hold: float | None) -> None:
     os.replace(temporary, marker)
     deadline = None if hold is None else time.monotonic() + hold
     while deadline is None or time.monotonic() < deadline:
-        if stop_requested():
+        if stop_requested() or _engine_cancelled(model):
             return
         time.sleep(0.01)
 
@@ -81,14 +95,16 @@ def _install(point: str, marker: Path, hold: float | None) -> None:
         original_load = pool.ModelPool._load
         seen = [0]
 
-        def hook(module, args):
-            seen[0] += 1
-            if seen[0] == wanted:
-                _pause(marker, hold)
-
         def load(key):
             loaded = original_load(key)
-            backbone(loaded.model).register_forward_pre_hook(hook)
+            model = loaded.model
+
+            def hook(module, args):
+                seen[0] += 1
+                if seen[0] == wanted:
+                    _pause(marker, hold, model)
+
+            backbone(model).register_forward_pre_hook(hook)
             return loaded
 
         pool.ModelPool._load = staticmethod(load)

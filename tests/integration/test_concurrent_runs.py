@@ -1,8 +1,14 @@
-"""Load (issue 6, item 6): 32 concurrent runs of fanout_qa on one embedded model in one process
-(one ModelPool) answer exactly as 32 sequential runs do (greedy), peak memory stays bounded,
-and every run's event stream stays within its bounds although its consumer is deliberately
-slow (it reads nothing until its run waits for room, then one event per 20 ms), delivering
-every event once, in order.
+"""Load (issue 6, item 6; issue 14): 32 concurrent runs of fanout_qa on one embedded model in
+one process (one ModelPool) answer exactly as 32 sequential runs do (greedy), their answers
+were decoded in shared batches (batch sizes > 1), peak memory stays bounded, and every run's
+event stream stays within its bounds although its consumer is deliberately slow (it reads
+nothing until its run waits for room, then one event per 20 ms), delivering every event
+once, in order.
+
+Batched decoding sums in another order than decoding alone, so a greedy token whose two
+best logits are within float32 rounding of each other may differ; where an answer differs,
+the test requires exactly that (the top-2 margin at the first differing token below 1e-4,
+from the engine's trace) instead of loosening the comparison.
 
 A test copy of topologies/fanout_qa.yaml is used with the answerer's max_new_tokens lowered
 from 32 to 8, to keep 64 runs within CI's time on 2 cores; the full-length figures come from
@@ -19,6 +25,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+import rclc
+from rclc.backends.hf_batching import engine_for
 from rclc_graph import EventStream, ModelPool, ModelSpec, plan_file, run_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,12 +130,32 @@ def test_32_concurrent_runs_match_32_sequential_runs_in_bounded_memory_and_strea
         return outputs, streams, received
 
     anyio.run(lambda: run_plan(plans[0], pool=pool))  # warm-up: lazy imports and first-call costs
+    model = embedded[0]
+    engine = engine_for(model)
     baseline = rss()
-    reference = anyio.run(sequential)
-    with PeakRss() as peak:
+    with engine.tracing() as alone:
+        reference = anyio.run(sequential)
+    before = dict(rclc.batching_report(model)["batch_sizes"])
+    with PeakRss() as peak, engine.tracing() as together:
         outputs, streams, received = anyio.run(concurrent)
 
-    assert [output for _, output in outputs] == reference
+    sizes = {int(size): count - before.get(size, 0) for size, count in rclc.batching_report(model)["batch_sizes"].items()}
+    batched = {size: count for size, count in sizes.items() if count > 0}
+    print(f"\ndecode steps per batch size in the concurrent phase: {dict(sorted(batched.items()))}")
+    assert max(batched) > 1 and sum(count for size, count in batched.items() if size > 1) >= 8
+    differing = [index for index, (_, output) in enumerate(outputs) if output != reference[index]]
+    if differing:  # only a float32 near-tie may tell batched from unbatched greedy decoding
+        traced = {entry.prompt: entry for entry in alone}
+        explained = 0
+        for entry in together:  # fanout_qa decodes once per run (its answer), from the same prompt rows
+            single = traced.get(entry.prompt)
+            if single is not None and single.tokens != entry.tokens:
+                first = next(i for i, (a, b) in enumerate(zip(single.tokens, entry.tokens)) if a != b)
+                assert single.margins[first] < 1e-4, (first, single.margins[first])
+                explained += 1
+        assert explained == len(differing)
+        print(f"{len(differing)} of {RUNS} answers differ, each at a near-tie (top-2 margin < 1e-4)")
+    assert len(differing) <= RUNS // 8
     assert len({output["final"] for output in reference}) >= RUNS // 2  # the runs really differ
     growth = peak.peak - baseline
     print(f"\n{RUNS} concurrent runs: peak RSS {peak.peak / 2**20:.0f} MiB, {growth / 2**20:+.0f} MiB over the "

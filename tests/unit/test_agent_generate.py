@@ -30,7 +30,7 @@ from _agent_helpers import (
     view,
 )
 from rclc import Sampling, transfer_sync
-from rclc._cache import cache_layers, prefill
+from rclc._cache import backbone, cache_layers, prefill
 
 PROMPT = "<|im_start|>user\nWho owns Cedar?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -191,10 +191,23 @@ def test_stop_ends_generation_after_the_current_step_and_records_it(tiny):
         if index == 1:
             stop.set()
 
-    result = anyio.run(functools.partial(agent.generate, on_token=on_token, stop=stop))
-    # The criterion runs once per step; the streamer sees a step's token before or after it
-    # (transformers releases differ), so generation ends one or two tokens after the event.
-    assert result.stopped and 2 <= result.tokens <= 3
+    # Decode steps that began once the event was set (the batching engine's threads only;
+    # recording the continuation afterwards forwards too).
+    late_steps = []
+
+    def count_late_step(module, args):
+        if stop.is_set() and threading.current_thread().name.startswith("rclc-batching"):
+            late_steps.append(1)
+
+    handle = backbone(model).register_forward_pre_hook(count_late_step)
+    try:
+        result = anyio.run(functools.partial(agent.generate, on_token=on_token, stop=stop))
+    finally:
+        handle.remove()
+    # The engine checks the event after every token; tokens reach on_token from the waiting
+    # thread while the engine decodes on, so how many were decoded before on_token(1) ran
+    # depends on timing, but once the event is set at most the step under way completes.
+    assert result.stopped and result.tokens >= 2 and len(late_steps) <= 1
     state = agent.sender_state()
     assert state.positions > delivered + result.tokens
     assert state.token_ids[-result.tokens :].tolist() == list(result.token_ids)

@@ -32,9 +32,11 @@ def test_report_shape():
         "versions",
         "cuda_available",
         "embedded_model",
+        "batching",
         "issues",
     }
     assert report["scope"] == "environment" and report["backend"] == "hf"
+    assert report["batching"] == {"enabled": True, "max_batch": 32, "wait_ms": 1.0, "scope": "defaults"}
     assert set(report["versions"]) == {"rclc", "torch", "transformers", "vllm"}
     assert report["versions"]["torch"] == importlib.metadata.version("torch")
     assert isinstance(report["cuda_available"], bool)
@@ -196,6 +198,9 @@ def test_bound_agent(tiny_qwen3):
     report = check(agent(model))
     assert report["scope"] == "bound_agent" and report["backend"] == "hf"
     assert not any(p.startswith("model:") for p in problems(report))
+    batching = report["batching"]
+    assert batching["scope"] == "model" and batching["backend"] == "hf" and batching["max_batch"] == 32
+    assert {"batch_sizes", "decode_steps", "mean_batch", "sequences"} <= set(batching)
     assert check(agent(model), backend="hf", allow_unstable=False)["scope"] == "bound_agent"
 
 

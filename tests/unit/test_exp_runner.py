@@ -301,8 +301,91 @@ def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
     assert result.exit_code == 0 and "vs floor" in result.output, result.output
     result = invoke(commands.app, args + ["--compare-to", "nope"])
     assert result.exit_code == 2 and "no arm named 'nope'" in result.output
-    invoke(commands.app, args[:-1] + [str(tmp_path / "again")])
+    options = {}
+    monkeypatch.setattr(runner, "scheduler_run_case", lambda **kwargs: options.update(kwargs) or FakeRunCase())
+    result = invoke(commands.app, args[:-1] + [str(tmp_path / "again"), "--concurrency", "3", "--max-batch", "8"])
+    assert result.exit_code == 0, result.output
+    assert options["max_batch"] == 8  # handed to the scheduler's pool
     result = invoke(commands.app, ["compare-runs", str(tmp_path / "out"), str(tmp_path / "again")])
     assert result.exit_code == 0 and "12/12 comparable answers identical" in result.output
+    result = invoke(commands.app, args + ["--concurrency", "0"])
+    assert result.exit_code == 2
     result = invoke(commands.app, ["data", "make", "--size", "4", "--out", str(tmp_path / "x.jsonl"), "--documents", "20"])
     assert result.exit_code == 2 and "distinct entities" in result.output
+
+
+class _ShuffledRunCase(FakeRunCase):
+    """A thread-safe FakeRunCase whose runs take different times, so concurrent runs finish
+    out of order; it records how many were in flight at once."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import threading
+
+        self._lock = threading.Lock()
+        self.in_flight = self.most_in_flight = 0
+
+    def __call__(self, spec, inputs, case):
+        import time
+        import zlib
+
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            time.sleep((zlib.crc32(f"{case.id}{spec.name}{len(self.calls)}".encode()) % 7) / 400)
+            with self._lock:
+                return super().__call__(spec, inputs, case)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+def _without_timings(row):
+    """A row without what depends on timing: its latency, when it finished, and `warmup` (a
+    resumed experiment's first computed run is warm-up, whichever row it is)."""
+    return {key: value for key, value in row.items() if key not in ("latency_s", "finished_at", "warmup")}
+
+
+def test_concurrent_runs_write_what_a_sequential_experiment_writes(tmp_path, data):
+    """issue 14: --concurrency N keeps rows, progress and the summary in sequential order;
+    an interrupted concurrent experiment resumes like a sequential one."""
+    arms = ARMS[:4]
+    sequential_steps, concurrent_steps = [], []
+    runner.run_experiment(FANOUT, data, arms, tmp_path / "seq", run_case=FakeRunCase(),
+                          progress=sequential_steps.append)
+    shuffled = _ShuffledRunCase()
+    summary = runner.run_experiment(FANOUT, data, arms, tmp_path / "conc", run_case=shuffled,
+                                    concurrency=4, progress=concurrent_steps.append)
+    assert shuffled.most_in_flight > 1 and summary.computed == 6 * len(arms)
+    rows = [json.loads(line) for line in (tmp_path / "seq" / RESULTS).read_text().splitlines()]
+    again = [json.loads(line) for line in (tmp_path / "conc" / RESULTS).read_text().splitlines()]
+    assert [_without_timings(row) for row in again] == [_without_timings(row) for row in rows]
+    assert [(s.done, s.case, s.arm) for s in concurrent_steps] == [(s.done, s.case, s.arm) for s in sequential_steps]
+    seq_summary = json.loads((tmp_path / "seq" / "summary.json").read_text())
+    for arm, measures in summary.data["arms"].items():
+        assert measures["accuracy"] == seq_summary["arms"][arm]["accuracy"]
+    # resume: drop the last rows (an interruption), rerun concurrently: only they are computed
+    path = tmp_path / "conc" / RESULTS
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[:-5]))
+    resumed = _ShuffledRunCase()
+    summary = runner.run_experiment(FANOUT, data, arms, tmp_path / "conc", run_case=resumed,
+                                    concurrency=3)
+    assert len(resumed.calls) == 5 and summary.computed == 5 and summary.resumed == 6 * len(arms) - 5
+    again = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [_without_timings(row) for row in again] == [_without_timings(row) for row in rows]
+
+
+def test_concurrency_is_checked(tmp_path, data):
+    with pytest.raises(ValueError, match="concurrency"):
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out", run_case=FakeRunCase(), concurrency=0)
+
+
+def test_an_import_error_stops_a_concurrent_experiment(tmp_path, data):
+    def broken(spec, inputs, case):
+        raise ImportError("no module named 'torch'")
+
+    with pytest.raises(ImportError):
+        runner.run_experiment(FANOUT, data, ["full=full"], tmp_path / "out", run_case=broken,
+                              concurrency=3)
+    assert not (tmp_path / "out" / RESULTS).exists() or (tmp_path / "out" / RESULTS).read_text() == ""

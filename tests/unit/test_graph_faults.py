@@ -7,6 +7,7 @@ and reproduces the fault-free run."""
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 import anyio
@@ -22,7 +23,7 @@ from rclc_graph.run.recorded import run_recorded_sync
 from rclc_graph.run.scheduler import run_plan_sync
 
 from _cancelling import busy_threads
-from _reliability import assert_same_runs
+from _reliability import CURRENT_NODE, CountingExecutor, assert_same_runs
 
 FAULT_YAML = """\
 version: 1
@@ -79,16 +80,18 @@ def slow_steps(world):
 
 
 def _raise_in_generation(world, node):
-    original = world["model"].generate
+    """The decoder's forward, raising in the batching engine's prefill of `node`'s generation
+    (the engine runs a sequence's prefill in the context of the node that submitted it;
+    CountingExecutor names the node there)."""
+    decoder = backbone(world["model"])
+    original = decoder.forward
 
-    def generate(*args, **kwargs):
-        # rclc's HF backend streams tokens to the graph's on_token callback, which names its node
-        on_token = getattr(kwargs.get("streamer"), "on_token", None)
-        if getattr(on_token, "node", None) == node:
+    def forward(*args, **kwargs):
+        if threading.current_thread().name.startswith("rclc-batching") and CURRENT_NODE.get() == node:
             raise RuntimeError("generation fault injected")
         return original(*args, **kwargs)
 
-    return generate
+    return decoder, forward
 
 
 def _raising(message):
@@ -128,7 +131,8 @@ def _switch_on(fault, world, monkeypatch):
         monkeypatch.setattr(world["tokenizer"], "chat_template",
                             RAISING_TEMPLATE + world["tokenizer"].chat_template)
     elif fault == "generation":
-        monkeypatch.setattr(world["model"], "generate", _raise_in_generation(world, "f"))
+        decoder, forward = _raise_in_generation(world, "f")
+        monkeypatch.setattr(decoder, "forward", forward)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -138,7 +142,7 @@ def test_a_fault_fails_its_node_and_a_resume_retries_only_what_did_not_finish(wo
     with monkeypatch.context() as patch:
         _switch_on(fault, world, patch)
         result, record, run_dir = run_recorded_sync(world["plan"], tmp_path, pool=world["pool"],
-                                                    executor=LocalExecutor(world["pool"]))
+                                                    executor=CountingExecutor(world["pool"]))
         assert busy_threads() == []  # the other branches stopped; nothing is left computing
     # the error names node, edge and cause, in the result and in the record
     assert result.status == "failed" and result.failed_node == node

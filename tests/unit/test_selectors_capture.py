@@ -32,7 +32,7 @@ def assert_unchanged(sender, before):
         assert torch.equal(k, kc) and torch.equal(v, vc)
     assert sender.model.config._attn_implementation == "sdpa"
     assert all(c._attn_implementation == "sdpa" for c in reachable_configs(sender.model))
-    assert _capture._active is None
+    assert _capture.active_captures() == ()
 
 
 def test_capture_folds_every_layer_with_full_keys(tiny):
@@ -181,7 +181,7 @@ def test_other_threads_are_served_without_folding(tiny):
     results, folds = [], []
 
     def other_thread():
-        # forward_rows takes the attention lock, so call the backbone directly as a user would.
+        # call the backbone directly, as a user would (forward_rows would wait for the forward slot).
         from rclc._cache import backbone, cache_keyword
 
         decoder = backbone(model)
@@ -241,7 +241,7 @@ def test_nested_capture_of_another_model_keeps_the_outer_capture(tiny_qwen3, tin
     capture(outer_model, outer_sender.past_key_values, outer_fold, outer_sender.positions, input_ids=ids)
     assert len(outer_folds) == outer_model.config.num_hidden_layers
     assert len(inner_folds) == inner_model.config.num_hidden_layers
-    assert outer_model.config._attn_implementation == "sdpa" and _capture._active is None
+    assert outer_model.config._attn_implementation == "sdpa" and _capture.active_captures() == ()
 
 
 def test_nested_capture_of_the_same_model_raises_and_restores(tiny):
@@ -254,4 +254,68 @@ def test_nested_capture_of_the_same_model_raises_and_restores(tiny):
 
     with pytest.raises(RuntimeError, match="cannot nest"):
         capture(model, sender.past_key_values, fold, sender.positions, input_ids=ids)
-    assert model.config._attn_implementation == "sdpa" and _capture._active is None
+    assert model.config._attn_implementation == "sdpa" and _capture.active_captures() == ()
+
+
+def test_a_capture_never_holds_up_the_batching_engine(tiny):
+    """Issue 14: capture needs no process-global switch. While a capture of the model is
+    inside its forward (its fold deliberately slow), the batching engine keeps decoding a
+    generation on the same model; the generation's tokens are its unbatched ones, the
+    capture folds exactly what it folds alone, and afterwards the dispatch is the model's own."""
+    import threading
+    import time
+
+    import anyio
+
+    import rclc
+    from rclc.backends.hf_batching import engine_for
+
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer)
+    ids = request(tokenizer)
+    expected = []
+    capture(model, sender.past_key_values, lambda q, k, s: expected.append(q.clone()), sender.positions, input_ids=ids)
+    prompt = "Generate while another thread captures."
+    alone = anyio.run(lambda: rclc.bind(model, tokenizer).generate(prompt, max_new_tokens=40))
+    engine = engine_for(model)
+    generating = threading.Event()
+    result = []
+
+    def generate():
+        def on_token(index, text):
+            generating.set()
+            time.sleep(0.002)
+
+        result.append(anyio.run(lambda: rclc.bind(model, tokenizer).generate(prompt, max_new_tokens=40,
+                                                                              on_token=on_token)))
+
+    def slow_engine_steps(module, args):
+        if threading.current_thread().name.startswith("rclc-batching"):
+            time.sleep(0.005)  # the engine decodes while the capture below runs, not before it
+
+    from rclc._cache import backbone
+
+    handle = backbone(model).register_forward_pre_hook(slow_engine_steps)
+    worker = threading.Thread(target=generate)
+    worker.start()
+    assert generating.wait(30)
+    folded, steps_during_fold = [], []
+
+    def slow_fold(query, key, scaling):
+        before = engine.report()["decode_steps"]
+        time.sleep(0.05)
+        steps_during_fold.append(engine.report()["decode_steps"] - before)
+        folded.append(query.clone())
+
+    try:
+        capture(model, sender.past_key_values, slow_fold, sender.positions, input_ids=ids)
+        worker.join(60)
+    finally:
+        handle.remove()
+    assert result and result[0].token_ids == alone.token_ids
+    assert len(folded) == len(expected)
+    for a, b in zip(folded, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert sum(steps_during_fold) > 0  # the engine decoded while the capture was inside its forward
+    assert all(c._attn_implementation == "sdpa" for c in reachable_configs(model))
+    assert _capture.active_captures() == ()

@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from rclc.backends import vllm as vllm_backend
 from rclc.vllm.capture import registry
 from rclc_graph import EventStream, Graph, LocalExecutor, ModelPool, RunContext
 from rclc_graph.spec.load import read_graph
@@ -132,10 +133,10 @@ def test_a_run_stopped_during_vllm_generation_records_nothing(pool, monkeypatch)
     plan = Graph("stopped").input("question").model("base", backend="vllm").agent(
         "talker", model="base", max_new_tokens=MAX_NEW_TOKENS
     ).node("a", agent="talker", prompt="{question}", output=True).plan({"question": "Say something."})
-    llm = pool.get(plan.node("a").model).model
+    pool.get(plan.node("a").model)
     executor = LocalExecutor(pool)
     bound, published = [], []
-    original_bind, original_generate = executor.bind, llm.generate
+    original_bind, original_generate = executor.bind, vllm_backend.run_request
     executor.bind = lambda ctx, node: bound.append(original_bind(ctx, node)) or bound[-1]
 
     async def publish(kind, payload):
@@ -148,7 +149,8 @@ def test_a_run_stopped_during_vllm_generation_records_nothing(pool, monkeypatch)
         ctx.stop.set()
         return output
 
-    monkeypatch.setattr(llm, "generate", generate)
+    # the vLLM backend's generation request, through the engine's submission loop
+    monkeypatch.setattr(vllm_backend, "run_request", generate)
 
     async def main():
         with pytest.raises(anyio.get_cancelled_exc_class()):

@@ -1,0 +1,71 @@
+"""Batching options and figures per model: `rclc.configure_batching`, `rclc.batching_report`.
+
+Both backends batch concurrent generations on one model by default: an HF model through
+its batching engine (`hf_batching.py`), a vLLM engine through its submission loop
+(`rclc.vllm.submission`), where vLLM's own scheduler batches. These two functions set the
+options (`rclc.Batching`) and read what happened, whichever backend the model is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RclcError
+from ..generation import Batching
+from .hf_batching import engine_for, existing_engine
+
+
+def _is_vllm(model: Any) -> bool:
+    return hasattr(model, "llm_engine")
+
+
+def _resolve(model: Any) -> Any:
+    """An HF model or a `vllm.LLM` (what agents are bound to)."""
+    if not _is_vllm(model) and getattr(model, "config", None) is None:
+        raise RclcError(
+            f"model: expected a loaded HF model or a vllm.LLM (what agents are bound to), got {type(model).__name__}"
+        )
+    return model
+
+
+def configure_batching(model: Any, batching: Batching | None = None, **changes: Any) -> Batching:
+    """Set how concurrent generations on `model` share its forwards; returns the options now in force.
+
+    Pass a `Batching`, or keyword changes to the current options
+    (`configure_batching(model, max_batch=8)`); they apply from the next decode step on.
+    """
+    if batching is not None and not isinstance(batching, Batching):
+        raise RclcError(f"batching: expected rclc.Batching or None, got {type(batching).__name__}")
+    target = _resolve(model)
+    if _is_vllm(target):
+        from ..vllm.submission import engine_loop  # vLLM's adapter: only for an engine
+
+        runner: Any = engine_loop(target)
+    else:
+        runner = engine_for(target)
+    current = batching if batching is not None else runner.batching
+    if changes:
+        unknown = sorted(set(changes) - {"enabled", "max_batch", "wait_ms"})
+        if unknown:
+            raise RclcError(f"{unknown[0]}: not a batching option; use enabled, max_batch or wait_ms")
+        current = Batching(**{**current.to_dict(), **changes})
+    runner.configure(current)
+    return current
+
+
+def batching_report(model: Any) -> dict[str, Any]:
+    """Options and figures of `model`'s batching as plain data: decode steps per batch size
+    (`batch_sizes`), their mean, sequences and tokens decoded, and what runs now."""
+    target = _resolve(model)
+    if _is_vllm(target):
+        from ..vllm.submission import existing_loop  # vLLM's adapter: only for an engine
+
+        runner: Any = existing_loop(target)
+        backend = "vllm"
+    else:
+        runner = existing_engine(target)
+        backend = "hf"
+    if runner is None:
+        return {**Batching().to_dict(), "backend": backend, "running": False, "active": 0, "waiting": 0,
+                "sequences": 0, "decode_steps": 0, "batch_sizes": {}, "mean_batch": 0.0}
+    return runner.report()

@@ -1,0 +1,383 @@
+"""The HF batching engine: per loaded model, every concurrent generation decodes in one batch.
+
+Why our own engine rather than transformers' continuous batching
+(`transformers.generation.continuous_batching`): its requests are token-ID lists, while a
+receiver starts from input rows (received continuous rows, then its prompt's embeddings);
+it switches the model's attention implementation process-wide for as long as it runs
+(which every other forward on the model, a selector's capture included, would then go
+through); and it samples from torch's global RNG. docs/performance.md has the evaluation.
+
+How it works. `HFBackend.generate` submits a `Sequence` and waits for its tokens in its own
+worker thread. Two threads per model, each started when it has work and gone when it has
+none, share the work:
+
+1. the prefill thread takes waiting sequences in arrival order while the batch has room
+   (at most `max_batch` sequences prefilled or decoding): each is prefilled alone (batch of
+   one, exactly the forward `generate` runs, so its first token is the unbatched one; in
+   the context its caller submitted it from, so context variables see it as theirs) and
+   picks its first token;
+2. the decode thread joins prefilled sequences to the batch (`BatchCache`) and runs one
+   decode step for every sequence in it: one forward with a left-padded cache, an
+   attention mask and per-sequence positions; each sequence picks its next token from its
+   own row of logits (`TokenChooser`: its own processors and random generator);
+3. ended sequences leave (end-of-sequence token, `max_new_tokens`, their `stop` event,
+   their caller cancelled or gone), each with its tokens and a private copy of its cache.
+
+Prefills and decode steps run at the same time (on a CPU, on different cores), so a long
+prompt does not hold up the batch, and decoding never waits for a selection elsewhere
+(worker-side forwards take the model's forward slot; neither engine thread does). A decode
+step with room waits up to `wait_ms` for a sequence whose prefill is under way. Tokens go
+to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
+own sequence. A failing prefill fails only its sequence; a failing decode step (which no
+input of one sequence can cause once its prefill succeeded) fails the sequences in that
+step and resets the batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..generation import Batching
+from .batch_cache import BatchCache, decode_step, prefill
+from .hf_sequences import Sequence, TracedSequence, digest, margins
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Statistics:
+    """What the engine did since it was made (read with `report()`)."""
+
+    steps: Counter = field(default_factory=Counter)  # batch size -> decode steps
+    tokens: int = 0
+    sequences: int = 0
+    failed: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+class BatchingEngine:
+    """The prefill and decode threads of one HF model (see the module docs)."""
+
+    def __init__(self, model: Any, batching: Batching) -> None:
+        self._model = weakref.ref(model)  # the registry is keyed weakly by the model
+        self.batching = batching
+        self.stats = Statistics()
+        self._cond = threading.Condition()
+        self._pending: list[Sequence] = []  # submitted, not prefilled yet
+        self._prefilling: Sequence | None = None
+        self._ready: list[tuple[Sequence, Layers]] = []  # prefilled, joining at the next step
+        self._active: list[Sequence] = []  # in the batch (the decode thread's)
+        self._threads: dict[str, threading.Thread | None] = {"prefill": None, "decode": None}
+        self._running = {"prefill": False, "decode": False}
+        self._store = BatchCache(int(model.config.num_hidden_layers))
+        self._trace: list[TracedSequence] | None = None
+
+    # -- callers -------------------------------------------------------------------------
+
+    def configure(self, batching: Batching) -> None:
+        """New options; they apply from the next step on."""
+        with self._cond:
+            self.batching = batching
+            self._cond.notify_all()
+
+    def submit(self, sequence: Sequence) -> None:
+        """Queue a sequence for its prefill."""
+        with self._cond:
+            self._pending.append(sequence)
+            self._start("prefill")
+            self._cond.notify_all()
+
+    def _start(self, role: str) -> None:
+        """Start the `role` thread unless it runs (caller holds the condition)."""
+        if not self._running[role]:
+            self._running[role] = True
+            target = self._prefill_loop if role == "prefill" else self._decode_loop
+            thread = threading.Thread(target=target, name=f"rclc-batching-{role}", daemon=True)
+            self._threads[role] = thread
+            thread.start()
+
+    def _idle(self) -> bool:
+        return not (self._pending or self._prefilling or self._ready or self._active)
+
+    def settle(self, timeout: float = 5.0) -> None:
+        """Once no sequence is left, wait until both threads have ended (a cancelled caller
+        then leaves no thread behind; threads serving other sequences keep running)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._idle() and any(self._running.values()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
+            threads = [] if not self._idle() else [t for t in self._threads.values() if t is not None]
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    @contextmanager
+    def tracing(self) -> Iterator[list[TracedSequence]]:
+        """Record every sequence that ends inside the block (a diagnostic for tests and
+        benchmarks comparing batched with unbatched greedy outputs)."""
+        trace: list[TracedSequence] = []
+        with self._cond:
+            self._trace = trace
+        try:
+            yield trace
+        finally:
+            with self._cond:
+                self._trace = None
+
+    def report(self) -> dict[str, Any]:
+        """Options and statistics as plain data (`rclc.batching_report`)."""
+        with self._cond:
+            stats = self.stats
+            steps = sum(stats.steps.values())
+            decoded = sum(size * count for size, count in stats.steps.items())
+            return {
+                **self.batching.to_dict(),
+                "backend": "hf",
+                "running": any(self._running.values()),
+                "active": len(self._active) + len(self._ready),
+                "waiting": len(self._pending) + (self._prefilling is not None),
+                "sequences": stats.sequences,
+                "failed": stats.failed,
+                "tokens": stats.tokens,
+                "decode_steps": steps,
+                "batch_sizes": {str(size): count for size, count in sorted(stats.steps.items())},
+                "mean_batch": round(decoded / steps, 3) if steps else 0.0,
+                "prefill_seconds": round(stats.prefill_seconds, 3),
+                "decode_seconds": round(stats.decode_seconds, 3),
+            }
+
+    # -- the prefill thread --------------------------------------------------------------
+
+    def _prefill_loop(self) -> None:
+        model = self._model()
+        try:
+            with torch.no_grad():
+                while True:
+                    sequence = self._next_prefill(model is not None)
+                    if sequence is None:
+                        return
+                    self._prefill(model, sequence)
+        except BaseException as error:  # a bug in the loop itself: fail its sequences, never hang a waiter
+            with self._cond:
+                stranded, self._pending = self._pending, []
+                if self._prefilling is not None:
+                    stranded.append(self._prefilling)
+                self._prefilling = None
+                self._running["prefill"] = False
+                self._cond.notify_all()
+            for sequence in stranded:
+                sequence.finish(None, error)
+            raise
+
+    def _next_prefill(self, alive: bool) -> Sequence | None:
+        """The next sequence to prefill, once the batch has room; None when the thread ends."""
+        with self._cond:
+            while True:
+                gone = [sequence for sequence in self._pending if sequence.gone() or not alive]
+                if gone:
+                    self._pending = [sequence for sequence in self._pending if sequence not in gone]
+                    for sequence in gone:  # delivered under the lock: nothing slow happens there
+                        sequence.finish(None, None if alive else RuntimeError("the model was garbage-collected"))
+                if not self._pending:
+                    self._running["prefill"] = False
+                    self._cond.notify_all()
+                    return None
+                if len(self._active) + len(self._ready) < self.batching.batch_limit:
+                    self._prefilling = self._pending.pop(0)
+                    return self._prefilling
+                self._cond.wait()  # the batch is full: a sequence leaving makes room
+
+    def _prefill(self, model: Any, sequence: Sequence) -> None:
+        """Prefill one sequence alone and pick its first token; queue it to join the batch."""
+        began = time.perf_counter()
+        try:
+            # The prefill is this sequence's own work: it runs in its submitter's context
+            # (context variables, e.g. tracing, see it as theirs); batched steps serve many.
+            logits, layers = sequence.context.run(
+                prefill, model, sequence.input_ids, sequence.inputs_embeds, sequence.past
+            )
+            if self._trace is not None:
+                prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
+                sequence.traced = (digest(prompt), margins(logits))
+            ended = sequence.add(sequence.chooser(logits))
+        except Exception as error:  # this sequence's input or choice failed: only it fails
+            with self._cond:
+                self.stats.failed += 1
+                self.stats.prefill_seconds += time.perf_counter() - began
+                self._prefilling = None
+                self._cond.notify_all()
+            sequence.finish(None, error)
+            return
+        with self._cond:
+            self.stats.prefill_seconds += time.perf_counter() - began
+            self._prefilling = None
+            if ended:
+                self._count_finished(sequence)
+            else:
+                self._ready.append((sequence, layers))
+                self._start("decode")
+            self._cond.notify_all()
+        if ended:
+            sequence.finish(layers)
+
+    # -- the decode thread ---------------------------------------------------------------
+
+    def _decode_loop(self) -> None:
+        model = self._model()
+        try:
+            with torch.no_grad():
+                while True:
+                    joining = self._next_joining()
+                    if joining is None:
+                        return
+                    for sequence, layers in joining:
+                        self._join(sequence, layers)
+                    if self._active:
+                        self._step(model)
+        except BaseException as error:  # a bug in the loop itself: fail its sequences, never hang a waiter
+            with self._cond:
+                stranded = self._active + [sequence for sequence, _ in self._ready]
+                self._active, self._ready = [], []
+                self._store = BatchCache(self._store.layer_count)
+                self._running["decode"] = False
+                self._cond.notify_all()
+            for sequence in stranded:
+                sequence.finish(None, error)
+            raise
+
+    def _next_joining(self) -> list[tuple[Sequence, Layers]] | None:
+        """Prefilled sequences to join before the next step; None when the thread ends."""
+        with self._cond:
+            while not self._active and not self._ready:
+                if self._prefilling is None and not self._pending:
+                    self._running["decode"] = False
+                    self._cond.notify_all()
+                    return None
+                self._cond.wait()  # a prefill under way will bring a sequence
+            room = len(self._active) + len(self._ready) < self.batching.batch_limit
+            if self._active and not self._ready and room and self._prefilling is not None and self.batching.wait_ms > 0:
+                self._cond.wait(self.batching.wait_ms / 1000)  # a sequence is nearly ready: wait for it briefly
+            joining, self._ready = self._ready, []
+            return joining
+
+    def _join(self, sequence: Sequence, layers: Layers) -> None:
+        if sequence.gone():
+            self._leave_now(sequence, layers)
+            return
+        try:
+            self._store.join(layers, self._right_room(sequence), max(self.batching.batch_limit, self._store.rows + 1))
+        except Exception as error:  # e.g. out of memory for this sequence's rows: only it fails
+            with self._cond:
+                self.stats.failed += 1
+                self._cond.notify_all()
+            sequence.finish(None, error)
+            return
+        self._active.append(sequence)
+
+    def _right_room(self, joining: Sequence | None = None) -> int:
+        """Columns the batch may still need after `end` (every sequence's remaining tokens)."""
+        sequences = self._active + ([joining] if joining is not None else [])
+        return max(sequence.max_new_tokens - len(sequence.tokens) for sequence in sequences)
+
+    def _step(self, model: Any) -> None:
+        """One decode step for every sequence in the batch."""
+        store, active = self._store, self._active
+        for index in reversed(range(len(active))):  # callers gone since the last step
+            if active[index].gone():
+                self._leave(index)
+        if not active:
+            return
+        began = time.perf_counter()
+        try:
+            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active], self._right_room())
+            greedy = logits.argmax(dim=-1).tolist()
+            if self._trace is not None:
+                for sequence, margin in zip(active, margins(logits)):
+                    if sequence.traced is not None:
+                        sequence.traced[1].append(margin)
+            tokens = []
+            for row, sequence in enumerate(active):
+                if sequence.chooser.plain_greedy:
+                    token = greedy[row]
+                    sequence.chooser.record(token)
+                else:
+                    token = sequence.chooser(logits[row])
+                tokens.append(token)
+        except Exception as error:  # fails this step's sequences; the batch starts over
+            with self._cond:
+                failed, self._active = list(active), []
+                self._store = BatchCache(store.layer_count)
+                self.stats.failed += len(failed)
+                self.stats.decode_seconds += time.perf_counter() - began
+                self._cond.notify_all()
+            for sequence in failed:
+                sequence.finish(None, error)
+            return
+        with self._cond:
+            self.stats.decode_seconds += time.perf_counter() - began
+            self.stats.steps[len(active)] += 1
+        ended = [sequence.add(token) for sequence, token in zip(active, tokens)]
+        for index in reversed(range(len(active))):
+            if ended[index]:
+                self._leave(index)
+
+    def _leave(self, index: int) -> None:
+        """Row `index` leaves the batch with a private copy of its cache."""
+        store, active = self._store, self._active
+        sequence = active[index]
+        layers = store.extract(index)
+        moved = store.remove(index)
+        if moved is not None:
+            active[index] = active[moved]
+        active.pop()
+        self._leave_now(sequence, layers)
+
+    def _leave_now(self, sequence: Sequence, layers: Layers) -> None:
+        with self._cond:
+            self._count_finished(sequence)
+            self._cond.notify_all()  # room for the prefill thread
+        sequence.finish(layers)
+
+    def _count_finished(self, sequence: Sequence) -> None:
+        """Statistics and trace of an ended sequence (caller holds the condition)."""
+        self.stats.sequences += 1
+        self.stats.tokens += len(sequence.tokens)
+        if self._trace is not None and sequence.traced is not None:
+            prompt, found = sequence.traced
+            self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
+
+
+_engines: weakref.WeakKeyDictionary[Any, BatchingEngine] = weakref.WeakKeyDictionary()
+_engines_lock = threading.Lock()
+
+
+def engine_for(model: Any) -> BatchingEngine:
+    """The batching engine of `model` (made on first use, with the default `Batching`)."""
+    with _engines_lock:
+        engine = _engines.get(model)
+        if engine is None:
+            engine = BatchingEngine(model, Batching())
+            _engines[model] = engine
+        return engine
+
+
+def existing_engine(model: Any) -> BatchingEngine | None:
+    """The engine of `model` if one was made (reports must not make one)."""
+    with _engines_lock:
+        try:
+            return _engines.get(model)
+        except TypeError:  # not weakly referenceable, so never given an engine
+            return None
