@@ -21,31 +21,21 @@ for each other's slots. Order is always preparation -> slot, never the reverse.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ._per_object import PerObject
+
 preparation_lock = threading.RLock()
 
-_slots: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_slots_guard = threading.Lock()
+_slots: PerObject[Any] = PerObject(lambda model: threading.Lock())
 _held = threading.local()  # .depth: how many forward_slot blocks this thread is inside
-
-
-def _slot_lock(model: Any) -> Any:
-    with _slots_guard:
-        lock = _slots.get(model)
-        if lock is None:
-            lock = threading.Lock()
-            _slots[model] = lock
-        return lock
 
 
 def share_forward_slot(model: Any, lock: Any) -> None:
     """Make `model`'s forwards take `lock` (the vLLM view shares its engine's step lock)."""
-    with _slots_guard:
-        _slots[model] = lock
+    _slots.set(model, lock)
 
 
 @contextmanager
@@ -59,7 +49,7 @@ def forward_slot(model: Any) -> Iterator[None]:
         finally:
             _held.depth = depth
         return
-    with _slot_lock(model):
+    with _slots.get(model):
         _held.depth = 1
         try:
             yield

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .._per_object import PerObject
 from ..generation import Batching
 from .batch_cache import BatchCache, decode_step, prefill
 from .hf_sequences import Sequence, TracedSequence, digest, margins
@@ -360,24 +361,14 @@ class BatchingEngine:
             self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
 
 
-_engines: weakref.WeakKeyDictionary[Any, BatchingEngine] = weakref.WeakKeyDictionary()
-_engines_lock = threading.Lock()
+_engines: PerObject[BatchingEngine] = PerObject(lambda model: BatchingEngine(model, Batching()))
 
 
 def engine_for(model: Any) -> BatchingEngine:
     """The batching engine of `model` (made on first use, with the default `Batching`)."""
-    with _engines_lock:
-        engine = _engines.get(model)
-        if engine is None:
-            engine = BatchingEngine(model, Batching())
-            _engines[model] = engine
-        return engine
+    return _engines.get(model)
 
 
 def existing_engine(model: Any) -> BatchingEngine | None:
     """The engine of `model` if one was made (reports must not make one)."""
-    with _engines_lock:
-        try:
-            return _engines.get(model)
-        except TypeError:  # not weakly referenceable, so never given an engine
-            return None
+    return _engines.existing(model)

@@ -26,6 +26,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
+from .._per_object import PerObject
 from ..generation import Batching
 from .capture import registry
 
@@ -196,27 +197,17 @@ class EngineLoop:
             self._in_engine.pop(request.internal_id, None)
 
 
-_loops: weakref.WeakKeyDictionary[Any, EngineLoop] = weakref.WeakKeyDictionary()
-_loops_lock = threading.Lock()
+_loops: PerObject[EngineLoop] = PerObject(lambda llm: EngineLoop(llm, Batching()))
 
 
 def engine_loop(llm: Any) -> EngineLoop:
     """The submission loop of `llm` (made on first use, with the default `Batching`)."""
-    with _loops_lock:
-        loop = _loops.get(llm)
-        if loop is None:
-            loop = EngineLoop(llm, Batching())
-            _loops[llm] = loop
-        return loop
+    return _loops.get(llm)
 
 
 def existing_loop(llm: Any) -> EngineLoop | None:
     """The loop of `llm` if one was made (reports and idle checks must not make one)."""
-    with _loops_lock:
-        try:
-            return _loops.get(llm)
-        except TypeError:  # not weakly referenceable, so never given a loop
-            return None
+    return _loops.existing(llm)
 
 
 def run_request(llm: Any, prompt: dict[str, Any], params: Any, *, capture: bool, cancel: threading.Event | None, deadline_s: float | None = None) -> Submitted:
