@@ -78,6 +78,9 @@ class BatchingEngine:
         self._prefilling: Sequence | None = None
         self._ready: list[tuple[Sequence, Layers]] = []  # prefilled, joining at the next step
         self._active: list[Sequence] = []  # in the batch (the decode thread's)
+        # taken from _ready by the decode thread and joining outside the lock: still counted,
+        # or the prefill thread would see room that is not there and overfill the batch
+        self._joining: list[Sequence] = []
         self._threads: dict[str, threading.Thread | None] = {"prefill": None, "decode": None}
         self._running = {"prefill": False, "decode": False}
         self._store = BatchCache(int(model.config.num_hidden_layers))
@@ -108,7 +111,11 @@ class BatchingEngine:
             thread.start()
 
     def _idle(self) -> bool:
-        return not (self._pending or self._prefilling or self._ready or self._active)
+        return not (self._pending or self._prefilling or self._in_batch())
+
+    def _in_batch(self) -> int:
+        """Sequences the batch holds or is taking in (its cap counts every one)."""
+        return len(self._active) + len(self._ready) + len(self._joining)
 
     def settle(self, timeout: float = 5.0) -> None:
         """Once no sequence is left, wait until both threads have ended (a cancelled caller
@@ -148,7 +155,7 @@ class BatchingEngine:
                 **self.batching.to_dict(),
                 "backend": "hf",
                 "running": any(self._running.values()),
-                "active": len(self._active) + len(self._ready),
+                "active": self._in_batch(),
                 "waiting": len(self._pending) + (self._prefilling is not None),
                 "sequences": stats.sequences,
                 "failed": stats.failed,
@@ -196,7 +203,7 @@ class BatchingEngine:
                     self._running["prefill"] = False
                     self._cond.notify_all()
                     return None
-                if len(self._active) + len(self._ready) < self.batching.batch_limit:
+                if self._in_batch() < self.batching.batch_limit:
                     self._prefilling = self._pending.pop(0)
                     return self._prefilling
                 self._cond.wait()  # the batch is full: a sequence leaving makes room
@@ -246,12 +253,14 @@ class BatchingEngine:
                         return
                     for sequence, layers in joining:
                         self._join(sequence, layers)
+                    with self._cond:
+                        self._joining = []
                     if self._active:
                         self._step(model)
         except BaseException as error:  # a bug in the loop itself: fail its sequences, never hang a waiter
             with self._cond:
                 stranded = self._active + [sequence for sequence, _ in self._ready]
-                self._active, self._ready = [], []
+                self._active, self._ready, self._joining = [], [], []
                 self._store = BatchCache(self._store.layer_count)
                 self._running["decode"] = False
                 self._cond.notify_all()
@@ -268,10 +277,11 @@ class BatchingEngine:
                     self._cond.notify_all()
                     return None
                 self._cond.wait()  # a prefill under way will bring a sequence
-            room = len(self._active) + len(self._ready) < self.batching.batch_limit
+            room = self._in_batch() < self.batching.batch_limit
             if self._active and not self._ready and room and self._prefilling is not None and self.batching.wait_ms > 0:
                 self._cond.wait(self.batching.wait_ms / 1000)  # a sequence is nearly ready: wait for it briefly
             joining, self._ready = self._ready, []
+            self._joining = [sequence for sequence, _ in joining]
             return joining
 
     def _join(self, sequence: Sequence, layers: Layers) -> None:
