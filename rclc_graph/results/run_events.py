@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
+from ..spec.bounded_json import plain
 from .events import Event
 from .lineage import Hop
 
@@ -39,9 +40,9 @@ class RunEvent:
         data: dict[str, Any] = {"type": self.type}
         for item in dataclasses.fields(self):
             if item.name != "extra":
-                data[item.name] = _plain(getattr(self, item.name))
+                data[item.name] = plain(getattr(self, item.name))
         for key, value in self.extra.items():
-            data.setdefault(key, _plain(value))
+            data.setdefault(key, plain(value))
         return data
 
     @property
@@ -317,10 +318,3 @@ def _frozen(key: str, value: Any) -> Any:
         return tuple(tuple(item) for item in value)
     return value
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value

@@ -23,6 +23,7 @@ from ..plan.dag import Plan
 from ..render.html_report import render_report
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
+from ..spec.bounded_json import plain
 from .directory_lock import DirectoryLock
 from .record import (
     NODE_FORMAT,
@@ -40,13 +41,6 @@ from .record import (
 
 logger = logging.getLogger(__name__)
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
 
 
 
@@ -237,7 +231,7 @@ class RunRecorder:
                 "spec": plan.spec.model_dump(mode="json"),
             },
             "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **plan.describe()},
-            "inputs": _plain(dict(plan.inputs)),
+            "inputs": plain(dict(plan.inputs)),
             "answers": plan.answers(),
             "outputs": outputs,
             # nodes that did not run, and why; an output node among them is why `outputs` lacks it

@@ -15,13 +15,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from rclc.files import write_json_atomic
 
 from ..errors import GraphError
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
+from ..spec.bounded_json import plain
 from ..spec.models import GraphSpec
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class SubmissionStore:
             "submitted_at": submission.submitted_at, "graph": plan.name, "topology": submission.topology,
             "topology_file": None if submission.topology_file is None else str(submission.topology_file),
             "base_dir": None if submission.base_dir is None else str(submission.base_dir),
-            "spec": plan.spec.model_dump(mode="json"), "inputs": _plain(plan.inputs),
+            "spec": plan.spec.model_dump(mode="json"), "inputs": plain(plan.inputs),
             "trust_code": plan.trust_code, "seed": submission.seed,
         })
 
@@ -118,10 +119,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
     return data if isinstance(data, dict) else None
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value

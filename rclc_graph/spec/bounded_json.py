@@ -11,12 +11,13 @@ that says where.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import JSONLimitError
 from .safe_yaml import MAX_DEPTH
 
-__all__ = ["JSONLimitError", "depth", "loads"]
+__all__ = ["JSONLimitError", "depth", "loads", "plain"]
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -54,4 +55,14 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise JSONLimitError(f"values nested more than {max_depth} levels deep") from None
     if depth(value) > max_depth:
         raise JSONLimitError(f"values nested more than {max_depth} levels deep")
+    return value
+
+
+def plain(value: Any) -> Any:
+    """`value` as `json` writes it back: any mapping a dict, tuples lists (so a frozen
+    mapping or a tuple compares equal to the same value read from a file)."""
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
     return value
