@@ -288,14 +288,7 @@ class Agent(HFReceiver):
         backend = self._backend
 
         def generate() -> tuple[SenderState, GenerationResult]:
-            with preparation_lock:
-                state = self._resolve_state()
-            output = max_new_tokens or self.max_new_tokens or 1
-            if state.positions + output > self.context_limit:
-                raise ContextLimitError(
-                    f"context space: {state.positions} positions + {output} output exceed the context limit "
-                    f"of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the state"
-                )
+            state, output = self._state_with_room(max_new_tokens)
             inputs = backend.state_inputs(state, output)
             return generate_continuation(
                 backend, inputs, state.known_ids().clone(), state.inherited_positions,
@@ -325,19 +318,25 @@ class Agent(HFReceiver):
             self._queue.popleft()
         self._state, self._from_history = state, False
 
+    def _state_with_room(self, max_new_tokens: int | None) -> tuple[SenderState, int]:
+        """The retained state and the tokens to generate after it, refused (state untouched)
+        when they do not fit the context limit; runs in the worker thread."""
+        with preparation_lock:
+            state = self._resolve_state()
+        output = max_new_tokens or self.max_new_tokens or 1
+        if state.positions + output > self.context_limit:
+            raise ContextLimitError(
+                f"context space: {state.positions} positions + {output} output exceed the context limit "
+                f"of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the state"
+            )
+        return state, output
+
     async def inputs(self, *, max_new_tokens: int | None = None) -> dict[str, Any]:
         """Generate inputs from the retained state itself, without consuming queued handoffs."""
         optional_int("max_new_tokens", max_new_tokens, minimum=1)
 
         def prepare() -> tuple[SenderState, dict[str, Any], _Pending]:
-            with preparation_lock:
-                state = self._resolve_state()
-            output = max_new_tokens or self.max_new_tokens or 1
-            if state.positions + output > self.context_limit:
-                raise ContextLimitError(
-                    f"context space: {state.positions} positions + {output} output exceed the context limit "
-                    f"of {self.context_limit}; generate fewer tokens (max_new_tokens=) or shorten the state"
-                )
+            state, output = self._state_with_room(max_new_tokens)
             rows = state.input_embeds.clone()
             inputs = self._backend.generation_inputs(rows, output)
             return state, inputs, _Pending(inputs, state.known_ids().clone(), state.inherited_positions)
