@@ -43,6 +43,7 @@ _LAZY: dict[str, str] = {
     "SenderState": "state",
     "Selection": "selection",
     "Span": "selection",
+    "Exclusion": "exclusion",
     "latent_mass": "reasoning",
     "latent_mass_sync": "reasoning",
     "GenerationResult": "generation",
@@ -67,6 +68,8 @@ __all__ = [
     "SenderState",
     "Selection",
     "Span",
+    # receiver-aware selection
+    "Exclusion",
     # reasoning
     "latent_mass",
     "latent_mass_sync",
@@ -104,6 +107,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from ._worker import run_in_worker
     from .agent import Agent, bind
     from .doctor import check
+    from .exclusion import Exclusion
     from .generation import GenerationResult, Sampling
     from .hf import sender_from_hf
     from .pipeline import transfer, transfer_sync

@@ -24,14 +24,17 @@ import anyio.lowlevel
 import torch
 
 from ._arguments import require_bool
+from ._receiver_aware import check_receiver_aware, pool, request_masks
 from ._locks import preparation_lock
 from ._worker import run_in_worker
 from .errors import IncompatibleStateError, RclcError
+from .exclusion import Exclusion
 from .receiver import HFReceiver, PreparedRequest
 from .policy import DEFAULT_REPRESENTATION, REASONING_CONTEXTS, REPRESENTATIONS, BudgetPolicy, fit, floor
 from .reasoning import apply_reasoning, selected_state
 from .selection import build_selection
 from .selectors import cacheback, is_builtin
+from .selectors._common import SpanProfile
 from .selectors._validate import validate_positions
 from .state import Delivery, Message, SenderState, embedding_weight, rows_match_ids
 
@@ -114,7 +117,9 @@ def _resolve_sender(item: Any) -> Any:
     return resolve() if callable(resolve) else item
 
 
-def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, representation: Any) -> _Snapshot:
+def _snapshot(
+    sender: Any, receiver: Any, request: Any, selector: Any, representation: Any, exclusion: Exclusion | None = None
+) -> _Snapshot:
     """Resolve agents, validate every input and plan every planned receiver (worker, prep lock)."""
     with preparation_lock:
         senders = [_resolve_sender(item) for item in _listify(sender, _is_sender_like, "sender")]
@@ -139,6 +144,8 @@ def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, represent
             state.validate()
             if representation == "token_ids+continuous" and state.token_ids is None:
                 raise RclcError("representation: token_ids+continuous needs token_ids on every sender")
+        if exclusion is not None:
+            exclusion.check_senders([state.positions for state in senders])
         plans: dict[tuple[int, int], PreparedRequest] = {}
         for k, target in enumerate(receivers):
             if isinstance(target, HFReceiver):
@@ -163,11 +170,22 @@ def _tokenize(snapshot: _Snapshot) -> list[list[torch.Tensor]]:
 
 
 def _select(
-    state: SenderState, ids: torch.Tensor, count: int, selector: Any
+    state: SenderState,
+    ids: torch.Tensor,
+    count: int,
+    selector: Any,
+    exclude: list[str | None] | None = None,
+    profile: SpanProfile | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
-    """Run the selector and gather the kept rows in ascending source order (worker, prep lock)."""
+    """Run the selector (or keep from its precomputed `profile`, for pooled allocation) and
+    gather the kept rows in ascending source order (worker, prep lock)."""
     with preparation_lock:
-        positions = selector(state, ids, count)
+        if profile is not None:
+            positions: Any = profile.keep(count)
+        elif exclude is not None:
+            positions = selector(state, ids, count, exclude=exclude)
+        else:
+            positions = selector(state, ids, count)
         index = validate_positions(positions, count, state.positions, selector_name(selector))
         index = index.to(state.input_embeds.device)
         rows = state.input_embeds.index_select(0, index)
@@ -205,9 +223,13 @@ async def _prepare_message(
     representation: str,
     reasoning: ReasoningOptions | None,
     record_selection: bool,
+    exclude: list[str | None] | None = None,
+    profile: SpanProfile | None = None,
+    allocation: str = "per_sender",
+    cap: int | None = None,
 ) -> Message:
     reserve = reasoning.reserve if reasoning else 0
-    rows, kept_ids, indices = await run_in_worker(_select, state, ids, count - reserve, selector)
+    rows, kept_ids, indices = await run_in_worker(_select, state, ids, count - reserve, selector, exclude, profile)
     added = 0
     if reasoning is not None and not reasoning.before_selection:
         chosen = await run_in_worker(selected_state, state, rows, kept_ids)
@@ -234,6 +256,9 @@ async def _prepare_message(
             token_ids=state.token_ids,
             tokenizer=state.tokenizer,
             added_latent_positions=added,
+            excluded=exclude,
+            allocation=allocation,
+            cap=count if cap is None else cap,
         )
         return Message(message.continuous_rows, message.token_ids, record)
 
@@ -265,18 +290,25 @@ async def transfer(
     reasoning_context: str | None = None,
     reasoning_budget: int | None = None,
     record_selection: bool = False,
+    exclude: Exclusion | None = None,
+    allocation: str = "per_sender",
 ) -> None:
     """Hand each sender's request-selected state to every receiver, once per request.
 
     Senders, receivers and requests are one item or a sequence; every receiver gets one
     Delivery per request holding one Message per sender (sender-list order). Budgets are
-    relative (`ratio`, default r4) or bounded (`budget`). Returns None after delivering.
+    relative (`ratio`, default r4) or bounded (`budget`). `exclude=rclc.Exclusion(...)`
+    passes over positions the receivers already hold or that carry no content of the
+    sender's own (rclc.exclusion); `allocation="pooled"` spends the senders' fitted total
+    where the scores are highest across them (rclc.selectors._pooling). Returns None after
+    delivering.
     """
     options = reasoning_options(reasoning, reasoning_context, reasoning_budget)
     policy = BudgetPolicy.from_options(ratio, budget)
     selector = cacheback if selector is None else selector
     require_bool("record_selection", record_selection)
-    snapshot = await run_in_worker(_snapshot, sender, receiver, request, selector, representation)
+    exclusion = check_receiver_aware(exclude, allocation, selector)
+    snapshot = await run_in_worker(_snapshot, sender, receiver, request, selector, representation, exclusion)
     builtin = is_builtin(selector)
     reserve = options.reserve if options else 0
     fits_now = options is None or not options.before_selection
@@ -306,6 +338,17 @@ async def transfer(
                     )
                 )
         counts = planned[r] if fits_now else _fit_request(snapshot, request_states, r, policy, builtin, 0)
+        masks: list[list[str | None] | None] = [None] * len(request_states)
+        if exclusion is not None:
+            planned = [(snapshot.receivers[k].tokenizer, plan.input_ids) for (k, q), plan in snapshot.plans.items() if q == r]
+            masks = await run_in_worker(request_masks, request_states, item, planned, exclusion)
+        profiles: list[SpanProfile | None] = [None] * len(request_states)
+        caps = list(counts)
+        if allocation == "pooled" and len(request_states) > 1:
+            profiles, counts = await run_in_worker(
+                pool, request_states, [request_ids[i][r] for i in range(len(request_states))], counts, reserve,
+                selector, masks,
+            )
         messages = []
         for i, state in enumerate(request_states):
             messages.append(
@@ -317,6 +360,10 @@ async def transfer(
                     representation=representation,
                     reasoning=options,
                     record_selection=record_selection,
+                    exclude=masks[i],
+                    profile=profiles[i],
+                    allocation=allocation,
+                    cap=caps[i],
                 )
             )
         deliveries.append(Delivery(item, tuple(messages)))

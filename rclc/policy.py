@@ -18,6 +18,7 @@ from ._arguments import require_int
 from .errors import ContextLimitError, RclcError
 
 __all__ = [
+    "ALLOCATIONS",
     "ATTENTION_SELECTORS",
     "BACKENDS",
     "BASELINE_SELECTORS",
@@ -27,9 +28,12 @@ __all__ = [
     "DEFAULT_RATIO",
     "DEFAULT_REPRESENTATION",
     "DEFAULT_SELECTOR",
+    "EXCLUSION_REASONS",
     "MODES",
+    "POSITION_ROLES",
     "REASONING_CONTEXTS",
     "REPRESENTATIONS",
+    "SPAN_KINDS",
     "check_caps",
     "fit",
     "floor",
@@ -46,6 +50,22 @@ BASELINE_SELECTORS = ("recent", "random")
 BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
 """Every selector name a graph may use without importing code."""
 DEFAULT_SELECTOR = "cacheback"
+
+SPAN_KINDS = ("fixed", "sentence", "paragraph", "line")
+"""How the attention selectors cut a sender into the spans they keep whole: the fixed
+`span_size` grid, or the sender's own sentences, paragraphs or lines."""
+
+EXCLUSION_REASONS = ("template", "instruction", "known")
+"""Why a selection may pass over a sender position (`rclc.Exclusion`): a chat-template
+marker, the sender's own instructions (system prompt, prompt-template text), or text the
+receiver already holds. Listed in the order a position's reason is reported."""
+POSITION_ROLES = ("material", "instruction", "template")
+"""What a sender position holds, as a caller who built the prompt knows it: material the
+sender read or wrote, its instructions, or chat-template markup."""
+
+ALLOCATIONS = ("per_sender", "pooled")
+"""How a transfer with several senders spends its budget: each sender its own fitted count,
+or the senders' total where the scores are highest across them."""
 
 BUILTIN_REASONING = ("latent_mass",)
 """Reasoning methods known by name (`rclc.latent_mass`)."""

@@ -1,4 +1,5 @@
-"""span="sentence": the sentence partition, the keep step over it, and the built-ins using it."""
+"""Text-aligned spans (sentence, line, paragraph) and max_span: the partitions, the keep step over
+them, and the built-ins using them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from rclc.selectors._sentences import (
     partition,
     sender_sentence_spans,
     sentence_spans,
+    split_long,
+    text_spans,
     token_pieces,
 )
 from rclc.state import SenderState
@@ -214,3 +217,50 @@ def test_sentences_need_the_senders_text(tiny, selector, missing, monkeypatch):
     monkeypatch.undo()
     # The fixed grid still works on such a sender.
     assert len(selector(sender, request(tokenizer), 4)) == 4
+
+
+# -- lines, paragraphs and the longest span ----------------------------------------------------
+
+
+def test_lines_and_paragraphs_of_pieces():
+    pieces = ["A", ".", " B", "\n", "C", " d", "\n", "\n", "E", ".", " F"]
+    assert text_spans(pieces, 4, "line") == [(0, 4), (4, 7), (7, 8), (8, 11)]
+    assert text_spans(pieces, 4, "paragraph") == [(0, 8), (8, 11)]
+    assert text_spans(pieces, 4, "sentence") == [(0, 2), (2, 4), (4, 7), (7, 8), (8, 10), (10, 11)]
+    # special tokens (chat markers) stand alone in paragraphs
+    assert text_spans(["<s>", "sys", "\n", "hi", "</s>", "\n", "<s>", "u"], 4, "paragraph", breaks=[0, 4, 6]) == [
+        (0, 1), (1, 4), (4, 5), (5, 6), (6, 7), (7, 8)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(PIECES, st.integers(1, 8), st.sampled_from(["sentence", "line", "paragraph"]), st.integers(1, 9))
+def test_text_spans_and_their_splits_partition_every_position(pieces, span_size, kind, longest):
+    for spans in (text_spans(pieces, span_size, kind), split_long(text_spans(pieces, span_size, kind), longest)):
+        assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
+        assert all(a[1] == b[0] and b[1] > b[0] for a, b in zip(spans, spans[1:]))
+    split = split_long(text_spans(pieces, span_size, kind), longest)
+    assert all(stop - start <= longest for start, stop in split)
+
+
+def test_long_spans_split_into_near_equal_pieces():
+    assert split_long([(0, 10), (10, 12)], 4) == [(0, 3), (3, 6), (6, 10), (10, 12)]
+    assert split_long([(0, 10)], None) == [(0, 10)]
+
+
+@pytest.mark.parametrize("kind", ["paragraph", "line"])
+def test_the_builtins_keep_paragraphs_and_lines(tiny, kind):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT.replace(" Bob does!", " Bob does!\n"))
+    ids = request(tokenizer)
+    spans = partition(sender, kind, 16, 6)
+    assert all(stop - start <= 6 for start, stop in spans)
+    kept = cacheback(sender, ids, 9, span=kind, max_span=6)
+    assert kept == keep_spans(cacheback_scores(sender, ids), 9, spans, 0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "8", True])
+def test_a_bad_max_span_is_refused(tiny, bad):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    with pytest.raises(ValueError, match="max_span: expected None or an int >= 1"):
+        cacheback(sender, request(tokenizer), 4, span="sentence", max_span=bad)
