@@ -34,6 +34,7 @@ from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
+from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles
 from .transfer_options import state_groups, transfer_options
 
 
@@ -140,12 +141,15 @@ class LocalExecutor(Executor):
                             payload_bytes=payload, mode="text", policy="text", edge=edge.id)
             )
         deliveries = 0
+        received_roles: list[str] = []
+        known = (node.agent.system, content)  # what this node holds besides its handoffs
         for group in state_groups(state_edges):
             lead = group[0]
             request = group_request(lead, content)
+            labels = [sender_roles(senders[edge.id], senders[edge.id].positions) for edge in group]
             began = time.perf_counter()
             try:
-                extra = await self._deliver_group(ctx, node, agent, group, request)
+                extra = await self._deliver_group(ctx, node, agent, group, request, known=known, roles=labels)
             except Exception as error:
                 raise NodeFailed(node.name, error, lead) from error
             seconds = time.perf_counter() - began + extra
@@ -153,6 +157,10 @@ class LocalExecutor(Executor):
             deliveries += 1
             for edge, message in zip(group, delivery.messages):
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
+                selection = message.selection
+                received_roles += delivered_roles(
+                    senders[edge.id], selection.indices, selection.source_positions, selection.added_latent_positions
+                )
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
         generated, generation_seconds, text = await self._finish_state(ctx, node, agent, prompt_text, deliveries)
         # In a worker: sender_state takes the preparation lock, which another run's update may
@@ -166,6 +174,10 @@ class LocalExecutor(Executor):
             raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {state.positions} positions"))
         encoded = tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = [tuple(pair) for pair in encoded["offset_mapping"]]
+        own = prompt_roles(tokenizer, node, inbound, prompt_text)
+        if len(own) != prompt_positions:  # the agent read other tokens than these: label nothing as instructions
+            own = [MATERIAL] * prompt_positions
+        roles = compress(received_roles + own + [MATERIAL] * generated)
         self._agents[(ctx.run_id, node.name)] = agent
         records = [
             hop.record if hop.record.mode == "text" else _with_generation(hop.record, generation_seconds) for hop in hops
@@ -184,16 +196,28 @@ class LocalExecutor(Executor):
             started_at=started,
             finished_at=time.time(),
             hops=records,
+            roles=roles,
         )
 
     async def _deliver_group(
-        self, ctx: RunContext, node: PlanNode, agent: Any, group: list[PlanEdge], request: str
+        self,
+        ctx: RunContext,
+        node: PlanNode,
+        agent: Any,
+        group: list[PlanEdge],
+        request: str,
+        *,
+        known: tuple[str, ...] = (),
+        roles: list[list[str]] | None = None,
     ) -> float:
         """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
-        budgets are fitted across the senders). Returns seconds spent elsewhere on it (selection
-        that ran before this call, e.g. on another replica); 0 here. Executors that place
-        senders elsewhere override this."""
-        options = transfer_options(group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
+        budgets are fitted across the senders). `known` and `roles` feed the policy's
+        exclusion (what the receiver holds; each sender's position labels). Returns seconds
+        spent elsewhere on it (selection that ran before this call, e.g. on another replica);
+        0 here. Executors that place senders elsewhere override this."""
+        options = transfer_options(
+            group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=known, roles=roles
+        )
         sending = [self.agent(ctx.run_id, edge.source) for edge in group]
         await rclc.transfer(sending, agent, request, **options)
         return 0.0
@@ -218,6 +242,9 @@ class LocalExecutor(Executor):
             policy=edge.policy.label,
             edge=edge.id,
             selection_seconds=seconds,
+            excluded_by_reason=selection.excluded,
+            allocation=selection.allocation,
+            fitted_budget=selection.cap if selection.allocation == "pooled" else None,
         )
 
     async def _finish_state(

@@ -50,8 +50,19 @@ def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, 
     return options
 
 
-def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> dict[str, Any]:
-    """Keyword arguments of `rclc.transfer` for a state/full edge policy."""
+def transfer_options(
+    policy: ResolvedPolicy,
+    *,
+    trust_code: bool,
+    seed: int,
+    known: tuple[str, ...] = (),
+    roles: list[list[str]] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of `rclc.transfer` for a state/full edge policy.
+
+    `known` (what the receiver holds: its system prompt and user turn) and `roles` (one
+    label list per sender, roles.py) make the policy's `exclude` an `rclc.Exclusion`.
+    """
     options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or DEFAULT_REPRESENTATION}
     if policy.mode == "full":
         options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
@@ -61,6 +72,14 @@ def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> 
             options["budget"] = policy.budget
         else:
             options["ratio"] = policy.ratio
+        if policy.allocation != "per_sender":
+            options["allocation"] = policy.allocation
+        if policy.exclude:
+            options["exclude"] = rclc.Exclusion(
+                reasons=policy.exclude,
+                known=tuple(text for text in known if text),
+                roles=None if roles is None else tuple(roles),
+            )
     options.update(resolve_reasoning(policy, trust_code=trust_code))
     return options
 

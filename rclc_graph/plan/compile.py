@@ -90,13 +90,15 @@ def expand(blueprint: Blueprint, inputs: Mapping[str, Any]) -> Plan:
         for index in indices(step):
             name = name_of(step, index)
             variables = _variables(blueprint, values, step, index)
+            prompt, prompt_values = templates.render_spans(spec_node.prompt, variables)
             nodes.append(
                 PlanNode(
                     name=name,
                     declared=step.node,
                     agent=agent,
                     model=blueprint.models[agent.model],
-                    prompt=templates.render(spec_node.prompt, variables),
+                    prompt=prompt,
+                    prompt_values=prompt_values,
                     template=spec_node.prompt,
                     generate=spec_node.generate,
                     output=spec_node.output and _last_round(blueprint, step),

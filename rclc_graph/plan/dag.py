@@ -42,6 +42,9 @@ class PlanNode:
     item: str | None  # the foreach item this copy reads
     incoming: tuple[int, ...]  # PlanEdge ids, in declaration order (handoff arrival order)
     outgoing: tuple[int, ...]
+    # Character spans of `prompt` that hold rendered values (inputs, node variables); the
+    # rest is the template's own text (what receiver-aware selection calls instructions).
+    prompt_values: tuple[tuple[int, int], ...] = ()
 
     def sampling_seed(self, run_seed: int) -> int:
         """The seed this node samples with: its agent's `seed`, else one derived from the run's

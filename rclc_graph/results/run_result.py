@@ -26,6 +26,9 @@ class NodeResult:
     finished_at: float = 0.0
     hops: list[HopRecord] = field(default_factory=list)  # the handoffs this node received
     placement: dict[str, str] | None = None  # where it ran ({"replica", "actor", "node"}); None in-process
+    # What each position holds, as runs of (role, length): material, instruction or template
+    # (executors/roles.py). None: not recorded (older records), read as all material.
+    roles: tuple[tuple[str, int], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (node files and records)."""
@@ -45,6 +48,7 @@ class NodeResult:
             "finished_at": self.finished_at,
             "hops": [hop.to_dict() for hop in self.hops],
             "placement": None if self.placement is None else dict(self.placement),
+            "roles": None if self.roles is None else [[role, count] for role, count in self.roles],
         }
 
     @classmethod
@@ -65,6 +69,7 @@ class NodeResult:
             finished_at=data.get("finished_at", 0.0),
             hops=[HopRecord(**hop) for hop in data.get("hops", [])],
             placement=data.get("placement"),
+            roles=None if data.get("roles") is None else tuple((str(role), int(count)) for role, count in data["roles"]),
         )
 
 
