@@ -12,8 +12,8 @@ sender. Each sender's span means are therefore divided by the mean score of that
 own candidate positions (not protected, not excluded): a span then ranks by how far it
 stands above its own sender's typical position, in multiples of it. A sender whose best
 sentence stands out (the one holding what the request asks for) outranks a sender whose
-sentences all score alike; see docs/api.md#pooled-fan-in-budgets for the measurement behind
-this choice.
+sentences all score alike; benchmarks/pooled_allocation.py measures this choice against the
+alternatives (docs/experiments.md#receiver-aware-selection-and-pooled-budgets).
 
 The joint ranking keeps each sender's own span order (the normalisation is one positive
 factor per sender), so each sender's share is exactly what its own keep step selects for the
