@@ -18,6 +18,7 @@ from rclc.policy import (
     DEFAULT_RATIO,
     DEFAULT_REPRESENTATION,
     DEFAULT_SELECTOR,
+    EXCLUSION_REASONS,
     MODES,
     policy_label,
 )
@@ -29,9 +30,9 @@ Mode = Literal[MODES]  # type: ignore[valid-type]
 # The graph layer's selection defaults for `state` edges (the core's own defaults are the
 # seed's: fixed 16-wide spans, nothing excluded, per-sender budgets). Chosen from the
 # measurements in docs/experiments.md#receiver-aware-selection-and-pooled-budgets.
-DEFAULT_SPAN = "fixed"
-DEFAULT_MAX_SPAN: int | None = None
-DEFAULT_EXCLUDE: tuple[str, ...] = ()
+DEFAULT_SPAN = "sentence"
+DEFAULT_MAX_SPAN: int | None = 32
+DEFAULT_EXCLUDE: tuple[str, ...] = EXCLUSION_REASONS
 DEFAULT_ALLOCATION = "per_sender"
 
 
@@ -141,7 +142,8 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
     if selector in ATTENTION_SELECTORS:
         # Defaults fill what neither the policy field nor selector_options says.
         if span is None and "span" not in options:
-            span = DEFAULT_SPAN
+            # A span_size alone asks for the grid it sizes.
+            span = "fixed" if "span_size" in options else DEFAULT_SPAN
         if max_span is None and "max_span" not in options and options.get("span", span) != "fixed":
             max_span = DEFAULT_MAX_SPAN
     builtin = selector in BUILTIN_SELECTORS

@@ -58,6 +58,14 @@ def test_defaults_fill_only_what_is_not_said(monkeypatch):
     custom = resolve_policy(TransferPolicy(selector="my.module:pick"))
     assert custom.options == {} and custom.exclude == () and custom.allocation == "per_sender"
     assert resolve_policy(TransferPolicy(mode="full")).exclude == ()
+    grid = resolve_policy(TransferPolicy(selector_options={"span_size": 4}))
+    assert grid.options == {"span": "fixed", "span_size": 4}  # a span_size alone asks for the grid
+
+
+def test_the_graph_defaults_are_the_measured_ones():
+    policy = resolve_policy(TransferPolicy())
+    assert policy.options == {"span": "sentence", "max_span": 32}
+    assert policy.exclude == ("template", "instruction", "known") and policy.allocation == "per_sender"
 
 
 @pytest.mark.parametrize(
