@@ -6,10 +6,11 @@ relations (so a selector must use the question, not the relation word) and neutr
 filler sentences. Nothing here is tuned to favour any handoff policy: entity, relation
 and sentence order are drawn uniformly from the seed.
 
-Long documents (`document_tokens=(low, high)`): each document is filled to a length drawn
-uniformly from that range with neutral sentences composed from parts (thousands of
-combinations, so long documents do not repeat themselves), split into paragraphs of 3 to 6
-sentences; `documents=(low, high)` draws the number of documents per case. Lengths are
+Long documents (`document_tokens=(low, high)`): each document is filled towards a length
+drawn uniformly from that range (stopping before the sentence that would pass it, so up to
+one filler sentence, at most 20 pieces, short of it) with neutral sentences composed from
+parts (thousands of combinations, so long documents do not repeat themselves), split into
+paragraphs of 3 to 6 sentences; `documents=(low, high)` draws the number of documents per case. Lengths are
 counted in word pieces (words and punctuation marks), which tokenizers turn into slightly
 more tokens (the embedded SmolLM2 tokenizer: 1.0 to 1.15 per piece on this text). The
 default short form is unchanged: the same seed gives the same cases as before.
