@@ -20,26 +20,55 @@ from .exclusion import Exclusion, known_grams, known_positions, position_reasons
 from .policy import ALLOCATIONS
 from .selectors._common import SpanProfile
 from .selectors._pooling import pooled_counts, profile_of, scoring_selector
-from .selectors._sentences import special_positions, token_pieces
+from .selectors._sentences import check_span_starts, special_positions, token_pieces
 from .state import SenderState
 
 
-def accepts_exclude(selector: Any) -> bool:
-    """Whether `selector` takes an `exclude=` keyword (built-ins and baselines do; a custom
-    selector opts in by declaring it, or `**kwargs`)."""
+def accepts_keyword(selector: Any, keyword: str) -> bool:
+    """Whether `selector` takes `keyword` as a keyword argument that is not bound already
+    (declared, or through `**kwargs`)."""
     target = selector
     while isinstance(target, functools.partial):
-        if "exclude" in target.keywords:
-            return False  # bound already: a transfer-level exclusion would conflict
+        if keyword in target.keywords:
+            return False  # bound already: a transfer-level value would conflict
         target = target.func
     try:
         parameters = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
         return False
     return any(
-        (p.name == "exclude" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) or p.kind is p.VAR_KEYWORD
+        (p.name == keyword and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) or p.kind is p.VAR_KEYWORD
         for p in parameters
     )
+
+
+def accepts_exclude(selector: Any) -> bool:
+    """Whether `selector` takes an `exclude=` keyword (built-ins and baselines do; a custom
+    selector opts in by declaring it, or `**kwargs`)."""
+    return accepts_keyword(selector, "exclude")
+
+
+def check_span_starts_option(span_starts: Any, totals: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+    """The transfer's `span_starts`: None, or one entry per sender (None, or positions of that
+    sender where a run of rows begins; rclc.selectors._sentences says what they cut)."""
+    if span_starts is None:
+        return None
+    if isinstance(span_starts, (str, bytes)) or not isinstance(span_starts, Sequence):
+        raise RclcError(
+            "span_starts: expected one entry per sender (None, or the positions where a run of its rows begins), "
+            f"got {type(span_starts).__name__}"
+        )
+    if len(span_starts) != len(totals):
+        raise RclcError(
+            f"span_starts: {len(span_starts)} entries for {len(totals)} senders; give one per sender (None: no runs)"
+        )
+    result: list[tuple[int, ...] | None] = []
+    for index, (entry, total) in enumerate(zip(span_starts, totals)):
+        try:
+            result.append(None if entry is None else check_span_starts(entry, total))
+        except RclcError as error:
+            raise RclcError(f"span_starts[{index}]: {str(error).removeprefix('span_starts: ')}") from None
+    return result
 
 
 def _name(selector: Any) -> str:
@@ -153,10 +182,15 @@ def pool(
     reserve: int,
     selector: Any,
     masks: Sequence[list[str | None] | None],
+    starts: Sequence[Sequence[int] | None] | None = None,
 ) -> tuple[list[SpanProfile | None], list[int]]:
     """Score every sender once and move the group's budget to the best spans across them
     (worker, prep lock). Returns each sender's profile and its pooled count (reserve included)."""
+    starts = [None] * len(states) if starts is None else starts
     with preparation_lock:
-        profiles = [profile_of(selector, state, request, mask) for state, request, mask in zip(states, ids, masks)]
+        profiles = [
+            profile_of(selector, state, request, mask, span_starts)
+            for state, request, mask, span_starts in zip(states, ids, masks, starts)
+        ]
     pooled = pooled_counts(profiles, [count - reserve for count in counts])
     return list(profiles), [count + reserve for count in pooled]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ import anyio.lowlevel
 import torch
 
 from ._arguments import require_bool
-from ._receiver_aware import check_receiver_aware, pool, request_masks
+from ._receiver_aware import accepts_keyword, check_receiver_aware, check_span_starts_option, pool, request_masks
 from ._locks import preparation_lock
 from ._worker import run_in_worker
 from .errors import IncompatibleStateError, RclcError
@@ -108,6 +108,7 @@ class _Snapshot:
     receivers: list[Any]
     requests: list[Any]
     plans: dict[tuple[int, int], PreparedRequest]
+    span_starts: list[tuple[int, ...] | None] | None = None
 
 
 def _resolve_sender(item: Any) -> Any:
@@ -118,7 +119,13 @@ def _resolve_sender(item: Any) -> Any:
 
 
 def _snapshot(
-    sender: Any, receiver: Any, request: Any, selector: Any, representation: Any, exclusion: Exclusion | None = None
+    sender: Any,
+    receiver: Any,
+    request: Any,
+    selector: Any,
+    representation: Any,
+    exclusion: Exclusion | None = None,
+    span_starts: Any = None,
 ) -> _Snapshot:
     """Resolve agents, validate every input and plan every planned receiver (worker, prep lock)."""
     with preparation_lock:
@@ -146,6 +153,7 @@ def _snapshot(
                 raise RclcError("representation: token_ids+continuous needs token_ids on every sender")
         if exclusion is not None:
             exclusion.check_senders([state.positions for state in senders])
+        starts = check_span_starts_option(span_starts, [state.positions for state in senders])
         plans: dict[tuple[int, int], PreparedRequest] = {}
         for k, target in enumerate(receivers):
             if isinstance(target, HFReceiver):
@@ -153,7 +161,7 @@ def _snapshot(
                     target.validate_sender(state)
                 for r, item in enumerate(requests):
                     plans[(k, r)] = target.prepare_request(item)
-        return _Snapshot(senders, receivers, requests, plans)
+        return _Snapshot(senders, receivers, requests, plans, starts)
 
 
 def _fit_request(
@@ -176,16 +184,21 @@ def _select(
     selector: Any,
     exclude: list[str | None] | None = None,
     profile: SpanProfile | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Run the selector (or keep from its precomputed `profile`, for pooled allocation) and
-    gather the kept rows in ascending source order (worker, prep lock)."""
+    gather the kept rows in ascending source order (worker, prep lock). `span_starts` goes
+    to selectors that take it (the built-in span selectors); others cut spans their own way."""
     with preparation_lock:
         if profile is not None:
             positions: Any = profile.keep(count)
-        elif exclude is not None:
-            positions = selector(state, ids, count, exclude=exclude)
         else:
-            positions = selector(state, ids, count)
+            extra: dict[str, Any] = {}
+            if exclude is not None:
+                extra["exclude"] = exclude
+            if span_starts is not None and accepts_keyword(selector, "span_starts"):
+                extra["span_starts"] = span_starts
+            positions = selector(state, ids, count, **extra)
         index = validate_positions(positions, count, state.positions, selector_name(selector))
         index = index.to(state.input_embeds.device)
         rows = state.input_embeds.index_select(0, index)
@@ -227,9 +240,12 @@ async def _prepare_message(
     profile: SpanProfile | None = None,
     allocation: str = "per_sender",
     cap: int | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> Message:
     reserve = reasoning.reserve if reasoning else 0
-    rows, kept_ids, indices = await run_in_worker(_select, state, ids, count - reserve, selector, exclude, profile)
+    rows, kept_ids, indices = await run_in_worker(
+        _select, state, ids, count - reserve, selector, exclude, profile, span_starts
+    )
     added = 0
     if reasoning is not None and not reasoning.before_selection:
         chosen = await run_in_worker(selected_state, state, rows, kept_ids)
@@ -292,6 +308,7 @@ async def transfer(
     record_selection: bool = False,
     exclude: Exclusion | None = None,
     allocation: str = "per_sender",
+    span_starts: Sequence[Sequence[int] | None] | None = None,
 ) -> None:
     """Hand each sender's request-selected state to every receiver, once per request.
 
@@ -300,15 +317,20 @@ async def transfer(
     relative (`ratio`, default r4) or bounded (`budget`). `exclude=rclc.Exclusion(...)`
     passes over positions the receivers already hold or that carry no content of the
     sender's own (rclc.exclusion); `allocation="pooled"` spends the senders' fitted total
-    where the scores are highest across them (rclc.selectors._pooling). Returns None after
-    delivering.
+    where the scores are highest across them (rclc.selectors._pooling). `span_starts` (one
+    entry per sender: None, or positions where a run of its rows begins, such as the joins
+    between rows inherited from different hops) also cut the built-in selectors'
+    text-aligned spans, so no span straddles two runs. Returns None after delivering.
     """
     options = reasoning_options(reasoning, reasoning_context, reasoning_budget)
     policy = BudgetPolicy.from_options(ratio, budget)
     selector = cacheback if selector is None else selector
     require_bool("record_selection", record_selection)
     exclusion = check_receiver_aware(exclude, allocation, selector)
-    snapshot = await run_in_worker(_snapshot, sender, receiver, request, selector, representation, exclusion)
+    snapshot = await run_in_worker(
+        _snapshot, sender, receiver, request, selector, representation, exclusion, span_starts
+    )
+    starts = snapshot.span_starts or [None] * len(snapshot.senders)
     builtin = is_builtin(selector)
     reserve = options.reserve if options else 0
     fits_now = options is None or not options.before_selection
@@ -347,7 +369,7 @@ async def transfer(
         if allocation == "pooled" and len(request_states) > 1:
             profiles, counts = await run_in_worker(
                 pool, request_states, [request_ids[i][r] for i in range(len(request_states))], counts, reserve,
-                selector, masks,
+                selector, masks, starts,
             )
         messages = []
         for i, state in enumerate(request_states):
@@ -364,6 +386,7 @@ async def transfer(
                     profile=profiles[i],
                     allocation=allocation,
                     cap=caps[i],
+                    span_starts=starts[i],
                 )
             )
         deliveries.append(Delivery(item, tuple(messages)))

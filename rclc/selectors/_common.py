@@ -17,7 +17,7 @@ from .._arguments import is_exact_int, require_int
 from ..errors import ContextLimitError, RclcError
 from ..models import context_limit_of
 from ..state import SenderState
-from ._sentences import check_max_span, check_span_option, partition
+from ._sentences import check_max_span, check_span_option, check_span_starts, partition
 from ._spans import Span, keep_spans, protected_positions, refine
 
 
@@ -152,6 +152,7 @@ def span_profile(
     name: str,
     scores: Callable[[list[Span]], torch.Tensor],
     span_field: str = "span_size",
+    span_starts: Any = None,
 ) -> SpanProfile:
     """Check the options, cut the sender into spans and score them (`scores(spans)` does the
     selector's model work); non-finite scores are refused."""
@@ -159,9 +160,10 @@ def span_profile(
     check_span_option(sender, span)
     check_span_size(span_size, span_field)
     check_max_span(max_span)
+    starts = check_span_starts(span_starts, sender.positions)
     mask = check_exclude(exclude, sender.positions)
     flags = excluded_flags(mask)
-    spans = refine(partition(sender, span, span_size, max_span), flags)
+    spans = refine(partition(sender, span, span_size, max_span, starts), flags)
     scored = scores(spans)
     check_finite(scored, name)
     return SpanProfile(scored, spans, flags, sender.latent_steps)
@@ -178,6 +180,7 @@ def select_by_request(
     score: Callable[[SenderState, torch.Tensor], torch.Tensor],
     max_span: Any = None,
     exclude: Any = None,
+    span_starts: Any = None,
 ) -> list[int]:
     """`keep_best_spans` over scores of the request's attention (CacheBack and QSnap)."""
     return keep_best_spans(
@@ -187,6 +190,7 @@ def select_by_request(
         span_size=span_size,
         max_span=max_span,
         exclude=exclude,
+        span_starts=span_starts,
         name=name,
         scores=lambda spans: request_scores(sender, request_ids, name, score),
     )
@@ -203,6 +207,7 @@ def keep_best_spans(
     span_field: str = "span_size",
     max_span: Any = None,
     exclude: Any = None,
+    span_starts: Any = None,
 ) -> list[int]:
     """The check-score-keep step of every built-in selector, as ascending kept positions.
 
@@ -211,16 +216,18 @@ def keep_best_spans(
     `scores(spans)` for one score per position (the selector's own model work, which checks
     its own inputs first), refuses non-finite scores and keeps whole spans of the partition
     in descending score order (`keep_spans`), excluded spans last, first position and latent
-    tail always included.
+    tail always included. `span_starts` (positions where a run of rows begins, e.g. where a
+    chain's inherited runs join) also cut text-aligned spans (`_sentences`).
     """
     check_sender(sender)
     check_span_option(sender, span)
     check_max_span(max_span)
+    check_span_starts(span_starts, sender.positions)
     check_exclude(exclude, sender.positions)
     if not selects(sender, budget, span_size, span_field=span_field):
         return list(range(sender.positions))
     profile = span_profile(
         sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=name, scores=scores,
-        span_field=span_field,
+        span_field=span_field, span_starts=span_starts,
     )
     return profile.keep(budget)

@@ -60,7 +60,13 @@ def scoring_selector(selector: Any) -> tuple[Callable[..., SpanProfile], dict[st
     return None if profiler is None else (profiler, options)
 
 
-def profile_of(selector: Any, sender: Any, request_ids: torch.Tensor, exclude: Sequence[str | None] | None) -> SpanProfile:
+def profile_of(
+    selector: Any,
+    sender: Any,
+    request_ids: torch.Tensor,
+    exclude: Sequence[str | None] | None,
+    span_starts: Sequence[int] | None = None,
+) -> SpanProfile:
     """The span profile `selector` would keep from for `sender` and `request_ids`."""
     found = scoring_selector(selector)
     if found is None:
@@ -71,6 +77,8 @@ def profile_of(selector: Any, sender: Any, request_ids: torch.Tensor, exclude: S
     profiler, options = found
     if exclude is not None:
         options = {**options, "exclude": exclude}
+    if span_starts is not None and "span_starts" not in options:
+        options = {**options, "span_starts": span_starts}
     return profiler(sender, request_ids, **options)
 
 

@@ -17,6 +17,13 @@ non-canonical tokenizations work too):
   such as `<|im_start|>` start and end messages, which are paragraphs of their own kind).
 Continuous rows (ID -1: latent steps, received embeddings) have no text, so each run of
 them is cut on the fixed `span_size` grid instead.
+
+`span_starts` (positions where the caller knows a new run of rows begins) are cut too. A
+chain's inherited rows are the runs an earlier hop kept, joined: a kept partial window ends
+mid-sentence, and decoded as one text it would merge with the next run into a "sentence"
+that belongs to neither, so a later hop could keep half of a fact and the head of another.
+Cutting where the rows' origins stop being consecutive keeps each inherited run apart. The
+fixed grid ignores them: it is the seed's position-aligned partition and stays as defined.
 """
 
 from __future__ import annotations
@@ -72,13 +79,19 @@ def check_text_sender(sender: SenderState, span: str = "sentence") -> None:
 
 
 def text_spans(
-    pieces: Sequence[str | None], span_size: int, kind: str = "sentence", *, breaks: Collection[int] = ()
+    pieces: Sequence[str | None],
+    span_size: int,
+    kind: str = "sentence",
+    *,
+    breaks: Collection[int] = (),
+    starts: Collection[int] = (),
 ) -> list[Span]:
     """A partition of `len(pieces)` positions into text units of `kind`.
 
     `pieces[i]` is the text of position `i` (None for a continuous row); a span stops after
     the piece holding a unit's end. Positions in `breaks` (special tokens, for paragraphs)
-    stand alone. Runs of continuous rows are split on the `span_size` grid of the run.
+    stand alone; a span also starts at every position in `starts`. Runs of continuous rows
+    are split on the `span_size` grid of the run.
     """
     total = len(pieces)
     stops: set[int] = set()
@@ -94,13 +107,15 @@ def text_spans(
         stops.add(owner[match.end() - 1] + 1)
     for position in breaks:
         stops.update((position, position + 1))
+    stops.update(starts)
+    runs = set(starts)  # continuous rows have no text ends, but a run start cuts them too
     spans: list[Span] = []
     start = 0
     for position in range(total):
         stop = position + 1
         continuous = pieces[position] is None
         next_differs = stop < total and (pieces[stop] is None) != continuous
-        if stop == total or next_differs or (not continuous and stop in stops):
+        if stop == total or next_differs or stop in (runs if continuous else stops):
             if continuous:
                 spans.extend((start + a, start + b) for a, b in fixed_spans(stop - start, span_size))
             else:
@@ -161,12 +176,14 @@ def special_positions(tokenizer: Any, token_ids: Sequence[int]) -> list[int]:
     return [position for position, token in enumerate(token_ids) if token in special]
 
 
-def sender_text_spans(sender: SenderState, span_size: int, kind: str) -> list[Span]:
-    """The `kind` partition of a sender's positions (its tokenizer decodes its IDs)."""
+def sender_text_spans(
+    sender: SenderState, span_size: int, kind: str, span_starts: Collection[int] = ()
+) -> list[Span]:
+    """The `kind` partition of a sender's positions (its tokenizer decodes its IDs), also cut at `span_starts`."""
     check_text_sender(sender, kind)
     ids = sender.token_ids.tolist()
     breaks = special_positions(sender.tokenizer, ids) if kind == "paragraph" else ()
-    return text_spans(token_pieces(sender.tokenizer, ids), span_size, kind, breaks=breaks)
+    return text_spans(token_pieces(sender.tokenizer, ids), span_size, kind, breaks=breaks, starts=span_starts)
 
 
 def sender_sentence_spans(sender: SenderState, span_size: int) -> list[Span]:
@@ -174,7 +191,27 @@ def sender_sentence_spans(sender: SenderState, span_size: int) -> list[Span]:
     return sender_text_spans(sender, span_size, "sentence")
 
 
-def partition(sender: SenderState, span: str, span_size: int, max_span: int | None = None) -> list[Span]:
-    """The spans the keep step fills the budget with, for validated `span` and `max_span` options."""
-    spans = fixed_spans(sender.positions, span_size) if span == "fixed" else sender_text_spans(sender, span_size, span)
+def check_span_starts(span_starts: Any, total: int) -> tuple[int, ...]:
+    """The `span_starts` option: None or positions in [0, total) where a run of rows begins."""
+    if span_starts is None:
+        return ()
+    if isinstance(span_starts, (str, bytes)) or not isinstance(span_starts, Collection):
+        raise RclcError(
+            f"span_starts: expected a sequence of positions where a run of rows begins, got {type(span_starts).__name__}"
+        )
+    for position in span_starts:
+        if not is_exact_int(position) or not 0 <= position < total:
+            raise RclcError(f"span_starts: expected positions in [0, {total}) for a sender of {total} positions, got {position!r}")
+    return tuple(span_starts)
+
+
+def partition(
+    sender: SenderState, span: str, span_size: int, max_span: int | None = None, span_starts: Collection[int] = ()
+) -> list[Span]:
+    """The spans the keep step fills the budget with, for validated `span`, `max_span` and
+    `span_starts` options (the fixed grid ignores `span_starts`: module docstring)."""
+    if span == "fixed":
+        spans = fixed_spans(sender.positions, span_size)
+    else:
+        spans = sender_text_spans(sender, span_size, span, span_starts)
     return split_long(spans, max_span)

@@ -30,6 +30,7 @@ def cacheback(
     span: str = "fixed",
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> list[int]:
     """Keep `budget` positions of `sender` that `request_ids` needs most, as ascending indices.
 
@@ -38,10 +39,13 @@ def cacheback(
     `"paragraph"` and `"line"` keep whole units of the sender's text (they need the sender's
     tokenizer and token IDs); `max_span` splits longer spans. `exclude` (one entry per
     position, None or the reason) ranks the excluded positions after all others.
+    `span_starts` (positions where a run of rows begins, e.g. a chain's inherited runs) also
+    cut the text-aligned spans; the fixed grid ignores them.
     Returns every position, without any model work, when `budget >= T`.
     """
     return select_by_request(
-        sender, request_ids, budget, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=NAME,
+        sender, request_ids, budget, span=span, span_size=span_size, max_span=max_span, exclude=exclude,
+        span_starts=span_starts, name=NAME,
         score=_scores,
     )
 
@@ -64,9 +68,11 @@ def cacheback_profile(
     span: str = "fixed",
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> SpanProfile:
     """Scores, spans and exclusions of `cacheback` for one sender (what pooled allocation ranks)."""
     return span_profile(
-        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=NAME,
+        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, span_starts=span_starts,
+        name=NAME,
         scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
     )

@@ -113,6 +113,7 @@ def chunkkv(
     span: str = "fixed",
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> list[int]:
     """Keep `budget` positions by chunk-averaged attention from the sender's own last window
     (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span` and `exclude`
@@ -124,7 +125,7 @@ def chunkkv(
 
     return keep_best_spans(
         sender, budget, span=span, span_size=chunk_size, max_span=max_span, exclude=exclude, name=NAME, scores=scores,
-        span_field="chunk_size",
+        span_field="chunk_size", span_starts=span_starts,
     )
 
 
@@ -138,6 +139,7 @@ def chunkkv_profile(
     span: str = "fixed",
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> SpanProfile:
     """Scores, spans and exclusions of `chunkkv` for one sender (what pooled allocation ranks)."""
 
@@ -147,5 +149,5 @@ def chunkkv_profile(
 
     return span_profile(
         sender, span=span, span_size=chunk_size, max_span=max_span, exclude=exclude, name=NAME, scores=scores,
-        span_field="chunk_size",
+        span_field="chunk_size", span_starts=span_starts,
     )

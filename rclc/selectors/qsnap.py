@@ -22,11 +22,13 @@ def qsnap(
     span: str = "fixed",
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> list[int]:
     """Keep `budget` positions ranked by pooled mean request attention, in whole spans
     (`span`, `max_span` and `exclude` as in `cacheback`)."""
     return select_by_request(
-        sender, request_ids, budget, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=NAME,
+        sender, request_ids, budget, span=span, span_size=span_size, max_span=max_span, exclude=exclude,
+        span_starts=span_starts, name=NAME,
         score=_scores,
     )
 
@@ -49,9 +51,11 @@ def qsnap_profile(
     span: str = "fixed",
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> SpanProfile:
     """Scores, spans and exclusions of `qsnap` for one sender (what pooled allocation ranks)."""
     return span_profile(
-        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=NAME,
+        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, span_starts=span_starts,
+        name=NAME,
         scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
     )

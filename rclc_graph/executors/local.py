@@ -34,7 +34,7 @@ from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
-from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles
+from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles, sender_span_starts
 from .transfer_options import state_groups, transfer_options
 
 
@@ -147,9 +147,12 @@ class LocalExecutor(Executor):
             lead = group[0]
             request = group_request(lead, content)
             labels = [sender_roles(senders[edge.id], senders[edge.id].positions) for edge in group]
+            starts = [sender_span_starts(senders[edge.id], senders[edge.id].positions) for edge in group]
             began = time.perf_counter()
             try:
-                extra = await self._deliver_group(ctx, node, agent, group, request, known=known, roles=labels)
+                extra = await self._deliver_group(
+                    ctx, node, agent, group, request, known=known, roles=labels, span_starts=starts
+                )
             except Exception as error:
                 raise NodeFailed(node.name, error, lead) from error
             seconds = time.perf_counter() - began + extra
@@ -209,14 +212,17 @@ class LocalExecutor(Executor):
         *,
         known: tuple[str, ...] = (),
         roles: list[list[str]] | None = None,
+        span_starts: list[list[int]] | None = None,
     ) -> float:
         """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
         budgets are fitted across the senders). `known` and `roles` feed the policy's
-        exclusion (what the receiver holds; each sender's position labels). Returns seconds
+        exclusion (what the receiver holds; each sender's position labels); `span_starts`
+        says where each sender's runs of rows begin (its lineage). Returns seconds
         spent elsewhere on it (selection that ran before this call, e.g. on another replica);
         0 here. Executors that place senders elsewhere override this."""
         options = transfer_options(
-            group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=known, roles=roles
+            group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=known, roles=roles,
+            span_starts=span_starts,
         )
         sending = [self.agent(ctx.run_id, edge.source) for edge in group]
         await rclc.transfer(sending, agent, request, **options)

@@ -67,10 +67,13 @@ class _ReplicaExecutor(LocalExecutor):
         *,
         known: tuple[str, ...] = (),
         roles: list[list[str]] | None = None,
+        span_starts: list[list[int]] | None = None,
     ) -> float:
         refs = self.replica.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
         if refs is None:
-            return await super()._deliver_group(ctx, node, agent, group, request, known=known, roles=roles)
+            return await super()._deliver_group(
+                ctx, node, agent, group, request, known=known, roles=roles, span_starts=span_starts
+            )
         messages: list[Any] = []
         for ref in refs:
             messages.extend(await self.replica.transport(ref).receive(ref))
@@ -157,9 +160,11 @@ class Replica:
         same_host: bool,
         known: tuple[str, ...] = (),
         roles: list[str] | None = None,
+        span_starts: list[int] | None = None,
     ) -> PayloadRef:
         """Select `count` positions of the edge's sender for `request` and hand back a ref
-        (`known` and `roles` feed the edge's exclusion, as in the local executor)."""
+        (`known` and `roles` feed the edge's exclusion, `span_starts` its spans, as in the
+        local executor)."""
         ctx = await self.context(ticket)
         edge = ctx.plan.edges[edge_id]
         try:
@@ -173,6 +178,7 @@ class Replica:
             transfer_options(
                 edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=tuple(known),
                 roles=None if roles is None else [list(roles)],
+                span_starts=None if span_starts is None else [list(span_starts)],
             ),
             count,
         )

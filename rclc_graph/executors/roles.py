@@ -128,3 +128,12 @@ def sender_roles(sender: NodeResult, positions: int) -> list[str]:
     """Labels of a sender's state as a transfer sees it (`positions` rows)."""
     labels = expand(sender.roles, len(sender.lineage))
     return (labels + [MATERIAL] * positions)[:positions]
+
+
+def sender_span_starts(sender: NodeResult, positions: int) -> list[int]:
+    """Where a run of a sender's rows begins (its lineage's run starts), within the `positions`
+    rows a transfer sees; rows full-context reasoning adds at the end start one more run."""
+    starts = [start for start in sender.lineage.run_starts() if start < positions]
+    if 0 < len(sender.lineage) < positions:
+        starts.append(len(sender.lineage))
+    return starts

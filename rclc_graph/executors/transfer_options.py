@@ -57,11 +57,14 @@ def transfer_options(
     seed: int,
     known: tuple[str, ...] = (),
     roles: list[list[str]] | None = None,
+    span_starts: list[list[int]] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of `rclc.transfer` for a state/full edge policy.
 
     `known` (what the receiver holds: its system prompt and user turn) and `roles` (one
     label list per sender, roles.py) make the policy's `exclude` an `rclc.Exclusion`.
+    `span_starts` (one list per sender: where its lineage's runs begin) keeps text-aligned
+    spans from joining two inherited runs (rclc.selectors._sentences says why).
     """
     options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or DEFAULT_REPRESENTATION}
     if policy.mode == "full":
@@ -74,6 +77,8 @@ def transfer_options(
             options["ratio"] = policy.ratio
         if policy.allocation != "per_sender":
             options["allocation"] = policy.allocation
+        if span_starts is not None and any(span_starts):
+            options["span_starts"] = [list(starts) for starts in span_starts]
         if policy.exclude:
             options["exclude"] = rclc.Exclusion(
                 reasons=policy.exclude,

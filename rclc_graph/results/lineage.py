@@ -125,6 +125,16 @@ class Lineage:
             for offset in range(segment.length):
                 yield segment.origin(offset)
 
+    def run_starts(self) -> list[int]:
+        """Positions (after the first) where a run of consecutive origins begins.
+
+        Segments merge whenever one continues the previous, so each segment after the first
+        starts a run: where inherited rows from different hops, senders or non-adjacent
+        source positions join, and where the node's own prompt and tokens begin. Selection
+        cuts text-aligned spans there (`rclc.transfer(span_starts=...)`), so a span never
+        joins the tail of one kept run to the head of the next."""
+        return list(self._ends[:-1])
+
     def counts_by_node(self) -> dict[str, int]:
         """Positions per origin node."""
         return _count(self.segments, lambda segment: segment.node)

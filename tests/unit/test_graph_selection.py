@@ -255,3 +255,59 @@ def test_exclusion_across_replicas_matches_in_process(pool):
     for mine, theirs in zip(local.hops, remote.hops):
         assert (mine.kept_by_origin, mine.excluded_by_reason) == (theirs.kept_by_origin, theirs.excluded_by_reason)
     assert local.nodes["final"].roles == remote.nodes["final"].roles
+
+
+# -- inherited runs: spans follow the rows' origins, not re-cut text -------------------------------
+
+
+def test_lineage_run_starts_are_where_origins_stop_being_consecutive():
+    from rclc_graph.results.lineage import Lineage
+
+    kept = Lineage.fresh("r1", 10).take([0, 1, 2, 5, 6, 9]).hop()
+    assert kept.run_starts() == [3, 5]
+    assert kept.extend("r2", 4).run_starts() == [3, 5, 6]
+    assert Lineage.fresh("r1", 7).run_starts() == [] and Lineage().run_starts() == []
+
+
+def chain(policy, readers=3):
+    graph = Graph("chain").input("question")
+    graph.model("base").agent("reader", model="base", system="Read the part.", max_new_tokens=2)
+    for index in range(1, readers + 1):
+        graph.node(f"r{index}", agent="reader", generate=False, prompt=f"Question: {{question}}\nPart {index}:\n{DOC}")
+        if index > 1:
+            graph.edge(f"r{index - 1}", f"r{index}", policy)
+    graph.node("final", agent="reader", prompt="Question: {question}\nAnswer:", output=True)
+    graph.edge(f"r{readers}", "final", policy)
+    return graph.plan({"question": "Who owns the Cedar project?"})
+
+
+def test_a_chain_hands_each_senders_run_starts_to_selection(pool, monkeypatch):
+    import rclc
+
+    seen: list[dict] = []
+    original = rclc.transfer
+
+    async def spy(sender, receiver, request, **options):
+        seen.append(options)
+        return await original(sender, receiver, request, **options)
+
+    monkeypatch.setattr(rclc, "transfer", spy)
+    result = run_plan_sync(chain(Policy(ratio=2, span="sentence", exclude=[])), pool=pool)
+    assert result.status == "finished", result.error
+    assert len(seen) == 3  # r1 -> r2 -> r3 -> final
+    assert "span_starts" not in seen[0]  # r1 holds one run: its own prompt
+    for options, sender in zip(seen[1:], ("r2", "r3")):
+        node = result.nodes[sender]
+        assert options["span_starts"] == [node.lineage.run_starts()]
+        assert node.inherited_positions in options["span_starts"][0]  # its own prompt starts a run
+        assert len(options["span_starts"][0]) >= 2  # and the inherited rows hold runs of their own
+
+
+def test_chain_spans_across_replicas_match_in_process(pool):
+    policy = Policy(ratio=2, span="sentence", exclude=[])
+    local = run_plan_sync(chain(policy), pool=pool)
+    remote = run_plan_sync(chain(policy), executor=InProcessReplicasExecutor(pool, pins={"r2": 1}, replicas={"base": 2}))
+    assert remote.status == "finished", remote.error
+    for mine, theirs in zip(local.hops, remote.hops):
+        assert mine.kept_by_origin == theirs.kept_by_origin
+    assert local.nodes["final"].lineage == remote.nodes["final"].lineage
