@@ -3,7 +3,10 @@
 `TransferPolicy` (spec) keeps None for "the default of this mode" so YAML stays minimal and
 the spec can refuse options a mode does not use. `ResolvedPolicy` is the frozen, complete
 value a plan carries; the scheduler reads it without knowing any defaults. The defaults and
-labels are the transfer core's own (`rclc.policy`, which imports no torch).
+labels are the transfer core's own (`rclc.policy`, which imports no torch), except the
+selection defaults of `state` edges (span kind, exclusion, allocation): those are the graph's,
+chosen from paired measurements on both shipped topologies (the comment at DEFAULT_SPAN says
+which and why), while `rclc.transfer` keeps the seed's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from rclc.policy import (
     DEFAULT_RATIO,
     DEFAULT_REPRESENTATION,
     DEFAULT_SELECTOR,
-    EXCLUSION_REASONS,
     MODES,
     policy_label,
 )
@@ -28,11 +30,19 @@ from ..spec.models import TransferPolicy
 Mode = Literal[MODES]  # type: ignore[valid-type]
 
 # The graph layer's selection defaults for `state` edges (the core's own defaults are the
-# seed's: fixed 16-wide spans, nothing excluded, per-sender budgets). Chosen from the
-# measurements in docs/experiments.md#receiver-aware-selection-and-pooled-budgets.
+# seed's: fixed 16-wide spans, nothing excluded, per-sender budgets). Chosen from the paired
+# measurements in docs/experiments.md#receiver-aware-selection-and-pooled-budgets, on both
+# topologies measured (fan-out and chain, r4):
+# - sentence spans: with them the evidence sentence survives (fan-out 13% -> 97-100%);
+# - only chat-template markers passed over: on the fan-out this beat passing over all three
+#   reasons (82% vs 56% accuracy, 45 paired cases, p = 0.004) and sentence spans alone (64%);
+#   on the chain it matched the seed's CacheBack (50% vs 50% on 20 cases). Passing over the
+#   sender's instructions or text the receiver holds frees budget that goes to more facts of
+#   the same kind, and the 135M answerer then names a distractor: on the chain each of them
+#   alone cost accuracy (30% vs 50%), all three 20-25%. They stay available per edge.
 DEFAULT_SPAN = "sentence"
 DEFAULT_MAX_SPAN: int | None = 32
-DEFAULT_EXCLUDE: tuple[str, ...] = EXCLUSION_REASONS
+DEFAULT_EXCLUDE: tuple[str, ...] = ("template",)
 DEFAULT_ALLOCATION = "per_sender"
 
 

@@ -63,9 +63,13 @@ def test_defaults_fill_only_what_is_not_said(monkeypatch):
 
 
 def test_the_graph_defaults_are_the_measured_ones():
+    # docs/experiments.md#receiver-aware-selection-and-pooled-budgets: sentence spans, only
+    # chat markup passed over (instructions and known text cost accuracy on both topologies)
     policy = resolve_policy(TransferPolicy())
     assert policy.options == {"span": "sentence", "max_span": 32}
-    assert policy.exclude == ("template", "instruction", "known") and policy.allocation == "per_sender"
+    assert policy.exclude == ("template",) and policy.allocation == "per_sender"
+    assert resolve_policy(TransferPolicy(exclude=["template", "instruction", "known"])).exclude == (
+        "template", "instruction", "known")  # still there when an edge asks for it
 
 
 @pytest.mark.parametrize(
