@@ -43,6 +43,7 @@ _LAZY: dict[str, str] = {
     "SenderState": "state",
     "Selection": "selection",
     "Span": "selection",
+    "Exclusion": "exclusion",
     "latent_mass": "reasoning",
     "latent_mass_sync": "reasoning",
     "GenerationResult": "generation",
@@ -74,6 +75,8 @@ __all__ = [
     "SenderState",
     "Selection",
     "Span",
+    # receiver-aware selection
+    "Exclusion",
     # reasoning
     "latent_mass",
     "latent_mass_sync",
@@ -121,6 +124,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from .agent import Agent, bind
     from .backends.batching import batching_report, configure_batching
     from .doctor import check
+    from .exclusion import Exclusion
     from .generation import Batching, GenerationResult, Sampling
     from .hf import sender_from_hf
     from .literal import Encoding, encode_chat, encode_literal

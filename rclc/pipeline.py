@@ -15,22 +15,25 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ._arguments import require_bool
+from ._receiver_aware import accepts_keyword, check_receiver_aware, check_span_starts_option, pool, request_masks
 from ._locks import preparation_lock
 from ._sync import call_sync
 from ._worker import run_in_worker
 from .errors import IncompatibleStateError, RclcError
+from .exclusion import Exclusion
 from .receiver import HFReceiver, PreparedRequest
 from .policy import DEFAULT_REPRESENTATION, REASONING_CONTEXTS, REPRESENTATIONS, BudgetPolicy, fit, floor
 from .reasoning import apply_reasoning, selected_state
 from .selection import build_selection
 from .selectors import cacheback, is_builtin
+from .selectors._common import SpanProfile
 from .selectors._validate import validate_positions
 from .state import Delivery, Message, SenderState, embedding_weight, rows_match_ids
 
@@ -104,6 +107,7 @@ class _Snapshot:
     receivers: list[Any]
     requests: list[Any]
     plans: dict[tuple[int, int], PreparedRequest]
+    span_starts: list[tuple[int, ...] | None] | None = None
 
 
 def _resolve_sender(item: Any) -> Any:
@@ -113,7 +117,15 @@ def _resolve_sender(item: Any) -> Any:
     return resolve() if callable(resolve) else item
 
 
-def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, representation: Any) -> _Snapshot:
+def _snapshot(
+    sender: Any,
+    receiver: Any,
+    request: Any,
+    selector: Any,
+    representation: Any,
+    exclusion: Exclusion | None = None,
+    span_starts: Any = None,
+) -> _Snapshot:
     """Resolve agents, validate every input and plan every planned receiver (worker, prep lock)."""
     with preparation_lock:
         senders = [_resolve_sender(item) for item in _listify(sender, _is_sender_like, "sender")]
@@ -138,6 +150,9 @@ def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, represent
             state.validate()
             if representation == "token_ids+continuous" and state.token_ids is None:
                 raise RclcError("representation: token_ids+continuous needs token_ids on every sender")
+        if exclusion is not None:
+            exclusion.check_senders([state.positions for state in senders])
+        starts = check_span_starts_option(span_starts, [state.positions for state in senders])
         plans: dict[tuple[int, int], PreparedRequest] = {}
         for k, target in enumerate(receivers):
             if isinstance(target, HFReceiver):
@@ -145,7 +160,7 @@ def _snapshot(sender: Any, receiver: Any, request: Any, selector: Any, represent
                     target.validate_sender(state)
                 for r, item in enumerate(requests):
                     plans[(k, r)] = target.prepare_request(item)
-        return _Snapshot(senders, receivers, requests, plans)
+        return _Snapshot(senders, receivers, requests, plans, starts)
 
 
 def _fit_request(
@@ -162,11 +177,27 @@ def _tokenize(snapshot: _Snapshot) -> list[list[torch.Tensor]]:
 
 
 def _select(
-    state: SenderState, ids: torch.Tensor, count: int, selector: Any
+    state: SenderState,
+    ids: torch.Tensor,
+    count: int,
+    selector: Any,
+    exclude: list[str | None] | None = None,
+    profile: SpanProfile | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
-    """Run the selector and gather the kept rows in ascending source order (worker, prep lock)."""
+    """Run the selector (or keep from its precomputed `profile`, for pooled allocation) and
+    gather the kept rows in ascending source order (worker, prep lock). `span_starts` goes
+    to selectors that take it (the built-in span selectors); others cut spans their own way."""
     with preparation_lock:
-        positions = selector(state, ids, count)
+        if profile is not None:
+            positions: Any = profile.keep(count)
+        else:
+            extra: dict[str, Any] = {}
+            if exclude is not None:
+                extra["exclude"] = exclude
+            if span_starts is not None and accepts_keyword(selector, "span_starts"):
+                extra["span_starts"] = span_starts
+            positions = selector(state, ids, count, **extra)
         index = validate_positions(positions, count, state.positions, selector_name(selector))
         index = index.to(state.input_embeds.device)
         rows = state.input_embeds.index_select(0, index)
@@ -204,9 +235,16 @@ async def _prepare_message(
     representation: str,
     reasoning: ReasoningOptions | None,
     record_selection: bool,
+    exclude: list[str | None] | None = None,
+    profile: SpanProfile | None = None,
+    allocation: str = "per_sender",
+    cap: int | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> Message:
     reserve = reasoning.reserve if reasoning else 0
-    rows, kept_ids, indices = await run_in_worker(_select, state, ids, count - reserve, selector)
+    rows, kept_ids, indices = await run_in_worker(
+        _select, state, ids, count - reserve, selector, exclude, profile, span_starts
+    )
     added = 0
     if reasoning is not None and not reasoning.before_selection:
         chosen = await run_in_worker(selected_state, state, rows, kept_ids)
@@ -233,6 +271,9 @@ async def _prepare_message(
             token_ids=state.token_ids,
             tokenizer=state.tokenizer,
             added_latent_positions=added,
+            excluded=exclude,
+            allocation=allocation,
+            cap=count if cap is None else cap,
         )
         return Message(message.continuous_rows, message.token_ids, record)
 
@@ -264,18 +305,31 @@ async def transfer(
     reasoning_context: str | None = None,
     reasoning_budget: int | None = None,
     record_selection: bool = False,
+    exclude: Exclusion | None = None,
+    allocation: str = "per_sender",
+    span_starts: Sequence[Sequence[int] | None] | None = None,
 ) -> None:
     """Hand each sender's request-selected state to every receiver, once per request.
 
     Senders, receivers and requests are one item or a sequence; every receiver gets one
     Delivery per request holding one Message per sender (sender-list order). Budgets are
-    relative (`ratio`, default r4) or bounded (`budget`). Returns None after delivering.
+    relative (`ratio`, default r4) or bounded (`budget`). `exclude=rclc.Exclusion(...)`
+    passes over positions the receivers already hold or that carry no content of the
+    sender's own (rclc.exclusion); `allocation="pooled"` spends the senders' fitted total
+    where the scores are highest across them (rclc.selectors._pooling). `span_starts` (one
+    entry per sender: None, or positions where a run of its rows begins, such as the joins
+    between rows inherited from different hops) also cut the built-in selectors'
+    text-aligned spans, so no span straddles two runs. Returns None after delivering.
     """
     options = reasoning_options(reasoning, reasoning_context, reasoning_budget)
     policy = BudgetPolicy.from_options(ratio, budget)
     selector = cacheback if selector is None else selector
     require_bool("record_selection", record_selection)
-    snapshot = await run_in_worker(_snapshot, sender, receiver, request, selector, representation)
+    exclusion = check_receiver_aware(exclude, allocation, selector)
+    snapshot = await run_in_worker(
+        _snapshot, sender, receiver, request, selector, representation, exclusion, span_starts
+    )
+    starts = snapshot.span_starts or [None] * len(snapshot.senders)
     builtin = is_builtin(selector)
     reserve = options.reserve if options else 0
     fits_now = options is None or not options.before_selection
@@ -305,6 +359,17 @@ async def transfer(
                     )
                 )
         counts = planned[r] if fits_now else _fit_request(snapshot, request_states, r, policy, builtin, 0)
+        masks: list[list[str | None] | None] = [None] * len(request_states)
+        if exclusion is not None:
+            planned = [(snapshot.receivers[k].tokenizer, plan.input_ids) for (k, q), plan in snapshot.plans.items() if q == r]
+            masks = await run_in_worker(request_masks, request_states, item, planned, exclusion)
+        profiles: list[SpanProfile | None] = [None] * len(request_states)
+        caps = list(counts)
+        if allocation == "pooled" and len(request_states) > 1:
+            profiles, counts = await run_in_worker(
+                pool, request_states, [request_ids[i][r] for i in range(len(request_states))], counts, reserve,
+                selector, masks, starts,
+            )
         messages = []
         for i, state in enumerate(request_states):
             messages.append(
@@ -316,6 +381,11 @@ async def transfer(
                     representation=representation,
                     reasoning=options,
                     record_selection=record_selection,
+                    exclude=masks[i],
+                    profile=profiles[i],
+                    allocation=allocation,
+                    cap=caps[i],
+                    span_starts=starts[i],
                 )
             )
         deliveries.append(Delivery(item, tuple(messages)))

@@ -18,6 +18,7 @@ from ._arguments import require_int
 from .errors import ContextLimitError, RclcError
 
 __all__ = [
+    "ALLOCATIONS",
     "ATTENTION_SELECTORS",
     "BACKENDS",
     "BASELINE_SELECTORS",
@@ -29,10 +30,13 @@ __all__ = [
     "DEFAULT_REPRESENTATION",
     "DEFAULT_SELECTOR",
     "DEFAULT_WAIT_MS",
+    "EXCLUSION_REASONS",
     "MODES",
+    "POSITION_ROLES",
     "REASONING_CONTEXTS",
     "REPRESENTATIONS",
     "SELECTOR_OPTIONS",
+    "SPAN_KINDS",
     "check_caps",
     "fit",
     "floor",
@@ -51,22 +55,47 @@ BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
 """Every selector name a graph may use without importing code."""
 DEFAULT_SELECTOR = "cacheback"
 
+SPAN_KINDS = ("fixed", "sentence", "paragraph", "line")
+"""How the attention selectors cut a sender into the spans they keep whole: the fixed
+`span_size` grid, or the sender's own sentences, paragraphs or lines."""
+
+EXCLUSION_REASONS = ("template", "instruction", "known")
+"""Why a selection may pass over a sender position (`rclc.Exclusion`): a chat-template
+marker, the sender's own instructions (system prompt, prompt-template text), or text the
+receiver already holds. Listed in the order a position's reason is reported."""
+POSITION_ROLES = ("material", "instruction", "template")
+"""What a sender position holds, as a caller who built the prompt knows it: material the
+sender read or wrote, its instructions, or chat-template markup."""
+
+ALLOCATIONS = ("per_sender", "pooled")
+"""How a transfer with several senders spends its budget: each sender its own fitted count,
+or the senders' total where the scores are highest across them."""
+
 SELECTOR_OPTIONS: dict[str, dict[str, str]] = {
-    "cacheback": {"span_size": "positive_int", "span": "span"},
-    "qsnap": {"span_size": "positive_int", "span": "span"},
-    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", "span": "span"},
-    "recent": {},
+    "cacheback": {"span_size": "positive_int", "span": "span", "max_span": "positive_int",
+                  "exclude": "edge_field", "span_starts": "from_lineage"},
+    "qsnap": {"span_size": "positive_int", "span": "span", "max_span": "positive_int",
+              "exclude": "edge_field", "span_starts": "from_lineage"},
+    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", "span": "span",
+                "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage"},
+    "recent": {"exclude": "edge_field"},
     "random": {"seed": "seed"},
 }
 """The keyword options each built-in selector takes, and what each must be (checked without
 torch by `selector_option_problems`, so a graph refuses `span_size: 0` before any model
-loads; tests/unit/test_policy.py checks the table against the selectors' signatures)."""
+loads; tests/unit/test_policy.py checks the table against the selectors' signatures).
+`exclude` and `span_starts` are keywords the transfer fills in (from the edge's `exclude:`
+field and from lineage), so a graph may not set them as selector options."""
 
 _OPTION_KINDS = {
     "positive_int": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),
     "odd_int": ("an odd whole number >= 1", lambda v: type(v) is int and v >= 1 and v % 2 == 1),
-    "span": ("'fixed' or 'sentence'", lambda v: v in ("fixed", "sentence")),
+    "span": ("one of " + ", ".join(repr(kind) for kind in SPAN_KINDS), lambda v: v in SPAN_KINDS),
     "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),
+}
+_SET_BY_THE_TRANSFER = {
+    "edge_field": "write it as the edge policy's `exclude:` field (a list of template, instruction, known)",
+    "from_lineage": "remove it: the graph passes each sender's run starts from lineage",
 }
 
 
@@ -81,6 +110,10 @@ def selector_option_problems(selector: str, options: dict[str, object]) -> list[
         if kind is None:
             takes = ", ".join(allowed) if allowed else "no options"
             problems.append((name, f"selector {selector!r} has no option {name!r}", f"{selector} takes {takes}"))
+            continue
+        if kind in _SET_BY_THE_TRANSFER:
+            problems.append((name, f"{name} of selector {selector!r} is set by the transfer, not as a selector option",
+                             _SET_BY_THE_TRANSFER[kind]))
             continue
         wanted, accepts = _OPTION_KINDS[kind]
         if isinstance(value, bool) or not accepts(value):

@@ -7,6 +7,7 @@ in spacing or split multi-byte characters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +17,14 @@ if TYPE_CHECKING:  # annotations only: selection records stay importable without
 
 @dataclass(frozen=True)
 class Span:
-    """A maximal run of source positions that were all kept (or all dropped) and are of one kind.
+    """A maximal run of source positions that were all kept (or all dropped), are of one kind
+    and were passed over for one reason (or none).
 
     `stop` is exclusive; `kind` is `token`, `continuous` (a received row), `latent` or
-    `unknown` (a sender without token IDs); `text` is the decoded run for token spans.
+    `unknown` (a sender without token IDs); `text` is the decoded run for token spans;
+    `excluded` is why receiver-aware selection passed over the run (`template`,
+    `instruction`, `known`; rclc.exclusion), or None. An excluded run can still be kept: the
+    first position and the latent tail always are, and excluded rows fill what is left.
     """
 
     start: int
@@ -27,10 +32,18 @@ class Span:
     kept: bool
     kind: str
     text: str | None
+    excluded: str | None = None
 
     def inspect(self) -> dict[str, Any]:
         """A plain, JSON-serialisable copy."""
-        return {"start": self.start, "stop": self.stop, "kept": self.kept, "kind": self.kind, "text": self.text}
+        return {
+            "start": self.start,
+            "stop": self.stop,
+            "kept": self.kept,
+            "kind": self.kind,
+            "text": self.text,
+            "excluded": self.excluded,
+        }
 
 
 @dataclass(frozen=True)
@@ -38,8 +51,10 @@ class Selection:
     """What one sender's handoff kept for one request (recorded with `record_selection=True`).
 
     `indices` are the kept source positions in ascending order (authoritative); `spans`
-    partition all `source_positions` for people; `budget` is the fitted count and
-    `added_latent_positions` the rows reasoning appended after selection.
+    partition all `source_positions` for people; `budget` is the count this sender kept
+    to and `added_latent_positions` the rows reasoning appended after selection.
+    `allocation` is `per_sender` (`budget` is the sender's fitted count) or `pooled`
+    (`cap` is the fitted count and `budget` what the pooled ranking gave this sender).
     """
 
     source_positions: int
@@ -47,6 +62,17 @@ class Selection:
     indices: tuple[int, ...]
     spans: tuple[Span, ...]
     added_latent_positions: int = 0
+    allocation: str = "per_sender"
+    cap: int | None = None
+
+    @property
+    def excluded(self) -> dict[str, int]:
+        """Positions passed over, by reason (kept ones included: see `Span.excluded`)."""
+        counts: dict[str, int] = {}
+        for span in self.spans:
+            if span.excluded is not None:
+                counts[span.excluded] = counts.get(span.excluded, 0) + span.stop - span.start
+        return counts
 
     def inspect(self) -> dict[str, Any]:
         """A plain, JSON-serialisable copy."""
@@ -56,6 +82,9 @@ class Selection:
             "indices": list(self.indices),
             "spans": [span.inspect() for span in self.spans],
             "added_latent_positions": self.added_latent_positions,
+            "allocation": self.allocation,
+            "cap": self.budget if self.cap is None else self.cap,
+            "excluded": self.excluded,
         }
 
 
@@ -94,22 +123,32 @@ def build_selection(
     token_ids: torch.Tensor | None,
     tokenizer: Any,
     added_latent_positions: int = 0,
+    excluded: Sequence[str | None] | None = None,
+    allocation: str = "per_sender",
+    cap: int | None = None,
 ) -> Selection:
-    """Group positions 0..total-1 into maximal runs of equal (kept, kind) and decode token runs."""
+    """Group positions 0..total-1 into maximal runs of equal (kept, kind, exclusion reason)
+    and decode token runs."""
     kept = [False] * total
     for index in indices:
         kept[index] = True
     kinds = _kinds(total, latent_steps, token_ids)
+    reasons = list(excluded) if excluded is not None else [None] * total
     ids = None if token_ids is None else token_ids.tolist()
     spans: list[Span] = []
     start = 0
     for position in range(1, total + 1):
-        if position < total and kept[position] == kept[start] and kinds[position] == kinds[start]:
+        if (
+            position < total
+            and kept[position] == kept[start]
+            and kinds[position] == kinds[start]
+            and reasons[position] == reasons[start]
+        ):
             continue
         text = None
         if kinds[start] == "token" and tokenizer is not None and ids is not None:
             text = _decode(tokenizer, ids, start, position)
-        spans.append(Span(start, position, kept[start], kinds[start], text))
+        spans.append(Span(start, position, kept[start], kinds[start], text, reasons[start]))
         start = position
     return Selection(
         source_positions=total,
@@ -117,4 +156,6 @@ def build_selection(
         indices=tuple(indices),
         spans=tuple(spans),
         added_latent_positions=added_latent_positions,
+        allocation=allocation,
+        cap=None if cap == budget and allocation == "per_sender" else cap,
     )

@@ -20,6 +20,7 @@ pre.body { white-space: pre-wrap; word-wrap: break-word; background: #fafafa; pa
            border: 1px solid #ddd; line-height: 1.5; }
 mark.kept { background: #b7f0b1; text-decoration: underline; }
 span.omitted { color: #666; }
+.excluded { text-decoration: line-through; text-decoration-color: #999; }
 .placeholder { font-style: italic; }
 """
 
@@ -36,18 +37,25 @@ def selection_section(index: int, selection: Selection) -> str:
     heading = (
         f"Sender {index}: {kept} / {selection.source_positions} source positions kept; budget {selection.budget}"
     )
+    if selection.allocation == "pooled":
+        heading += f" (pooled; its own fitted count was {selection.cap})"
     if selection.added_latent_positions:
         heading += f"; {selection.added_latent_positions} latent positions added after selection"
+    excluded = selection.excluded
+    if excluded:
+        heading += "; passed over: " + ", ".join(f"{count} {reason}" for reason, count in excluded.items())
     pieces = []
     for span in selection.spans:
         label = "kept" if span.kept else "omitted"
         title = f"{label}: positions [{span.start}, {span.stop})"
+        if span.excluded is not None:
+            title += f", passed over ({span.excluded})"
         if span.kind == "token" and span.text is not None:
             body = html.escape(span.text)
         else:
             body = f'<span class="placeholder">[{span.kind}: {span.stop - span.start} positions]</span>'
         tag = "mark" if span.kept else "span"
-        css = "kept" if span.kept else "omitted"
+        css = ("kept" if span.kept else "omitted") + (" excluded" if span.excluded is not None else "")
         pieces.append(f'<{tag} class="{css}" title="{html.escape(title)}">{body}</{tag}>')
     return f"<h2>{html.escape(heading)}</h2>\n<pre class=\"body\">{''.join(pieces)}</pre>"
 

@@ -7,7 +7,8 @@ The contracts are the design spec's (shared/design/rclc_spec.md#41-public-shape,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,8 +17,8 @@ from .._arguments import is_exact_int, require_int
 from ..errors import ContextLimitError, RclcError
 from ..models import context_limit_of
 from ..state import SenderState
-from ._sentences import check_span_option, partition
-from ._spans import Span, keep_spans
+from ._sentences import check_max_span, check_span_option, check_span_starts, partition
+from ._spans import Span, keep_spans, protected_positions, refine
 
 
 def check_sender(sender: Any) -> SenderState:
@@ -92,6 +93,82 @@ def request_scores(
     return score(sender, request_ids)
 
 
+def check_exclude(exclude: Any, total: int) -> list[str | None] | None:
+    """The `exclude` option: None, or one entry per position, None where nothing excludes it
+    and the reason (a non-empty string) where something does (`rclc.Exclusion` builds them)."""
+    if exclude is None:
+        return None
+    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Sequence):
+        raise RclcError(
+            "exclude: expected one entry per sender position (None, or the reason it is passed over), "
+            f"got {type(exclude).__name__}"
+        )
+    if len(exclude) != total:
+        raise RclcError(f"exclude: {len(exclude)} entries for a sender of {total} positions; give one per position")
+    for reason in exclude:
+        if reason is not None and (not isinstance(reason, str) or not reason):
+            raise RclcError(f"exclude: entries must be None or a non-empty reason string, got {reason!r}")
+    return list(exclude)
+
+
+def excluded_flags(exclude: Sequence[str | None] | None) -> list[bool] | None:
+    """One flag per position (None when nothing is excluded)."""
+    if exclude is None or all(reason is None for reason in exclude):
+        return None
+    return [reason is not None for reason in exclude]
+
+
+@dataclass(frozen=True)
+class SpanProfile:
+    """What the keep step needs of one sender: its scores, its spans (cut at exclusion
+    boundaries), which positions are excluded and its latent tail. `keep(budget)` is the
+    selection the selector returns for that budget; pooled allocation ranks the spans of
+    several senders' profiles together."""
+
+    scores: torch.Tensor
+    spans: list[Span]
+    excluded: list[bool] | None
+    latent_steps: int
+
+    @property
+    def positions(self) -> int:
+        return int(self.scores.shape[0])
+
+    @property
+    def protected(self) -> list[int]:
+        return protected_positions(self.positions, self.latent_steps)
+
+    def keep(self, budget: int) -> list[int]:
+        return keep_spans(self.scores, budget, self.spans, self.latent_steps, self.excluded)
+
+
+def span_profile(
+    sender: Any,
+    *,
+    span: Any,
+    span_size: Any,
+    max_span: Any,
+    exclude: Any,
+    name: str,
+    scores: Callable[[list[Span]], torch.Tensor],
+    span_field: str = "span_size",
+    span_starts: Any = None,
+) -> SpanProfile:
+    """Check the options, cut the sender into spans and score them (`scores(spans)` does the
+    selector's model work); non-finite scores are refused."""
+    check_sender(sender)
+    check_span_option(sender, span)
+    check_span_size(span_size, span_field)
+    check_max_span(max_span)
+    starts = check_span_starts(span_starts, sender.positions)
+    mask = check_exclude(exclude, sender.positions)
+    flags = excluded_flags(mask)
+    spans = refine(partition(sender, span, span_size, max_span, starts), flags)
+    scored = scores(spans)
+    check_finite(scored, name)
+    return SpanProfile(scored, spans, flags, sender.latent_steps)
+
+
 def select_by_request(
     sender: Any,
     request_ids: Any,
@@ -101,6 +178,9 @@ def select_by_request(
     span_size: Any,
     name: str,
     score: Callable[[SenderState, torch.Tensor], torch.Tensor],
+    max_span: Any = None,
+    exclude: Any = None,
+    span_starts: Any = None,
 ) -> list[int]:
     """`keep_best_spans` over scores of the request's attention (CacheBack and QSnap)."""
     return keep_best_spans(
@@ -108,6 +188,9 @@ def select_by_request(
         budget,
         span=span,
         span_size=span_size,
+        max_span=max_span,
+        exclude=exclude,
+        span_starts=span_starts,
         name=name,
         scores=lambda spans: request_scores(sender, request_ids, name, score),
     )
@@ -122,21 +205,29 @@ def keep_best_spans(
     name: str,
     scores: Callable[[list[Span]], torch.Tensor],
     span_field: str = "span_size",
+    max_span: Any = None,
+    exclude: Any = None,
+    span_starts: Any = None,
 ) -> list[int]:
     """The check-score-keep step of every built-in selector, as ascending kept positions.
 
-    Checks the sender, the span option and the budget before any model work; returns
-    every position when the budget already covers the state; otherwise asks
-    `scores(spans)` for one score per position (the selector's own model work, which
-    checks its own inputs first), refuses non-finite scores and keeps whole spans of the
-    partition in descending score order (`keep_spans`), first position and latent tail
-    always included.
+    Checks the sender, the span options, the exclusion mask and the budget before any model
+    work; returns every position when the budget already covers the state; otherwise asks
+    `scores(spans)` for one score per position (the selector's own model work, which checks
+    its own inputs first), refuses non-finite scores and keeps whole spans of the partition
+    in descending score order (`keep_spans`), excluded spans last, first position and latent
+    tail always included. `span_starts` (positions where a run of rows begins, e.g. where a
+    chain's inherited runs join) also cut text-aligned spans (`_sentences`).
     """
     check_sender(sender)
     check_span_option(sender, span)
+    check_max_span(max_span)
+    check_span_starts(span_starts, sender.positions)
+    check_exclude(exclude, sender.positions)
     if not selects(sender, budget, span_size, span_field=span_field):
         return list(range(sender.positions))
-    spans = partition(sender, span, span_size)
-    scored = scores(spans)
-    check_finite(scored, name)
-    return keep_spans(scored, budget, spans, sender.latent_steps)
+    profile = span_profile(
+        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=name, scores=scores,
+        span_field=span_field, span_starts=span_starts,
+    )
+    return profile.keep(budget)

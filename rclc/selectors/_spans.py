@@ -5,8 +5,12 @@ property-tested directly. Selection works on spans rather than single positions 
 receiver reads kept rows as text-like runs: isolated tokens carry little meaning, a kept
 span keeps its local context. The partition is a list of `(start, stop)` spans covering
 `0..T-1` in order; the built-ins use the fixed grid of `fixed_spans` or, with
-`span="sentence"`, the sender's sentences (`_sentences`), and any other partition plugs
-into `keep_spans` unchanged.
+`span="sentence"` (or paragraph, line), the sender's own text units (`_sentences`), and any
+other partition plugs into `keep_spans` unchanged.
+
+Receiver-aware selection (`exclude`, rclc.exclusion) adds one rule: spans are first cut where
+positions change between excluded and not, and every excluded span ranks after every other
+span, so excluded rows only fill what is left once the rest is kept.
 """
 
 from __future__ import annotations
@@ -76,15 +80,51 @@ def _window_around_peak(available: list[int], room: int, peak: int) -> tuple[int
     return available[best], available[best + room - 1]
 
 
-def keep_spans(scores: torch.Tensor, budget: int, spans: Sequence[Span], latent_steps: int = 0) -> list[int]:
+def refine(spans: Sequence[Span], excluded: Sequence[bool] | None) -> list[Span]:
+    """`spans` cut wherever a position's excluded flag differs from the one before it."""
+    if excluded is None:
+        return list(spans)
+    result: list[Span] = []
+    for start, stop in spans:
+        cut = start
+        for position in range(start + 1, stop):
+            if excluded[position] != excluded[position - 1]:
+                result.append((cut, position))
+                cut = position
+        result.append((cut, stop))
+    return result
+
+
+def span_order(pinned: torch.Tensor, spans: Sequence[Span], excluded: Sequence[bool] | None = None) -> list[int]:
+    """Span indices in keep order: descending mean of the pinned scores (ties: lower index
+    first), every excluded span after every other one."""
+    order = torch.sort(span_means(pinned, spans), descending=True, stable=True).indices.tolist()
+    if excluded is None:
+        return order
+    return [i for i in order if not excluded[spans[i][0]]] + [i for i in order if excluded[spans[i][0]]]
+
+
+def keep_spans(
+    scores: torch.Tensor,
+    budget: int,
+    spans: Sequence[Span],
+    latent_steps: int = 0,
+    excluded: Sequence[bool] | None = None,
+) -> list[int]:
     """Pin the first position, protect first + latent tail, fill `budget` with whole spans
     in descending mean order and a contiguous partial window around the peak of the span
     that overshoots. Ascending positions; exactly `budget` of them when `budget < T`.
+
+    With `excluded` (one flag per position), spans are first cut where the flag changes and
+    excluded spans rank after all others (module docstring).
     """
     if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.shape[0] < 1:
         raise RclcError("scores: expected a non-empty 1-D tensor with one score per position")
     total = int(scores.shape[0])
     _check_partition(spans, total)
+    if excluded is not None and len(excluded) != total:
+        raise RclcError(f"excluded: {len(excluded)} flags for {total} positions; give one per position")
+    spans = refine(spans, excluded)
     protected = protected_positions(total, latent_steps)
     if len(protected) > budget:
         raise RclcError(
@@ -94,7 +134,7 @@ def keep_spans(scores: torch.Tensor, budget: int, spans: Sequence[Span], latent_
     if budget >= total:
         return list(range(total))
     pinned = pin_first(scores)
-    order = torch.sort(span_means(pinned, spans), descending=True, stable=True).indices.tolist()
+    order = span_order(pinned, spans, excluded)
     values = pinned.tolist()
     keep = set(protected)
     for span_index in order:

@@ -2,10 +2,13 @@
 request; prefix positions are scored by the window's attention, smoothed, averaged per
 chunk, and the window itself always outranks the prefix
 (shared/design/rclc_spec.md#6-chunkkv-selector-request-agnostic-baseline). With
-`span="sentence"` the chunks are the sender's sentences instead of the `chunk_size` grid.
+`span="sentence"` (or paragraph, line) the chunks are the sender's own text units instead of
+the `chunk_size` grid; `max_span` and `exclude` work as in `cacheback`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,8 +17,8 @@ from .._arguments import is_exact_int
 from ..errors import CaptureError, RclcError
 from ..state import SenderState
 from ._attention_capture import capture
-from ._common import check_sender, check_span_size, keep_best_spans
-from ._sentences import check_span_option, partition
+from ._common import SpanProfile, check_sender, check_span_size, keep_best_spans, span_profile
+from ._sentences import check_max_span, check_span_option, partition
 from ._spans import Span, span_means
 
 NAME = "ChunkKV"
@@ -78,13 +81,15 @@ def chunkkv_scores(
     window_size: int = 32,
     kernel_size: int = 5,
     span: str = "fixed",
+    max_span: int | None = None,
 ) -> torch.Tensor:
     """Per-position scores (each position holds its chunk's mean), float32 `[T]`. The request is ignored."""
     check_sender(sender)
     check_span_option(sender, span)
     check_span_size(chunk_size, "chunk_size")
+    check_max_span(max_span)
     prefix = _check_options(sender, chunk_size, window_size, kernel_size)
-    return _scores(sender, prefix, partition(sender, span, chunk_size), kernel_size)
+    return _scores(sender, prefix, partition(sender, span, chunk_size, max_span), kernel_size)
 
 
 def _scores(sender: SenderState, prefix: int, spans: list[Span], kernel_size: int) -> torch.Tensor:
@@ -106,14 +111,43 @@ def chunkkv(
     window_size: int = 32,
     kernel_size: int = 5,
     span: str = "fixed",
+    max_span: int | None = None,
+    exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> list[int]:
     """Keep `budget` positions by chunk-averaged attention from the sender's own last window
-    (`span="sentence"`: chunks are the sender's sentences, as in `cacheback`)."""
+    (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span` and `exclude`
+    as in `cacheback`)."""
 
     def scores(spans: list[Span]) -> torch.Tensor:
         prefix = _check_options(sender, chunk_size, window_size, kernel_size)
         return _scores(sender, prefix, spans, kernel_size)
 
     return keep_best_spans(
-        sender, budget, span=span, span_size=chunk_size, name=NAME, scores=scores, span_field="chunk_size"
+        sender, budget, span=span, span_size=chunk_size, max_span=max_span, exclude=exclude, name=NAME, scores=scores,
+        span_field="chunk_size", span_starts=span_starts,
+    )
+
+
+def chunkkv_profile(
+    sender: SenderState,
+    request_ids: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 16,
+    window_size: int = 32,
+    kernel_size: int = 5,
+    span: str = "fixed",
+    max_span: int | None = None,
+    exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
+) -> SpanProfile:
+    """Scores, spans and exclusions of `chunkkv` for one sender (what pooled allocation ranks)."""
+
+    def scores(spans: list[Span]) -> torch.Tensor:
+        prefix = _check_options(sender, chunk_size, window_size, kernel_size)
+        return _scores(sender, prefix, spans, kernel_size)
+
+    return span_profile(
+        sender, span=span, span_size=chunk_size, max_span=max_span, exclude=exclude, name=NAME, scores=scores,
+        span_field="chunk_size", span_starts=span_starts,
     )

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..state import SenderState
-from ._common import check_sender, request_scores, select_by_request
+from ._common import SpanProfile, check_sender, request_scores, select_by_request, span_profile
 from ._support import pool7, request_fold
 
 NAME = "QSnap"
 
 
 def qsnap(
-    sender: SenderState, request_ids: torch.Tensor, budget: int, *, span_size: int = 16, span: str = "fixed"
+    sender: SenderState,
+    request_ids: torch.Tensor,
+    budget: int,
+    *,
+    span_size: int = 16,
+    span: str = "fixed",
+    max_span: int | None = None,
+    exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
 ) -> list[int]:
     """Keep `budget` positions ranked by pooled mean request attention, in whole spans
-    (`span` as in `cacheback`)."""
-    return select_by_request(sender, request_ids, budget, span=span, span_size=span_size, name=NAME, score=_scores)
+    (`span`, `max_span` and `exclude` as in `cacheback`)."""
+    return select_by_request(
+        sender, request_ids, budget, span=span, span_size=span_size, max_span=max_span, exclude=exclude,
+        span_starts=span_starts, name=NAME,
+        score=_scores,
+    )
 
 
 def qsnap_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
@@ -27,3 +41,21 @@ def qsnap_scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor
 
 def _scores(sender: SenderState, request_ids: torch.Tensor) -> torch.Tensor:
     return pool7(request_fold(sender, request_ids, moments=False).votes_mean())
+
+
+def qsnap_profile(
+    sender: SenderState,
+    request_ids: torch.Tensor,
+    *,
+    span_size: int = 16,
+    span: str = "fixed",
+    max_span: int | None = None,
+    exclude: Sequence[str | None] | None = None,
+    span_starts: Sequence[int] | None = None,
+) -> SpanProfile:
+    """Scores, spans and exclusions of `qsnap` for one sender (what pooled allocation ranks)."""
+    return span_profile(
+        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, span_starts=span_starts,
+        name=NAME,
+        scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
+    )

@@ -10,7 +10,9 @@ transfer call.
 
 Full-context reasoning (`reasoning.context: full | full_with_request`) appends rows to each
 sender *before* the fit, so the fit would need a round trip per sender after reasoning; that
-case is refused with NotImplementedError rather than fitted differently.
+case is refused with NotImplementedError rather than fitted differently. So is pooled
+allocation, whose counts depend on every sender's scores: a group whose senders all sit on
+the receiver's replica goes through one local `rclc.transfer` and pools as in-process.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ def shape_of(agent: Any) -> SenderShape:
 
 def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:
     """NotImplementedError for transfer options a split fit cannot reproduce exactly."""
+    if options.get("allocation", "per_sender") == "pooled":
+        raise NotImplementedError(
+            f"edge {edge}: allocation 'pooled' across hosts is not supported: the pooled ranking needs every sender's "
+            "scores in one place, and these senders sit on other replicas than the receiver; pin the senders to the "
+            "receiver's replica (--pin), or use allocation: per_sender"
+        )
     reasoning = options.get("reasoning")
     context = options.get("reasoning_context")
     if reasoning is not None and (context is None or str(context).startswith("full")):

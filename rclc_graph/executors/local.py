@@ -39,6 +39,7 @@ from .function_node import run_function_node
 from .openai_model import run_api_node
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
+from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles, sender_span_starts
 from .tools import ToolConversation, Toolbox, encode_tool_prompt, load_toolbox, run_tool_loop, tool_prompt
 from .transfer_options import state_groups, transfer_options
 
@@ -179,12 +180,18 @@ class LocalExecutor(Executor):
             )
             await ctx.publish("hop", hop_payload(hops[-1]))
         deliveries = 0
+        received_roles: list[str] = []
+        known = (node.agent.system, content)  # what this node holds besides its handoffs
         for group in state_groups(state_edges):
             lead = group[0]
             request = group_request(lead, content)
+            labels = [sender_roles(senders[edge.id], senders[edge.id].positions) for edge in group]
+            starts = [sender_span_starts(senders[edge.id], senders[edge.id].positions) for edge in group]
             began = time.perf_counter()
             try:
-                extra = await self._deliver_group(ctx, node, agent, group, request)
+                extra = await self._deliver_group(
+                    ctx, node, agent, group, request, known=known, roles=labels, span_starts=starts
+                )
             except Exception as error:
                 raise NodeFailed(node.name, error, lead) from error
             seconds = time.perf_counter() - began + extra
@@ -192,6 +199,10 @@ class LocalExecutor(Executor):
             deliveries += 1
             for edge, message in zip(group, delivery.messages):
                 hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
+                selection = message.selection
+                received_roles += delivered_roles(
+                    senders[edge.id], selection.indices, selection.source_positions, selection.added_latent_positions
+                )
                 await ctx.publish("hop", hop_payload(hops[-1]))  # the receiver holds it; it has not generated
         inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
         finished = await self._finish_state(ctx, node, agent, prompt.ids, deliveries, tools)
@@ -210,6 +221,10 @@ class LocalExecutor(Executor):
         if prompt.offsets is None:
             raise NodeFailed(node.name, ValueError("the model's tokenizer reports no offsets; load its fast tokenizer"))
         offsets = [tuple(pair) for pair in prompt.offsets]
+        own = prompt_roles(tokenizer, node, inbound, prompt)
+        if len(own) != prompt_positions:  # the agent read other tokens than these: label nothing as instructions
+            own = [MATERIAL] * prompt_positions
+        roles = compress(received_roles + own + [MATERIAL] * sum(length for _, length in tail))
         self._agents[(ctx.run_id, node.name)] = agent
         records = [
             hop.record if hop.record.mode == "text" else _with_generation(hop.record, generation_seconds) for hop in hops
@@ -229,16 +244,31 @@ class LocalExecutor(Executor):
             finished_at=time.time(),
             hops=records,
             tool_calls=finished.calls,
+            roles=roles,
         )
 
     async def _deliver_group(
-        self, ctx: RunContext, node: PlanNode, agent: Any, group: list[PlanEdge], request: str
+        self,
+        ctx: RunContext,
+        node: PlanNode,
+        agent: Any,
+        group: list[PlanEdge],
+        request: str,
+        *,
+        known: tuple[str, ...] = (),
+        roles: list[list[str]] | None = None,
+        span_starts: list[list[int]] | None = None,
     ) -> float:
         """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
-        budgets are fitted across the senders). Returns seconds spent elsewhere on it (selection
-        that ran before this call, e.g. on another replica); 0 here. Executors that place
-        senders elsewhere override this."""
-        options = transfer_options(group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
+        budgets are fitted across the senders). `known` and `roles` feed the policy's
+        exclusion (what the receiver holds; each sender's position labels); `span_starts`
+        says where each sender's runs of rows begin (its lineage). Returns seconds
+        spent elsewhere on it (selection that ran before this call, e.g. on another replica);
+        0 here. Executors that place senders elsewhere override this."""
+        options = transfer_options(
+            group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=known, roles=roles,
+            span_starts=span_starts,
+        )
         sending = [self.agent(ctx.run_id, edge.source) for edge in group]
         await rclc.transfer(sending, agent, request, **options)
         return 0.0
@@ -263,6 +293,9 @@ class LocalExecutor(Executor):
             policy=edge.policy.label,
             edge=edge.id,
             selection_seconds=seconds,
+            excluded_by_reason=selection.excluded,
+            allocation=selection.allocation,
+            fitted_budget=selection.cap if selection.allocation == "pooled" else None,
         )
 
     async def _finish_state(

@@ -44,6 +44,7 @@ from .openai_model import run_api_node
 from .placement import ReplicaGroup, check_pins, group_key, pinned
 from .prompts import compose_content, group_request
 from .replica import RunTicket
+from .roles import sender_roles, sender_span_starts
 from .transfer_options import state_groups, transfer_options
 
 
@@ -234,8 +235,14 @@ class RemoteExecutor(Executor):
             if all(sender is host for sender in senders):
                 continue
             lead = group[0]
+            results = {edge.id: result for edge, result in inbound}
+            labels = [sender_roles(results[edge.id], results[edge.id].positions) for edge in group]
+            starts = [sender_span_starts(results[edge.id], results[edge.id].positions) for edge in group]
+            known = (node.agent.system, content)
             try:
-                handles = await self._select(run, ctx, host, node, group, senders, group_request(lead, content))
+                handles = await self._select(
+                    run, ctx, host, node, group, senders, group_request(lead, content), known, labels, starts
+                )
             except NodeFailed:
                 raise
             except Exception as error:
@@ -271,9 +278,12 @@ class RemoteExecutor(Executor):
 
     async def _select(
         self, run: _Run, ctx: RunContext, host: ReplicaHandle, node: PlanNode, group: list[PlanEdge],
-        senders: list[ReplicaHandle], request: str,
+        senders: list[ReplicaHandle], request: str, known: tuple[str, ...], roles: list[list[str]],
+        span_starts: list[list[int]] | None = None,
     ) -> list[Any]:
-        """Fit the group's counts here and select each sender on its own host, concurrently."""
+        """Fit the group's counts here and select each sender on its own host, concurrently
+        (`known` and `roles`: what the receiver holds and each sender's position labels;
+        `span_starts`: where each sender's runs of rows begin)."""
         lead = group[0]
         options = transfer_options(lead.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
         refuse_unmatched(options, edge=f"{lead.source!r} -> {node.name!r} ({lead.policy.label})")
@@ -284,7 +294,11 @@ class RemoteExecutor(Executor):
         async def select(position: int) -> None:
             edge, sender = group[position], senders[position]
             handles[position] = await self._guard(
-                sender, node.name, sender.call("select", run.ticket, edge.id, request, counts[position], sender is host),
+                sender, node.name,
+                sender.call(
+                    "select", run.ticket, edge.id, request, counts[position], sender is host, known, roles[position],
+                    None if span_starts is None else span_starts[position],
+                ),
                 sender_of=edge.source,
             )
 

@@ -58,11 +58,22 @@ class _ReplicaExecutor(LocalExecutor):
         self.replica = replica
 
     async def _deliver_group(
-        self, ctx: RunContext, node: PlanNode, agent: Any, group: list[PlanEdge], request: str
+        self,
+        ctx: RunContext,
+        node: PlanNode,
+        agent: Any,
+        group: list[PlanEdge],
+        request: str,
+        *,
+        known: tuple[str, ...] = (),
+        roles: list[list[str]] | None = None,
+        span_starts: list[list[int]] | None = None,
     ) -> float:
         refs = self.replica.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
         if refs is None:
-            return await super()._deliver_group(ctx, node, agent, group, request)
+            return await super()._deliver_group(
+                ctx, node, agent, group, request, known=known, roles=roles, span_starts=span_starts
+            )
         messages: list[Any] = []
         for ref in refs:
             messages.extend(await self.replica.transport(ref).receive(ref))
@@ -141,9 +152,19 @@ class Replica:
         return int(agent.prepare_request(request).available_positions)
 
     async def select(
-        self, ticket: RunTicket, edge_id: int, request: str, count: int, same_host: bool
+        self,
+        ticket: RunTicket,
+        edge_id: int,
+        request: str,
+        count: int,
+        same_host: bool,
+        known: tuple[str, ...] = (),
+        roles: list[str] | None = None,
+        span_starts: list[int] | None = None,
     ) -> PayloadRef:
-        """Select `count` positions of the edge's sender for `request` and hand back a ref."""
+        """Select `count` positions of the edge's sender for `request` and hand back a ref
+        (`known` and `roles` feed the edge's exclusion, `span_starts` its spans, as in the
+        local executor)."""
         ctx = await self.context(ticket)
         edge = ctx.plan.edges[edge_id]
         try:
@@ -153,7 +174,14 @@ class Replica:
                 f"replica {self.label} holds no state of node {edge.source!r} in run {ctx.run_id!r} (the replica was "
                 "restarted or the run released); resume the run to restore it"
             ) from None
-        options = with_count(transfer_options(edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed), count)
+        options = with_count(
+            transfer_options(
+                edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=tuple(known),
+                roles=None if roles is None else [list(roles)],
+                span_starts=None if span_starts is None else [list(span_starts)],
+            ),
+            count,
+        )
         received: list[Any] = []
         began = time.perf_counter()
         await rclc.transfer(agent, received.append, request, **options)

@@ -69,8 +69,22 @@ def keep_everything(sender: Any, request_ids: Any, budget: int) -> list[int]:
     return list(range(total))
 
 
-def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> dict[str, Any]:
-    """Keyword arguments of `rclc.transfer` for a state/full edge policy."""
+def transfer_options(
+    policy: ResolvedPolicy,
+    *,
+    trust_code: bool,
+    seed: int,
+    known: tuple[str, ...] = (),
+    roles: list[list[str]] | None = None,
+    span_starts: list[list[int]] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of `rclc.transfer` for a state/full edge policy.
+
+    `known` (what the receiver holds: its system prompt and user turn) and `roles` (one
+    label list per sender, roles.py) make the policy's `exclude` an `rclc.Exclusion`.
+    `span_starts` (one list per sender: where its lineage's runs begin) keeps text-aligned
+    spans from joining two inherited runs (rclc.selectors._sentences says why).
+    """
     options: dict[str, Any] = {"record_selection": True, "representation": policy.representation or DEFAULT_REPRESENTATION}
     if policy.mode == "full":
         options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
@@ -81,6 +95,16 @@ def transfer_options(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> 
             options["budget"] = policy.budget
         else:
             options["ratio"] = policy.ratio
+        if policy.allocation != "per_sender":
+            options["allocation"] = policy.allocation
+        if span_starts is not None and any(span_starts):
+            options["span_starts"] = [list(starts) for starts in span_starts]
+        if policy.exclude:
+            options["exclude"] = rclc.Exclusion(
+                reasons=policy.exclude,
+                known=tuple(text for text in known if text),
+                roles=None if roles is None else tuple(roles),
+            )
     options.update(resolve_reasoning(policy, trust_code=trust_code))
     return options
 

@@ -75,8 +75,12 @@ def pack_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
                     "source_positions": selection.source_positions,
                     "budget": selection.budget,
                     "indices": list(selection.indices),
-                    "spans": [[span.start, span.stop, span.kept, span.kind, span.text] for span in selection.spans],
+                    "spans": [
+                        [span.start, span.stop, span.kept, span.kind, span.text, span.excluded] for span in selection.spans
+                    ],
                     "added_latent_positions": selection.added_latent_positions,
+                    "allocation": selection.allocation,
+                    "cap": selection.cap,
                 },
             }
         )
@@ -94,8 +98,13 @@ def unpack_messages(packed: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
                 source_positions=int(record["source_positions"]),
                 budget=int(record["budget"]),
                 indices=tuple(int(index) for index in record["indices"]),
-                spans=tuple(rclc.Span(int(a), int(b), bool(kept), str(kind), text) for a, b, kept, kind, text in record["spans"]),
+                spans=tuple(
+                    rclc.Span(int(a), int(b), bool(kept), str(kind), text, None if excluded is None else str(excluded))
+                    for a, b, kept, kind, text, excluded in record["spans"]
+                ),
                 added_latent_positions=int(record["added_latent_positions"]),
+                allocation=str(record["allocation"]),
+                cap=None if record["cap"] is None else int(record["cap"]),
             )
         messages.append(rclc.Message(item["rows"], item["token_ids"], selection))
     return tuple(messages)

@@ -16,6 +16,10 @@ Keys (each maps to an edge-policy field, see docs/yaml_reference.md):
 
     ratio, budget                  whole numbers (state only; never both)
     selector                       cacheback | qsnap | chunkkv | recent | random | module:callable
+    span                           fixed | sentence | paragraph | line (attention selectors)
+    max_span                       whole number: the longest span kept in one piece
+    exclude                        none | all | reasons joined by '+': template+instruction+known
+    allocation                     per_sender | pooled
     span_size, seed                selector options (span_size for built-ins, seed for random)
     opt.NAME                       any other selector option (true/false, numbers, text)
     representation                 embeddings | token_ids+continuous
@@ -45,7 +49,7 @@ from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import ValidationError
 
-from rclc.policy import MODES as POLICY_MODES, BudgetPolicy, policy_label
+from rclc.policy import EXCLUSION_REASONS, MODES as POLICY_MODES, BudgetPolicy, policy_label
 
 from ..errors import FieldPath, GraphError, Location, Problem, SpecError
 from ..spec import safe_yaml
@@ -55,10 +59,11 @@ from ..spec.models import TransferPolicy
 Kind = Literal["policy", "question_only", "single_context"]
 SPECIAL = ("question_only", "single_context")
 MODES = POLICY_MODES + SPECIAL
-INT_KEYS = ("ratio", "budget", "span_size", "seed", "reasoning_steps", "reasoning_budget", "max_new_tokens")
-TEXT_KEYS = ("selector", "representation", "reasoning", "reasoning_context")
-KEYS = ("ratio", "budget", "selector", "span_size", "seed", "representation", "reasoning", "reasoning_steps",
-        "reasoning_context", "reasoning_budget", "max_new_tokens")
+INT_KEYS = ("ratio", "budget", "max_span", "span_size", "seed", "reasoning_steps", "reasoning_budget",
+            "max_new_tokens")
+TEXT_KEYS = ("selector", "span", "allocation", "representation", "reasoning", "reasoning_context")
+KEYS = ("ratio", "budget", "selector", "span", "max_span", "exclude", "allocation", "span_size", "seed",
+        "representation", "reasoning", "reasoning_steps", "reasoning_context", "reasoning_budget", "max_new_tokens")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _OPTION = re.compile(r"^opt\.([A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -165,11 +170,22 @@ def _from_text(name: str, key: str, value: str) -> Any:
     """A command-line value as the type its key wants."""
     if _OPTION.match(key):
         return _option_value(value)
+    if key == "exclude":
+        return _exclude_value(value)
     if key in INT_KEYS:
         if not re.fullmatch(r"[0-9]+", value):
             raise _arm_error(("arms", name, key), "E_FIELD", f"{key} must be a whole number, got {value!r}", f"write {key}=4")
         return int(value)
     return value
+
+
+def _exclude_value(value: str) -> list[str]:
+    """`none`, `all`, or reasons joined by '+' (commas separate an arm's options)."""
+    if value == "none":
+        return []
+    if value == "all":
+        return list(EXCLUSION_REASONS)
+    return [reason.strip() for reason in value.split("+")]
 
 
 def _option_value(value: str) -> bool | int | float | str:
@@ -196,6 +212,8 @@ def _from_mapping(name: str, entry: dict[str, Any]) -> dict[str, Any]:
         elif key == "reasoning" and isinstance(value, dict):
             for sub, sub_value in value.items():
                 fields["reasoning" if sub == "method" else f"reasoning_{sub}"] = sub_value
+        elif key == "exclude" and isinstance(value, str):
+            fields[key] = _exclude_value(value)
         else:
             fields[key] = value
     return fields

@@ -16,6 +16,7 @@ when the same command is run again.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -153,18 +154,40 @@ def data_make(
     size: int = typer.Option(..., "--size", "-n", min=1, metavar="N", help="number of cases"),
     seed: int = typer.Option(0, "--seed", "-s", min=0, metavar="N", help="same seed, same cases"),
     out: Path = typer.Option(..., "--out", "-o", metavar="FILE", help="JSONL file to write"),
-    documents: int = typer.Option(3, "--documents", "-k", min=1, metavar="N", help="documents per case (chain_of_agents reads 4)"),
+    documents: str = typer.Option(
+        "3", "--documents", "-k", metavar="N|LOW-HIGH",
+        help="documents per case, N or LOW-HIGH (drawn per case; needs --document-tokens); chain_of_agents reads 4",
+    ),
     facts_per_document: int = typer.Option(4, "--facts-per-document", min=1, metavar="N", help="fact sentences per document"),
     filler_per_document: int = typer.Option(4, "--filler-per-document", min=0, metavar="N", help="neutral filler sentences per document"),
+    document_tokens: Optional[str] = typer.Option(
+        None, "--document-tokens", metavar="LOW-HIGH", help="long documents: each filled to LOW-HIGH word pieces "
+        "(e.g. 300-600) with generated filler in paragraphs, instead of --filler-per-document sentences"
+    ),
 ) -> None:
     """Write a seeded synthetic multi-document fact dataset (owners, places, dates among distractors)."""
     try:
-        written = write_dataset(out, size, seed=seed, documents=documents, facts_per_document=facts_per_document,
-                                filler_per_document=filler_per_document)
+        written = write_dataset(
+            out, size, seed=seed, documents=_count_range("--documents", documents), facts_per_document=facts_per_document,
+            filler_per_document=filler_per_document,
+            document_tokens=None if document_tokens is None else _count_range("--document-tokens", document_tokens, pair=True),
+        )
     except ValueError as exc:
         _fail(exc, False)
         return
     typer.echo(f"wrote {written} cases to {out}")
+
+
+def _count_range(option: str, text: str, *, pair: bool = False) -> Any:
+    """`N` (or `N-N` when `pair`) or `LOW-HIGH` -> an int or a (low, high) pair; ValueError naming the option."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", text)
+    if match is None:
+        raise ValueError(f"{option}: expected a whole number N or a range LOW-HIGH, got {text!r}")
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) is not None else None
+    if high is None:
+        return (low, low) if pair else low
+    return (low, high)
 
 
 @app.command("compare-runs", cls=UsageCommand)

@@ -130,13 +130,15 @@ def expand(
                 question = DEFAULT_QUESTIONS[spec_node.interrupt].format(node=name)  # plain text, not a template
             if answer_variable(spec_node):
                 variables[ANSWER_VARIABLE] = "" if answer is None else answer  # unanswered: the node waits
+            prompt, prompt_values = templates.render_spans(spec_node.prompt, variables)
             nodes.append(
                 PlanNode(
                     name=name,
                     declared=step.node,
                     agent=agent,
                     model=None if agent is None else blueprint.models[agent.model],
-                    prompt=templates.render(spec_node.prompt, variables),
+                    prompt=prompt,
+                    prompt_values=prompt_values,
                     template=spec_node.prompt,
                     generate=spec_node.generate,
                     output=spec_node.output and _last_round(blueprint, step),

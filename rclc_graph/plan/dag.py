@@ -53,6 +53,9 @@ class PlanNode:
     interrupt: str | None = None  # "before" | "after": the run stops there for a person's answer
     question: str | None = None  # what the person is asked (rendered), for interrupt nodes
     answer: str | None = None  # the person's answer, when the run was given one
+    # Character spans of `prompt` that hold rendered values (inputs, node variables); the
+    # rest is the template's own text (what receiver-aware selection calls instructions).
+    prompt_values: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_function(self) -> bool:

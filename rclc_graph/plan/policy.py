@@ -3,7 +3,10 @@
 `TransferPolicy` (spec) keeps None for "the default of this mode" so YAML stays minimal and
 the spec can refuse options a mode does not use. `ResolvedPolicy` is the frozen, complete
 value a plan carries; the scheduler reads it without knowing any defaults. The defaults and
-labels are the transfer core's own (`rclc.policy`, which imports no torch).
+labels are the transfer core's own (`rclc.policy`, which imports no torch), except the
+selection defaults of `state` edges (span kind, exclusion, allocation): those are the graph's,
+chosen from paired measurements on both shipped topologies (the comment at DEFAULT_SPAN says
+which and why), while `rclc.transfer` keeps the seed's.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rclc.policy import (
+    ATTENTION_SELECTORS,
     BUILTIN_REASONING,
     BUILTIN_SELECTORS,
     DEFAULT_RATIO,
@@ -24,6 +28,22 @@ from rclc.policy import (
 from ..spec.models import TransferPolicy
 
 Mode = Literal[MODES]  # type: ignore[valid-type]
+
+# The graph layer's selection defaults for `state` edges (the core's own defaults are the
+# seed's: fixed 16-wide spans, nothing excluded, per-sender budgets). Chosen from the paired
+# measurements in docs/experiments.md#receiver-aware-selection-and-pooled-budgets, on both
+# topologies measured (fan-out and chain, r4):
+# - sentence spans: with them the evidence sentence survives (fan-out 13% -> 97-100%);
+# - only chat-template markers passed over: on the fan-out this beat passing over all three
+#   reasons (82% vs 56% accuracy, 45 paired cases, p = 0.004) and sentence spans alone (64%);
+#   on the chain it matched the seed's CacheBack (50% vs 50% on 20 cases). Passing over the
+#   sender's instructions or text the receiver holds frees budget that goes to more facts of
+#   the same kind, and the 135M answerer then names a distractor: on the chain each of them
+#   alone cost accuracy (30% vs 50%), all three 20-25%. They stay available per edge.
+DEFAULT_SPAN = "sentence"
+DEFAULT_MAX_SPAN: int | None = 32
+DEFAULT_EXCLUDE: tuple[str, ...] = ("template",)
+DEFAULT_ALLOCATION = "per_sender"
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,10 @@ class ResolvedPolicy:
     representation: str | None = None
     request: str | None = None  # template; None means "the receiver's prompt"
     name: str | None = None  # the graph-level policy name, when the edge used one
+    span: str | None = None  # how the selector cuts spans (attention selectors); None: not passed
+    max_span: int | None = None
+    exclude: tuple[str, ...] = ()  # exclusion reasons; () passes nothing over
+    allocation: str = "per_sender"
 
     @property
     def label(self) -> str:
@@ -72,8 +96,13 @@ class ResolvedPolicy:
 
     @property
     def options(self) -> dict[str, Any]:
-        """The selector's keyword options as a dict."""
-        return dict(self.selector_options)
+        """The selector's keyword options as a dict (`span` and `max_span` included when set)."""
+        options = dict(self.selector_options)
+        if self.span is not None:
+            options["span"] = self.span
+        if self.max_span is not None:
+            options["max_span"] = self.max_span
+        return options
 
     def user_code(self) -> tuple[tuple[str, str], ...]:
         """(field, "module:callable") pairs this policy would import; they need trust_code."""
@@ -97,6 +126,10 @@ class ResolvedPolicy:
             "representation": self.representation,
             "request": self.request,
             "name": self.name,
+            "span": self.span,
+            "max_span": self.max_span,
+            "exclude": list(self.exclude),
+            "allocation": self.allocation,
         }
 
 
@@ -113,14 +146,31 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
             mode="full", reasoning=reasoning, representation=representation, request=policy.request, name=name
         )
     ratio = policy.ratio if policy.ratio is not None or policy.budget is not None else DEFAULT_RATIO
+    selector = policy.selector or DEFAULT_SELECTOR
+    options = dict(policy.selector_options)
+    span, max_span = policy.span, policy.max_span
+    if selector in ATTENTION_SELECTORS:
+        # Defaults fill what neither the policy field nor selector_options says.
+        if span is None and "span" not in options:
+            # A span_size alone asks for the grid it sizes.
+            span = "fixed" if "span_size" in options else DEFAULT_SPAN
+        if max_span is None and "max_span" not in options and options.get("span", span) != "fixed":
+            max_span = DEFAULT_MAX_SPAN
+    builtin = selector in BUILTIN_SELECTORS
+    exclude = policy.exclude if policy.exclude is not None else (DEFAULT_EXCLUDE if builtin else ())
+    allocation = policy.allocation or (DEFAULT_ALLOCATION if selector in ATTENTION_SELECTORS else "per_sender")
     return ResolvedPolicy(
         mode="state",
         ratio=ratio,
         budget=policy.budget,
-        selector=policy.selector or DEFAULT_SELECTOR,
-        selector_options=tuple(sorted(policy.selector_options.items())),
+        selector=selector,
+        selector_options=tuple(sorted(options.items())),
         reasoning=reasoning,
         representation=representation,
         request=policy.request,
         name=name,
+        span=span,
+        max_span=max_span,
+        exclude=tuple(exclude),
+        allocation=allocation,
     )

@@ -127,6 +127,16 @@ class Lineage:
             for offset in range(segment.length):
                 yield segment.origin(offset)
 
+    def run_starts(self) -> list[int]:
+        """Positions (after the first) where a run of consecutive origins begins.
+
+        Segments merge whenever one continues the previous, so each segment after the first
+        starts a run: where inherited rows from different hops, senders or non-adjacent
+        source positions join, and where the node's own prompt and tokens begin. Selection
+        cuts text-aligned spans there (`rclc.transfer(span_starts=...)`), so a span never
+        joins the tail of one kept run to the head of the next."""
+        return list(self._ends[:-1])
+
     def counts_by_node(self) -> dict[str, int]:
         """Positions per origin node."""
         return _count(self.segments, lambda segment: segment.node)
@@ -206,12 +216,19 @@ class HopRecord:
     # and receiver's host ({"replica", "actor", "node"}) and the transport that moved it.
     placement: Mapping[str, Any] | None = None
     crossed_bytes: int = 0  # payload bytes that left the sender's machine (0 in-process)
+    # Receiver-aware selection: sender positions passed over, by reason (template,
+    # instruction, known); how the group's budget was shared (per_sender | pooled) and the
+    # sender's own fitted count when pooled moved budget between senders.
+    excluded_by_reason: Mapping[str, int] = field(default_factory=dict)
+    allocation: str = "per_sender"
+    fitted_budget: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["kept_by_origin"] = dict(self.kept_by_origin)
         data["kept_by_kind"] = dict(self.kept_by_kind)
+        data["excluded_by_reason"] = dict(self.excluded_by_reason)
         if self.placement is not None:
             data["placement"] = {key: dict(value) if isinstance(value, Mapping) else value
                                  for key, value in self.placement.items()}
@@ -241,6 +258,9 @@ def compose_hop(
     edge: int | None = None,
     selection_seconds: float = 0.0,
     generation_seconds: float = 0.0,
+    excluded_by_reason: Mapping[str, int] | None = None,
+    allocation: str = "per_sender",
+    fitted_budget: int | None = None,
 ) -> Hop:
     """Compose one hop: the sender's lineage, the indices it kept and the latent rows it added
     after selection -> the receiver's inherited lineage plus the hop's record.
@@ -281,6 +301,9 @@ def compose_hop(
         payload_bytes=payload_bytes,
         selection_seconds=float(selection_seconds),
         generation_seconds=float(generation_seconds),
+        excluded_by_reason=dict(excluded_by_reason or {}),
+        allocation=allocation,
+        fitted_budget=fitted_budget,
     )
     return Hop(delivered, record)
 

@@ -29,6 +29,9 @@ class NodeResult:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # a tool loop's calls, in order (tools.ToolRun)
     kind: str = "agent"  # "agent" (a model) or "function" (a Python callable; no state, no lineage)
     answer: str | None = None  # a person's answer after the node ran (interrupt: after)
+    # What each position holds, as runs of (role, length): material, instruction or template
+    # (executors/roles.py). None: not recorded (older records), read as all material.
+    roles: tuple[tuple[str, int], ...] | None = None
 
     @property
     def effective_text(self) -> str:
@@ -60,6 +63,7 @@ class NodeResult:
             "tool_calls": [dict(call) for call in self.tool_calls],
             "kind": self.kind,
             "answer": self.answer,
+            "roles": None if self.roles is None else [[role, count] for role, count in self.roles],
         }
 
     @classmethod
@@ -83,6 +87,7 @@ class NodeResult:
             tool_calls=[dict(call) for call in data.get("tool_calls", [])],
             kind=data.get("kind", "agent"),
             answer=data.get("answer"),
+            roles=None if data.get("roles") is None else tuple((str(role), int(count)) for role, count in data["roles"]),
         )
 
 

@@ -39,14 +39,19 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from rclc.policy import (
+    ALLOCATIONS,
+    ATTENTION_SELECTORS,
     BACKENDS,
+    BASELINE_SELECTORS,
     BUILTIN_REASONING,
     BUILTIN_SELECTORS,
     DEFAULT_MAX_BATCH,
     DEFAULT_WAIT_MS,
+    EXCLUSION_REASONS,
     MODES,
     REASONING_CONTEXTS,
     REPRESENTATIONS,
+    SPAN_KINDS,
 )
 
 from . import templates
@@ -374,7 +379,8 @@ class ReasoningSpec(_Spec):
         return self
 
 
-_STATE_ONLY = ("ratio", "budget", "selector", "selector_options")
+_STATE_ONLY = ("ratio", "budget", "selector", "selector_options", "span", "max_span", "exclude", "allocation")
+_SPAN_FIELDS = ("span", "max_span")
 _NOT_TEXT = _STATE_ONLY + ("reasoning", "representation", "request")
 
 
@@ -392,6 +398,24 @@ class TransferPolicy(_Spec):
     budget: PositiveInt | None = Field(None, description="bounded budget B: keep min(B, T)")
     selector: str | None = Field(None, description=f"{', '.join(BUILTIN_SELECTORS)} or module:callable")
     selector_options: dict[str, OptionValue] = Field(default_factory=dict, description="e.g. span_size: 4")
+    span: Literal[SPAN_KINDS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="how cacheback, qsnap and chunkkv cut the sender into spans they keep whole: fixed (the "
+        "span_size grid), sentence, paragraph or line; default: the graph's default (docs/yaml_reference.md)",
+    )
+    max_span: PositiveInt | None = Field(
+        None, description="split spans longer than this many positions into near-equal pieces; default: the graph's"
+    )
+    exclude: list[Literal[EXCLUSION_REASONS]] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="what selection passes over: template (chat markup), instruction (the sender's system prompt and "
+        "template text), known (text the receiver holds); [] passes nothing over; default: the graph's default",
+    )
+    allocation: Literal[ALLOCATIONS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="per_sender: each sender keeps its own budget; pooled: a transfer group's total goes to the best "
+        "spans across its senders (cacheback, qsnap, chunkkv); default: the graph's default",
+    )
     reasoning: ReasoningSpec | None = None
     representation: Literal[REPRESENTATIONS] | None = None  # type: ignore[valid-type]
     request: Template | None = Field(
@@ -402,6 +426,13 @@ class TransferPolicy(_Spec):
     @classmethod
     def _selector(cls, value: str | None) -> str | None:
         return None if value is None else _builtin_or_callable(value, "selector", BUILTIN_SELECTORS)
+
+    @field_validator("exclude")
+    @classmethod
+    def _exclude(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise _error("E_FIELD", f"exclude lists a reason twice: {value}", "name each reason once")
+        return value
 
     @model_validator(mode="after")
     def _options_fit_mode(self) -> TransferPolicy:
@@ -419,7 +450,33 @@ class TransferPolicy(_Spec):
                 f"mode {self.mode!r} does not use {', '.join(present)}",
                 f"remove {', '.join(present)}, or use mode: state",
             )
+        self._check_selection_fields()
         return self
+
+    def _check_selection_fields(self) -> None:
+        """span, max_span and allocation need a selector that has spans and scores."""
+        twice = [name for name in _SPAN_FIELDS if getattr(self, name) is not None and name in self.selector_options]
+        if twice:
+            raise _error(
+                "E_POLICY",
+                f"{', '.join(twice)} is set both as a policy field and in selector_options",
+                f"keep one: the policy field {twice[0]}: ..., or selector_options.{twice[0]}",
+            )
+        selector = self.selector
+        if selector in BASELINE_SELECTORS:
+            spans = [name for name in _SPAN_FIELDS if getattr(self, name) is not None]
+            if spans:
+                raise _error(
+                    "E_POLICY",
+                    f"selector {selector!r} keeps no spans, so {', '.join(spans)} does not apply",
+                    f"remove {', '.join(spans)}, or use one of {', '.join(ATTENTION_SELECTORS)}",
+                )
+        if self.allocation == "pooled" and selector is not None and selector not in ATTENTION_SELECTORS:
+            raise _error(
+                "E_POLICY",
+                f"allocation 'pooled' ranks every sender's positions by the selector's scores; selector {selector!r} has none",
+                f"use one of {', '.join(ATTENTION_SELECTORS)}, or allocation: per_sender",
+            )
 
 
 def _policy_kind(value: Any) -> str:

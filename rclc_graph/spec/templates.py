@@ -67,9 +67,21 @@ def render(template: str, values: Mapping[str, object]) -> str:
     Validation (`fields` plus the plan's checks) runs first, so at run time these raise only
     on a programming error.
     """
+    return render_spans(template, values)[0]
+
+
+def render_spans(template: str, values: Mapping[str, object]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """`render`, plus the character span `[start, stop)` of every filled-in value in the result.
+
+    What is not a value is the template's own text: receiver-aware selection tells a sender's
+    instructions (the template) from the material it read (the values) by these spans.
+    """
     out: list[str] = []
+    spans: list[tuple[int, int]] = []
+    length = 0
     for literal, field_name, _spec, _conversion in _FORMATTER.parse(template):
         out.append(literal)
+        length += len(literal)
         if field_name is None:
             continue
         match = _FIELD.match(field_name)
@@ -80,5 +92,9 @@ def render(template: str, values: Mapping[str, object]) -> str:
             if not isinstance(value, (list, tuple)):
                 raise TypeError(f"template field {{{field_name}}}: {match.group('name')} is not a list")
             value = value[int(match.group("index"))]
-        out.append(render_value(value))
-    return "".join(out)
+        text = render_value(value)
+        out.append(text)
+        if text:
+            spans.append((length, length + len(text)))
+        length += len(text)
+    return "".join(out), tuple(spans)

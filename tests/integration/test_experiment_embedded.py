@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
-ARMS = ["floor=question_only", "full=full", "r4=state:ratio=4", "r4s=state:ratio=4,opt.span=sentence"]
+# r4: CacheBack as the seed defines it; r4s: the graph defaults (sentence spans, exclusion)
+ARMS = ["floor=question_only", "full=full", "r4=state:ratio=4,span=fixed,exclude=none", "r4s=state:ratio=4"]
 
 
 def _experiment(data: Path, out: Path):

@@ -290,3 +290,34 @@ def test_the_shipped_arm_grid_applies_to_both_topologies():
     assert {"floor", "single", "text", "full", "r2", "r32", "recent4", "random4"} <= {arm.name for arm in arms}
     for topology in (CHAIN, FANOUT):
         assert len(validate_arms(load_graph(topology), arms)) == len(arms)
+
+
+def test_selection_keys_are_policy_fields(tmp_path):
+    arm = parse_arm("n4=state:ratio=4,span=sentence,max_span=32,exclude=template+known,allocation=pooled")
+    assert (arm.policy.span, arm.policy.max_span, arm.policy.exclude, arm.policy.allocation) == (
+        "sentence", 32, ["template", "known"], "pooled")
+    assert parse_arm("a=state:exclude=all").policy.exclude == ["template", "instruction", "known"]
+    assert parse_arm("a=state:exclude=none").policy.exclude == []
+    assert parse_arm("a=state").policy.exclude is None  # unset: the graph's default applies
+    path = tmp_path / "arms.yaml"
+    path.write_text("arms:\n  m: {mode: state, ratio: 4, span: line, exclude: all, allocation: per_sender}\n")
+    mapping = load_arms(path)[0]
+    assert mapping.policy.exclude == ["template", "instruction", "known"] and mapping.policy.span == "line"
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "message"),
+    [
+        ("a=state:span=word", "arms.a.span", "sentence"),
+        ("a=state:max_span=x", "arms.a.max_span", "whole number"),
+        ("a=state:exclude=markup", "arms.a.exclude", "template"),
+        ("a=state:allocation=shared", "arms.a.allocation", "pooled"),
+        ("a=state:selector=recent,span=sentence", "arms.a", "keeps no spans"),
+        ("a=state:selector=random,allocation=pooled", "arms.a", "has none"),
+    ],
+)
+def test_bad_selection_keys_name_the_field(text, path, message):
+    with pytest.raises(SpecError) as raised:
+        parse_arm(text)
+    assert str(raised.value).startswith(f"{path}") and message in str(raised.value)
+

@@ -188,3 +188,37 @@ def test_synthetic_places_the_answer_without_bias():
 def test_synthetic_rejects_bad_sizes(kwargs, field):
     with pytest.raises(ValueError, match=field):
         make_dataset(**kwargs)
+
+
+def test_long_documents_have_the_asked_length_and_count():
+    from rclc_graph.experiments.synthetic import pieces
+
+    cases = make_dataset(40, seed=3, documents=(4, 8), document_tokens=(300, 600))
+    assert [c.as_json() for c in cases] == [c.as_json() for c in make_dataset(40, seed=3, documents=(4, 8), document_tokens=(300, 600))]
+    counts = Counter(len(case.documents) for case in cases)
+    assert set(counts) <= set(range(4, 9)) and len(counts) >= 3
+    for case in cases:
+        assert sum(document.count(case.evidence) for document in case.documents) == 1
+        assert case.evidence in case.documents[case.gold_document]
+        assert case.answers[0] not in case.question
+        entity = case.meta["entity"]
+        assert sum(document.count(f"The {entity} project") for document in case.documents) == 1
+        for document in case.documents:
+            # filled up to the drawn target: at most one filler sentence (<= 20 pieces) short of it
+            assert 280 <= pieces(document) <= 600
+            assert "\n\n" in document  # paragraphs
+    # the short form's draws did not change: documents=N without document_tokens as before
+    assert [len(c.documents) for c in make_dataset(5, seed=3, documents=4)] == [4] * 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"documents": (4, 8)}, "needs document_tokens"),
+     ({"documents": (5, 4), "document_tokens": (300, 600)}, "documents"),
+     ({"documents": (4, 8), "document_tokens": (600, 300)}, "document_tokens"),
+     ({"documents": 4, "document_tokens": (10, 20)}, "cannot hold"),
+     ({"documents": (4, 20), "document_tokens": (300, 600)}, "distinct entities")],
+)
+def test_long_documents_reject_bad_ranges(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        make_dataset(3, **kwargs)

@@ -312,6 +312,14 @@ def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
     assert result.exit_code == 2
     result = invoke(commands.app, ["data", "make", "--size", "4", "--out", str(tmp_path / "x.jsonl"), "--documents", "20"])
     assert result.exit_code == 2 and "distinct entities" in result.output
+    long = tmp_path / "long.jsonl"
+    result = invoke(commands.app, ["data", "make", "--size", "3", "--out", str(long), "--documents", "4-8",
+                                   "--document-tokens", "300-600"])
+    assert result.exit_code == 0 and "wrote 3 cases" in result.output, result.output
+    assert all(4 <= len(json.loads(line)["documents"]) <= 8 for line in long.read_text().splitlines())
+    for bad, message in ((["--documents", "4-8"], "needs document_tokens"), (["--document-tokens", "lots"], "--document-tokens")):
+        result = invoke(commands.app, ["data", "make", "--size", "2", "--out", str(tmp_path / "y.jsonl"), *bad])
+        assert result.exit_code == 2 and message in result.output, result.output
 
 
 class _ShuffledRunCase(FakeRunCase):

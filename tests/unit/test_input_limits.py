@@ -243,7 +243,7 @@ edges:
         ("cacheback", "{span_size: 0}", "span_size"),
         ("cacheback", "{span_size: .nan}", "span_size"),
         ("cacheback", "{span_size: 4, windw: 3}", "windw"),
-        ("cacheback", "{span: paragraph}", "span"),
+        ("cacheback", "{span: chapter}", "span"),
         ("chunkkv", "{kernel_size: 4}", "kernel_size"),
         ("recent", "{span_size: 4}", "span_size"),
     ],

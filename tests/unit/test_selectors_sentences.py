@@ -1,8 +1,10 @@
-"""span="sentence": the sentence partition, the keep step over it, and the built-ins using it."""
+"""Text-aligned spans (sentence, line, paragraph) and max_span: the partitions, the keep step over
+them, and the built-ins using them."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import pytest
 import torch
@@ -16,6 +18,8 @@ from rclc.selectors._sentences import (
     partition,
     sender_sentence_spans,
     sentence_spans,
+    split_long,
+    text_spans,
     token_pieces,
 )
 from rclc.state import SenderState
@@ -214,3 +218,145 @@ def test_sentences_need_the_senders_text(tiny, selector, missing, monkeypatch):
     monkeypatch.undo()
     # The fixed grid still works on such a sender.
     assert len(selector(sender, request(tokenizer), 4)) == 4
+
+
+# -- lines, paragraphs and the longest span ----------------------------------------------------
+
+
+def test_lines_and_paragraphs_of_pieces():
+    pieces = ["A", ".", " B", "\n", "C", " d", "\n", "\n", "E", ".", " F"]
+    assert text_spans(pieces, 4, "line") == [(0, 4), (4, 7), (7, 8), (8, 11)]
+    assert text_spans(pieces, 4, "paragraph") == [(0, 8), (8, 11)]
+    assert text_spans(pieces, 4, "sentence") == [(0, 2), (2, 4), (4, 7), (7, 8), (8, 10), (10, 11)]
+    # special tokens (chat markers) stand alone in paragraphs
+    assert text_spans(["<s>", "sys", "\n", "hi", "</s>", "\n", "<s>", "u"], 4, "paragraph", breaks=[0, 4, 6]) == [
+        (0, 1), (1, 4), (4, 5), (5, 6), (6, 7), (7, 8)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(PIECES, st.integers(1, 8), st.sampled_from(["sentence", "line", "paragraph"]), st.integers(1, 9))
+def test_text_spans_and_their_splits_partition_every_position(pieces, span_size, kind, longest):
+    for spans in (text_spans(pieces, span_size, kind), split_long(text_spans(pieces, span_size, kind), longest)):
+        assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
+        assert all(a[1] == b[0] and b[1] > b[0] for a, b in zip(spans, spans[1:]))
+    split = split_long(text_spans(pieces, span_size, kind), longest)
+    assert all(stop - start <= longest for start, stop in split)
+
+
+def test_long_spans_split_into_near_equal_pieces():
+    assert split_long([(0, 10), (10, 12)], 4) == [(0, 3), (3, 6), (6, 10), (10, 12)]
+    assert split_long([(0, 10)], None) == [(0, 10)]
+
+
+@pytest.mark.parametrize("kind", ["paragraph", "line"])
+def test_the_builtins_keep_paragraphs_and_lines(tiny, kind):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT.replace(" Bob does!", " Bob does!\n"))
+    ids = request(tokenizer)
+    spans = partition(sender, kind, 16, 6)
+    assert all(stop - start <= 6 for start, stop in spans)
+    kept = cacheback(sender, ids, 9, span=kind, max_span=6)
+    assert kept == keep_spans(cacheback_scores(sender, ids), 9, spans, 0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "8", True])
+def test_a_bad_max_span_is_refused(tiny, bad):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    with pytest.raises(ValueError, match="max_span: expected None or an int >= 1"):
+        cacheback(sender, request(tokenizer), 4, span="sentence", max_span=bad)
+
+
+# -- span_starts: runs of rows the caller knows begin somewhere ----------------------------------
+
+RUNS = ["owned", " by", " Alice", " and", " The", " Birch", " project", " is", " old", ".", " Then", " more", "."]
+
+
+def test_span_starts_cut_a_fragment_from_the_sentence_after_it():
+    # A kept partial window ("owned by Alice and") joined to the next run: as text it would
+    # merge with " The Birch project is old." into one "sentence" belonging to neither.
+    assert text_spans(RUNS, 16) == [(0, 10), (10, 13)]
+    assert text_spans(RUNS, 16, starts=[4]) == [(0, 4), (4, 10), (10, 13)]
+    assert text_spans(RUNS, 16, starts=[0, 4, 10]) == [(0, 4), (4, 10), (10, 13)]  # 0 and a sentence start: no-ops
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=PIECES, span_size=st.integers(1, 5), data=st.data())
+def test_span_starts_keep_a_partition_cut_at_every_start(pieces, span_size, data):
+    starts = data.draw(st.lists(st.integers(0, len(pieces) - 1), max_size=6))
+    spans = text_spans(pieces, span_size, "sentence", starts=starts)
+    assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    beginnings = {start for start, _ in spans}
+    assert set(starts) <= beginnings
+    # every text cut stays (a continuous run's grid restarts at a run start, so its cuts may move)
+    assert {start for start, _ in text_spans(pieces, span_size, "sentence") if pieces[start] is not None} <= beginnings
+    for start, stop in spans:
+        if pieces[start] is None:
+            assert stop - start <= span_size
+
+
+@pytest.mark.parametrize("selector", [cacheback, qsnap])
+def test_selectors_keep_over_spans_cut_at_span_starts(tiny, selector):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    ids = request(tokenizer)
+    plain = sender_sentence_spans(sender, 16)
+    middle = next((start + stop) // 2 for start, stop in plain if stop - start > 3)  # inside a sentence
+    spans = partition(sender, "sentence", 16, None, [middle])
+    assert (middle not in {start for start, _ in plain}) and middle in {start for start, _ in spans}
+    scores = SCORES[selector](sender, ids)
+    for budget in (3, 9, 17):
+        kept = selector(sender, ids, budget, span="sentence", span_starts=[middle])
+        assert kept == keep_spans(scores, budget, spans, 0)
+    # the fixed grid is the seed's partition: it ignores span_starts
+    assert partition(sender, "fixed", 4, None, [middle]) == partition(sender, "fixed", 4)
+    assert selector(sender, ids, 9, span_size=4, span_starts=[middle]) == selector(sender, ids, 9, span_size=4)
+
+
+def test_chunkkv_chunks_follow_span_starts(tiny):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    plain = partition(sender, "sentence", 16)
+    middle = next((start + stop) // 2 for start, stop in plain if stop - start > 3)
+    spans = partition(sender, "sentence", 16, None, [middle])
+    chunkkv_module = importlib.import_module("rclc.selectors.chunkkv")  # the module, not the function
+    prefix = chunkkv_module._check_options(sender, 16, 8, 5)
+    scores = chunkkv_module._scores(sender, prefix, spans, 5)  # chunk means over the cut spans
+    for start, stop in spans:
+        assert torch.all(scores[start:stop] == scores[start])
+    kept = chunkkv(sender, request(tokenizer), 6, window_size=8, span="sentence", span_starts=[middle])
+    assert kept == keep_spans(scores, 6, spans, 0)
+
+
+def test_span_starts_through_transfer(tiny):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    middle = next((start + stop) // 2 for start, stop in partition(sender, "sentence", 16) if stop - start > 3)
+    selector = functools.partial(cacheback, span="sentence")
+    receiver = HFReceiver(model, tokenizer, max_new_tokens=2)
+    transfer_sync(sender, receiver, "Who owns Cedar?", budget=9, selector=selector, record_selection=True,
+                  span_starts=[[middle]])
+    selection = receiver.peek(0)[0].messages[0].selection
+    ids = sender.request_ids("Who owns Cedar?")
+    assert list(selection.indices) == cacheback(sender, ids, 9, span="sentence", span_starts=[middle])
+
+
+@pytest.mark.parametrize(
+    ("span_starts", "message"),
+    [
+        ([[1], [2]], "2 entries for 1 senders"),
+        ("abc", "one entry per sender"),
+        ([[10_000]], r"span_starts\[0\]: expected positions in \[0, "),
+        ([[1.5]], r"span_starts\[0\]: expected positions"),
+        ([5], r"span_starts\[0\]: expected a sequence of positions"),
+    ],
+)
+def test_bad_span_starts_are_refused_before_any_selection(tiny, span_starts, message):
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    receiver = HFReceiver(model, tokenizer, max_new_tokens=2)
+    with pytest.raises(ValueError, match=message):
+        transfer_sync(sender, receiver, "Who owns Cedar?", budget=9, span_starts=span_starts)
+    with pytest.raises(ValueError, match="request_index"):
+        receiver.peek(0)  # nothing was delivered

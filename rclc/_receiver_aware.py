@@ -1,0 +1,196 @@
+"""The transfer pipeline's receiver-aware steps: checking `exclude=`/`allocation=`, each
+sender's exclusion mask per request, and pooling a group's budget across senders.
+
+Kept apart from `rclc.exclusion` because it reads sender states and tokenizers (torch), while
+`rclc.Exclusion` itself stays importable without torch for the graph's planning code.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ._locks import preparation_lock
+from .errors import RclcError
+from .exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
+from .policy import ALLOCATIONS
+from .selectors._common import SpanProfile
+from .selectors._pooling import pooled_counts, profile_of, scoring_selector
+from .selectors._sentences import check_span_starts, special_positions, token_pieces
+from .state import SenderState
+
+
+def accepts_keyword(selector: Any, keyword: str) -> bool:
+    """Whether `selector` takes `keyword` as a keyword argument that is not bound already
+    (declared, or through `**kwargs`)."""
+    target = selector
+    while isinstance(target, functools.partial):
+        if keyword in target.keywords:
+            return False  # bound already: a transfer-level value would conflict
+        target = target.func
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        (p.name == keyword and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) or p.kind is p.VAR_KEYWORD
+        for p in parameters
+    )
+
+
+def accepts_exclude(selector: Any) -> bool:
+    """Whether `selector` takes an `exclude=` keyword (built-ins and baselines do; a custom
+    selector opts in by declaring it, or `**kwargs`)."""
+    return accepts_keyword(selector, "exclude")
+
+
+def check_span_starts_option(span_starts: Any, totals: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+    """The transfer's `span_starts`: None, or one entry per sender (None, or positions of that
+    sender where a run of rows begins; rclc.selectors._sentences says what they cut)."""
+    if span_starts is None:
+        return None
+    if isinstance(span_starts, (str, bytes)) or not isinstance(span_starts, Sequence):
+        raise RclcError(
+            "span_starts: expected one entry per sender (None, or the positions where a run of its rows begins), "
+            f"got {type(span_starts).__name__}"
+        )
+    if len(span_starts) != len(totals):
+        raise RclcError(
+            f"span_starts: {len(span_starts)} entries for {len(totals)} senders; give one per sender (None: no runs)"
+        )
+    result: list[tuple[int, ...] | None] = []
+    for index, (entry, total) in enumerate(zip(span_starts, totals)):
+        try:
+            result.append(None if entry is None else check_span_starts(entry, total))
+        except RclcError as error:
+            raise RclcError(f"span_starts[{index}]: {str(error).removeprefix('span_starts: ')}") from None
+    return result
+
+
+def _name(selector: Any) -> str:
+    target = selector
+    while isinstance(target, functools.partial):
+        target = target.func
+    return getattr(target, "__name__", type(target).__name__)
+
+
+def check_receiver_aware(exclude: Any, allocation: Any, selector: Any) -> Exclusion | None:
+    """Check `exclude=` and `allocation=` against the selector (before any model work); the
+    exclusion to apply, or None when it excludes nothing."""
+    if exclude is not None and not isinstance(exclude, Exclusion):
+        raise RclcError(
+            f"exclude: expected rclc.Exclusion(...) (or None), got {type(exclude).__name__}; "
+            "e.g. exclude=rclc.Exclusion(reasons=('known',))"
+        )
+    if allocation not in ALLOCATIONS:
+        raise RclcError(f"allocation: {allocation!r} is not one of {ALLOCATIONS}")
+    if allocation == "pooled" and scoring_selector(selector) is None:
+        raise RclcError(
+            f"allocation: 'pooled' ranks the positions of all senders by the selector's scores, which only the "
+            f"built-in cacheback, qsnap and chunkkv expose; selector {_name(selector)} has none: use "
+            "allocation='per_sender'"
+        )
+    check_selector(selector, exclude)
+    return exclude if exclude is not None and exclude.reasons else None
+
+
+def check_selector(selector: Any, exclusion: Exclusion | None) -> None:
+    if exclusion is None or not exclusion.reasons or accepts_exclude(selector):
+        return
+    name = _name(selector)
+    raise RclcError(
+        f"exclude: selector {name} takes no exclude= keyword (or has one bound already), so it cannot pass over "
+        "positions; declare `exclude=None` in your selector, drop exclude=, or use a built-in selector"
+    )
+
+
+def _text(tokenizer: Any, request: Any) -> str:
+    if isinstance(request, str):
+        return request
+    if tokenizer is None:
+        return ""
+    ids = request[0].tolist() if isinstance(request, torch.Tensor) else list(request)
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def receiver_grams(
+    exclusion: Exclusion, request: Any, planned: Sequence[tuple[Any, torch.Tensor]], tokenizer: Any
+) -> set[tuple[str, ...]]:
+    """Word runs every receiver of one request holds: the request, the `known` texts, and the
+    runs all planned receivers' prompts share (`planned`: (tokenizer, prompt ids) pairs)."""
+    size = exclusion.min_words
+    strip = strip_markers(tokenizer)
+    grams = known_grams([_text(tokenizer, request), *exclusion.known], size, strip=strip)
+    shared: set[tuple[str, ...]] | None = None
+    for receiver_tokenizer, ids in planned:
+        if receiver_tokenizer is None:
+            shared = set()
+            break
+        text = receiver_tokenizer.decode(ids[0].tolist(), skip_special_tokens=False)
+        prompt = known_grams([text], size, strip=strip_markers(receiver_tokenizer))
+        shared = prompt if shared is None else shared & prompt
+    return grams | (shared or set())
+
+
+def sender_reasons(
+    state: SenderState, exclusion: Exclusion, roles: Sequence[str] | None, grams: set[tuple[str, ...]]
+) -> list[str | None] | None:
+    """The `exclude` mask for one sender's state (None when nothing is excluded).
+
+    Roles label the state the caller held; rows full-context reasoning appended after them
+    are latent (protected anyway) and count as material.
+    """
+    total = state.positions
+    if roles is not None and len(roles) > total:
+        raise RclcError(f"exclude.roles: {len(roles)} labels for a sender of {total} positions")
+    ids = None if state.token_ids is None else state.token_ids.tolist()
+    special = special_positions(state.tokenizer, ids) if ids is not None and state.tokenizer is not None else []
+    known = None
+    if "known" in exclusion.reasons and grams and ids is not None and state.tokenizer is not None:
+        pieces = token_pieces(state.tokenizer, ids)
+        for position in special:
+            pieces[position] = None  # markers break word runs and are never known text
+        known = known_positions(pieces, grams, exclusion.min_words)
+    reasons = position_reasons(total, exclusion.reasons, roles=roles, special=special, known=known)
+    return reasons if any(reason is not None for reason in reasons) else None
+
+
+def request_masks(
+    states: Sequence[SenderState],
+    request: Any,
+    planned: Sequence[tuple[Any, torch.Tensor]],
+    exclusion: Exclusion,
+) -> list[list[str | None] | None]:
+    """Each sender's exclusion mask for one request (`planned`: the planned receivers'
+    (tokenizer, prompt ids) for it). Runs in a worker."""
+    roles = exclusion.roles or (None,) * len(states)
+    masks = []
+    for state, labels in zip(states, roles):
+        grams = receiver_grams(exclusion, request, planned, state.tokenizer) if "known" in exclusion.reasons else set()
+        masks.append(sender_reasons(state, exclusion, labels, grams))
+    return masks
+
+
+def pool(
+    states: Sequence[SenderState],
+    ids: Sequence[torch.Tensor],
+    counts: Sequence[int],
+    reserve: int,
+    selector: Any,
+    masks: Sequence[list[str | None] | None],
+    starts: Sequence[Sequence[int] | None] | None = None,
+) -> tuple[list[SpanProfile | None], list[int]]:
+    """Score every sender once and move the group's budget to the best spans across them
+    (worker, prep lock). Returns each sender's profile and its pooled count (reserve included)."""
+    starts = [None] * len(states) if starts is None else starts
+    with preparation_lock:
+        profiles = [
+            profile_of(selector, state, request, mask, span_starts)
+            for state, request, mask, span_starts in zip(states, ids, masks, starts)
+        ]
+    pooled = pooled_counts(profiles, [count - reserve for count in counts])
+    return list(profiles), [count + reserve for count in pooled]

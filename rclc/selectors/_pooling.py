@@ -1,0 +1,147 @@
+"""Pooled allocation: several senders' budgets spent where the scores are highest across them.
+
+Per-sender fitting gives every sender its own count, so in a fan-in a sender with nothing
+relevant keeps as many rows as the one holding the answer. With `allocation="pooled"` the
+counts are only a total: every sender keeps its protected positions (first position, latent
+tail), and the rest of the total goes to the best spans of all senders ranked together.
+
+Scores are not comparable across senders as they come: each sender's attention is a
+softmax over its own state, so a longer sender spreads the same request's attention thinner,
+and each sender's first position (the attention sink) takes a share that depends on the
+sender. Each sender's span means are therefore divided by the mean score of that sender's
+own candidate positions (not protected, not excluded): a span then ranks by how far it
+stands above its own sender's typical position, in multiples of it. A sender whose best
+sentence stands out (the one holding what the request asks for) outranks a sender whose
+sentences all score alike; benchmarks/pooled_allocation.py measures this choice against the
+alternatives (docs/experiments.md#receiver-aware-selection-and-pooled-budgets).
+
+The joint ranking keeps each sender's own span order (the normalisation is one positive
+factor per sender), so each sender's share is exactly what its own keep step selects for the
+count the joint ranking gives it: the pooled result is `profile.keep(count)` per sender.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import RclcError
+from ._common import SpanProfile
+from ._spans import pin_first, span_means, span_order
+from .cacheback import cacheback, cacheback_profile
+from .chunkkv import chunkkv, chunkkv_profile
+from .qsnap import qsnap, qsnap_profile
+
+PROFILERS: dict[Callable[..., Any], Callable[..., SpanProfile]] = {
+    cacheback: cacheback_profile,
+    qsnap: qsnap_profile,
+    chunkkv: chunkkv_profile,
+}
+
+
+def scoring_selector(selector: Any) -> tuple[Callable[..., SpanProfile], dict[str, Any]] | None:
+    """(profile function, bound options) of a built-in attention selector (through any
+    `functools.partial`, outer options winning), or None for any other selector."""
+    options: dict[str, Any] = {}
+    target = selector
+    while isinstance(target, functools.partial):
+        if target.args:
+            return None
+        for key, value in target.keywords.items():
+            options.setdefault(key, value)
+        target = target.func
+    try:
+        profiler = PROFILERS.get(target)
+    except TypeError:  # unhashable callable
+        return None
+    return None if profiler is None else (profiler, options)
+
+
+def profile_of(
+    selector: Any,
+    sender: Any,
+    request_ids: torch.Tensor,
+    exclude: Sequence[str | None] | None,
+    span_starts: Sequence[int] | None = None,
+) -> SpanProfile:
+    """The span profile `selector` would keep from for `sender` and `request_ids`."""
+    found = scoring_selector(selector)
+    if found is None:
+        raise RclcError(
+            "allocation: 'pooled' ranks the positions of all senders by the selector's scores, which only the built-in "
+            "cacheback, qsnap and chunkkv expose; use allocation='per_sender' with this selector"
+        )
+    profiler, options = found
+    if exclude is not None:
+        options = {**options, "exclude": exclude}
+    if span_starts is not None and "span_starts" not in options:
+        options = {**options, "span_starts": span_starts}
+    return profiler(sender, request_ids, **options)
+
+
+def candidate_scores(profile: SpanProfile) -> torch.Tensor:
+    """The scores of a sender's candidate positions (neither protected nor excluded)."""
+    mask = torch.ones(profile.positions, dtype=torch.bool)
+    mask[profile.protected] = False
+    if profile.excluded is not None:
+        mask &= ~torch.tensor(profile.excluded, dtype=torch.bool)
+    return profile.scores.detach().float().cpu()[mask]
+
+
+def comparable(profile: SpanProfile) -> tuple[float, float]:
+    """(shift, scale): a span of mean m ranks across senders by (m - shift) / scale.
+
+    The candidates' mean score is the unit (module docstring); scale is positive, so each
+    sender's own span order is kept."""
+    values = candidate_scores(profile)
+    if values.numel() == 0:
+        return 0.0, 1.0
+    scale = float(values.mean())
+    return 0.0, scale if scale > 0 else 1.0
+
+
+def pooled_counts(profiles: Sequence[SpanProfile], counts: Sequence[int]) -> list[int]:
+    """Per-sender counts that spend `sum(counts)` on the best spans across all senders.
+
+    Every sender keeps its protected positions; spans are ranked by (excluded last, span
+    mean / the sender's candidate scale, sender order, span order) and taken whole while they
+    fit; the first span that does not fit gets what is left (its sender's keep step places
+    that partial window around the span's peak). Never more than a sender's positions.
+    """
+    if len(profiles) != len(counts):
+        raise RclcError(f"counts: {len(counts)} for {len(profiles)} senders")
+    sizes = [profile.positions for profile in profiles]
+    total = sum(counts)
+    if total >= sum(sizes):
+        return list(sizes)
+    protected = [set(profile.protected) for profile in profiles]
+    result = [len(kept) for kept in protected]
+    room = total - sum(result)
+    if room < 0:
+        raise RclcError(
+            f"budget: the senders' {total} positions cannot hold their {sum(result)} protected ones "
+            "(first positions and latent tails); raise the budget"
+        )
+    entries: list[tuple[int, float, int, int, int]] = []  # (tier, -normalised mean, sender, rank, free)
+    for sender, profile in enumerate(profiles):
+        pinned = pin_first(profile.scores)
+        means = span_means(pinned, profile.spans).tolist()
+        shift, scale = comparable(profile)
+        for rank, index in enumerate(span_order(pinned, profile.spans, profile.excluded)):
+            start, stop = profile.spans[index]
+            free = sum(1 for position in range(start, stop) if position not in protected[sender])
+            if free == 0:
+                continue
+            tier = 1 if profile.excluded is not None and profile.excluded[start] else 0
+            entries.append((tier, -(means[index] - shift) / scale, sender, rank, free))
+    entries.sort()
+    for _tier, _score, sender, _rank, free in entries:
+        if room == 0:
+            break
+        grant = min(free, room)
+        result[sender] += grant
+        room -= grant
+    return result
