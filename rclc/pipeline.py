@@ -165,13 +165,12 @@ def _select(
     state: SenderState, ids: torch.Tensor, count: int, selector: Any
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Run the selector and gather the kept rows in ascending source order (worker, prep lock)."""
-    with preparation_lock:
-        positions = selector(state, ids, count)
-        index = validate_positions(positions, count, state.positions, selector_name(selector))
-        index = index.to(state.input_embeds.device)
-        rows = state.input_embeds.index_select(0, index)
-        kept_ids = None if state.token_ids is None else state.token_ids.index_select(0, index.to(state.token_ids.device))
-        return rows, kept_ids, index.tolist()
+    positions = selector(state, ids, count)
+    index = validate_positions(positions, count, state.positions, selector_name(selector))
+    index = index.to(state.input_embeds.device)
+    rows = state.input_embeds.index_select(0, index)
+    kept_ids = None if state.token_ids is None else state.token_ids.index_select(0, index.to(state.token_ids.device))
+    return rows, kept_ids, index.tolist()
 
 
 def _encode(
