@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ._locks import preparation_lock
 from .errors import RclcError
 from .exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
 from .policy import ALLOCATIONS
@@ -185,12 +184,12 @@ def pool(
     starts: Sequence[Sequence[int] | None] | None = None,
 ) -> tuple[list[SpanProfile | None], list[int]]:
     """Score every sender once and move the group's budget to the best spans across them
-    (worker, prep lock). Returns each sender's profile and its pooled count (reserve included)."""
+    (worker thread; like any selection, not under the preparation lock). Returns each
+    sender's profile and its pooled count (reserve included)."""
     starts = [None] * len(states) if starts is None else starts
-    with preparation_lock:
-        profiles = [
-            profile_of(selector, state, request, mask, span_starts)
-            for state, request, mask, span_starts in zip(states, ids, masks, starts)
-        ]
+    profiles = [
+        profile_of(selector, state, request, mask, span_starts)
+        for state, request, mask, span_starts in zip(states, ids, masks, starts)
+    ]
     pooled = pooled_counts(profiles, [count - reserve for count in counts])
     return list(profiles), [count + reserve for count in pooled]

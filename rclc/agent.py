@@ -162,7 +162,15 @@ class Agent(HFReceiver):
             if prompt is None and past_key_values is None and generation is None and request_id is None:
                 self._state, self._from_history, self._pending = None, True, None
                 return
-            state = self._backend.explicit(prompt, past_key_values, generation, request_id)
+        # The prefill reads no agent state, so it runs outside the process-wide lock (under
+        # its model's forward slot only): other runs' selections and prefills go on meanwhile.
+        state = self._backend.explicit(prompt, past_key_values, generation, request_id)
+        with preparation_lock:
+            self._backend.require_idle()
+            if self._pending is not None and generation is not None:
+                raise AgentStateError(
+                    "generation: a continuation is pending; record it with update(inputs=..., generation=...)"
+                )
             self._state, self._from_history, self._pending = state, False, None
 
     # -- continuation ------------------------------------------------------------------

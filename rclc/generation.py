@@ -13,7 +13,7 @@ from typing import Any
 
 from ._arguments import is_exact_int, optional_int, require_bool, require_int
 from .errors import RclcError
-from .policy import DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS
+from .policy import DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS, DEFAULT_WORKER_FORWARDS
 
 __all__ = ["Batching", "GenerationResult", "Sampling", "check_generate_options"]
 
@@ -65,16 +65,21 @@ class Batching:
     waits up to `wait_ms` milliseconds for another sequence to join. `enabled=False` is
     `max_batch=1`: generations decode one at a time, in arrival order, through the same
     decode loop (so greedy and sampled outputs are the same either way, up to float
-    rounding). Set per model with `rclc.configure_batching(model, Batching(...))`.
+    rounding). `worker_forwards` is how many of the model's other forwards (prefills of
+    prompts and received rows, selectors' captures, refreshes), which run in callers' worker
+    threads, may run at once (HF models; a vLLM engine runs one step at a time). Set per
+    model with `rclc.configure_batching(model, Batching(...))`.
     """
 
     enabled: bool = True
     max_batch: int = DEFAULT_MAX_BATCH
     wait_ms: float = DEFAULT_WAIT_MS
+    worker_forwards: int = DEFAULT_WORKER_FORWARDS
 
     def __post_init__(self) -> None:
         require_bool("enabled", self.enabled)
         require_int("max_batch", self.max_batch, minimum=1)
+        require_int("worker_forwards", self.worker_forwards, minimum=1)
         wait = self.wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
             raise RclcError(f"wait_ms: expected a finite number of milliseconds >= 0, got {wait!r}")
@@ -86,7 +91,12 @@ class Batching:
 
     def to_dict(self) -> dict[str, Any]:
         """The options as plain data (reports, `rclc.check()`)."""
-        return {"enabled": self.enabled, "max_batch": self.max_batch, "wait_ms": float(self.wait_ms)}
+        return {
+            "enabled": self.enabled,
+            "max_batch": self.max_batch,
+            "wait_ms": float(self.wait_ms),
+            "worker_forwards": self.worker_forwards,
+        }
 
 
 @dataclass(frozen=True)

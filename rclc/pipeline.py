@@ -186,23 +186,23 @@ def _select(
     span_starts: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Run the selector (or keep from its precomputed `profile`, for pooled allocation) and
-    gather the kept rows in ascending source order (worker, prep lock). `span_starts` goes
+    gather the kept rows in ascending source order (worker thread; no lock: the state is
+    read only, and concurrent transfers' selections run at once). `span_starts` goes
     to selectors that take it (the built-in span selectors); others cut spans their own way."""
-    with preparation_lock:
-        if profile is not None:
-            positions: Any = profile.keep(count)
-        else:
-            extra: dict[str, Any] = {}
-            if exclude is not None:
-                extra["exclude"] = exclude
-            if span_starts is not None and accepts_keyword(selector, "span_starts"):
-                extra["span_starts"] = span_starts
-            positions = selector(state, ids, count, **extra)
-        index = validate_positions(positions, count, state.positions, selector_name(selector))
-        index = index.to(state.input_embeds.device)
-        rows = state.input_embeds.index_select(0, index)
-        kept_ids = None if state.token_ids is None else state.token_ids.index_select(0, index.to(state.token_ids.device))
-        return rows, kept_ids, index.tolist()
+    if profile is not None:
+        positions: Any = profile.keep(count)
+    else:
+        extra: dict[str, Any] = {}
+        if exclude is not None:
+            extra["exclude"] = exclude
+        if span_starts is not None and accepts_keyword(selector, "span_starts"):
+            extra["span_starts"] = span_starts
+        positions = selector(state, ids, count, **extra)
+    index = validate_positions(positions, count, state.positions, selector_name(selector))
+    index = index.to(state.input_embeds.device)
+    rows = state.input_embeds.index_select(0, index)
+    kept_ids = None if state.token_ids is None else state.token_ids.index_select(0, index.to(state.token_ids.device))
+    return rows, kept_ids, index.tolist()
 
 
 def _encode(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._locks import set_forward_width
 from ..errors import RclcError
 from ..generation import Batching
 from .hf_batching import engine_for, existing_engine
@@ -45,11 +46,13 @@ def configure_batching(model: Any, batching: Batching | None = None, **changes: 
         runner = engine_for(target)
     current = batching if batching is not None else runner.batching
     if changes:
-        unknown = sorted(set(changes) - {"enabled", "max_batch", "wait_ms"})
+        unknown = sorted(set(changes) - {"enabled", "max_batch", "wait_ms", "worker_forwards"})
         if unknown:
-            raise RclcError(f"{unknown[0]}: not a batching option; use enabled, max_batch or wait_ms")
+            raise RclcError(f"{unknown[0]}: not a batching option; use enabled, max_batch, wait_ms or worker_forwards")
         current = Batching(**{**current.to_dict(), **changes})
     runner.configure(current)
+    if not _is_vllm(target):
+        set_forward_width(target, current.worker_forwards)
     return current
 
 

@@ -42,8 +42,10 @@ def generate_continuation(
     seconds = time.perf_counter() - began
     with preparation_lock:
         state = backend.continuation(inputs, known_ids, inherited, native.output)
-        if refresh and not backend.records_by_prefill:
-            state = backend.restore(state.input_embeds, state.token_ids, state.latent_steps, state.inherited_positions)
+    if refresh and not backend.records_by_prefill:
+        # A prefill of rows this call owns (HF: under its model's forward slot): outside the
+        # process-wide lock, so other runs' selections and prefills go on meanwhile.
+        state = backend.restore(state.input_embeds, state.token_ids, state.latent_steps, state.inherited_positions)
     tokens = native.token_ids.tolist()
     text = backend.tokenizer.decode(tokens, skip_special_tokens=True).strip()
     return state, GenerationResult(tuple(tokens), text, seconds, native.stopped)

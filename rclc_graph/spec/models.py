@@ -47,6 +47,7 @@ from rclc.policy import (
     BUILTIN_SELECTORS,
     DEFAULT_MAX_BATCH,
     DEFAULT_WAIT_MS,
+    DEFAULT_WORKER_FORWARDS,
     EXCLUSION_REASONS,
     MODES,
     REASONING_CONTEXTS,
@@ -161,6 +162,11 @@ class BatchingSpec(_Spec):
     max_batch: PositiveInt = Field(DEFAULT_MAX_BATCH, description="sequences decoded together at most")
     wait_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         DEFAULT_WAIT_MS, description="how long a decode step with room waits for another sequence (ms)"
+    )
+    worker_forwards: PositiveInt = Field(
+        DEFAULT_WORKER_FORWARDS,
+        description="prefills, selectors' captures and refreshes the model runs at once, each in its caller's "
+        "worker thread (hf models)",
     )
 
 
