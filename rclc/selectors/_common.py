@@ -169,6 +169,26 @@ def span_profile(
     return SpanProfile(scored, spans, flags, sender.latent_steps)
 
 
+def request_profile(
+    sender: Any,
+    request_ids: Any,
+    *,
+    span: Any,
+    span_size: Any,
+    name: str,
+    score: Callable[[SenderState, torch.Tensor], torch.Tensor],
+    max_span: Any = None,
+    exclude: Any = None,
+    span_starts: Any = None,
+) -> SpanProfile:
+    """`span_profile` of a selector that scores against the request (cacheback, qsnap): what
+    pooled allocation ranks, with the same checks and spans as `select_by_request`."""
+    return span_profile(
+        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, span_starts=span_starts,
+        name=name, scores=lambda spans: request_scores(sender, request_ids, name, score),
+    )
+
+
 def select_by_request(
     sender: Any,
     request_ids: Any,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..state import SenderState
-from ._common import SpanProfile, check_sender, request_scores, select_by_request, span_profile
+from ._common import SpanProfile, check_sender, request_profile, request_scores, select_by_request
 from ._support import pool7, request_fold
 
 NAME = "QSnap"
@@ -54,8 +54,7 @@ def qsnap_profile(
     span_starts: Sequence[int] | None = None,
 ) -> SpanProfile:
     """Scores, spans and exclusions of `qsnap` for one sender (what pooled allocation ranks)."""
-    return span_profile(
-        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, span_starts=span_starts,
-        name=NAME,
-        scores=lambda spans: request_scores(sender, request_ids, NAME, _scores),
+    return request_profile(
+        sender, request_ids, span=span, span_size=span_size, max_span=max_span, exclude=exclude,
+        span_starts=span_starts, name=NAME, score=_scores,
     )
