@@ -7,9 +7,10 @@ given) and compares, at r2/r4/r8, per-sender budgets with pooled budgets under s
 normalisations: how much of the total the gold reader (the one holding the answer) gets,
 and in how many cases the evidence sentence is kept whole.
 
-    raw      span means as they are (the default)
-    length   multiplied by the sender's positions (attention relative to a uniform spread)
-    lift     divided by the mean score of the sender's candidate positions
+    raw      span means as they are
+    length   multiplied by the sender's positions (attention relative to a uniform spread;
+             what rclc does since this comparison)
+    lift     divided by the mean score of the sender's candidate positions (rclc's first choice)
     sum      divided by the sum of those scores (each sender's candidates share 1)
     max      divided by the best candidate score
     zscore   (mean - candidates' mean) / candidates' standard deviation

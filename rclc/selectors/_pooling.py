@@ -6,14 +6,16 @@ counts are only a total: every sender keeps its protected positions (first posit
 tail), and the rest of the total goes to the best spans of all senders ranked together.
 
 Scores are not comparable across senders as they come: each sender's attention is a
-softmax over its own state, so a longer sender spreads the same request's attention thinner,
-and each sender's first position (the attention sink) takes a share that depends on the
-sender. Each sender's span means are therefore divided by the mean score of that sender's
-own candidate positions (not protected, not excluded): a span then ranks by how far it
-stands above its own sender's typical position, in multiples of it. A sender whose best
-sentence stands out (the one holding what the request asks for) outranks a sender whose
-sentences all score alike; benchmarks/pooled_allocation.py measures this choice against the
-alternatives (docs/experiments.md#receiver-aware-selection-and-pooled-budgets).
+softmax over its own state, so a longer sender spreads the same request's attention thinner.
+Each sender's span means are therefore multiplied by its number of positions: a score then
+reads as attention relative to a uniform spread over that sender (1 = what every position
+would get if the request attended to none in particular). Measured on real fan-out readers
+(benchmarks/pooled_allocation.py, 30 cases of three readers, docs/experiments.md), this
+gives the reader holding the answer 36%, 39% and 43% of the r2, r4 and r8 budgets, against
+its per-sender third. The first choice, dividing by the mean score of the sender's own
+candidates (how far a span stands above its sender's typical position), gave it only 30%,
+25% and 31%: a reader that attends to its evidence raises its own mean, so the evidence
+counted for less exactly where it was.
 
 The joint ranking keeps each sender's own span order (the normalisation is one positive
 factor per sender), so each sender's share is exactly what its own keep step selects for the
@@ -94,13 +96,9 @@ def candidate_scores(profile: SpanProfile) -> torch.Tensor:
 def comparable(profile: SpanProfile) -> tuple[float, float]:
     """(shift, scale): a span of mean m ranks across senders by (m - shift) / scale.
 
-    The candidates' mean score is the unit (module docstring); scale is positive, so each
-    sender's own span order is kept."""
-    values = candidate_scores(profile)
-    if values.numel() == 0:
-        return 0.0, 1.0
-    scale = float(values.mean())
-    return 0.0, scale if scale > 0 else 1.0
+    Attention relative to a uniform spread over the sender (module docstring): m times the
+    sender's positions. The scale is positive, so each sender's own span order is kept."""
+    return 0.0, 1.0 / max(profile.positions, 1)
 
 
 def pooled_counts(profiles: Sequence[SpanProfile], counts: Sequence[int]) -> list[int]:

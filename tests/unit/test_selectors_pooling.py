@@ -12,7 +12,8 @@ from _selector_helpers import make_sender
 from rclc import Exclusion, HFReceiver, transfer_sync
 from rclc.selectors import cacheback, qsnap, random_selector, recent
 from rclc.selectors._common import SpanProfile
-from rclc.selectors._pooling import pooled_counts, scoring_selector
+from rclc.selectors._pooling import comparable, pooled_counts, scoring_selector
+from rclc.selectors._spans import span_means
 
 
 def profile(values, spans, excluded=None, latent=0):
@@ -24,21 +25,29 @@ def sentences(total, size):
 
 
 def test_a_sender_whose_best_sentence_stands_out_wins_budget():
-    # Both senders: 20 positions in sentences of 4. A holds one sentence scoring 5x its others;
-    # B's sentences all score alike. Per sender each would keep 6; pooled, A takes more.
-    holder = profile([1.0] * 8 + [5.0] * 4 + [1.0] * 8, sentences(20, 4))
+    # Both senders: 20 positions in sentences of 4. A holds the evidence (6.0) and a related
+    # sentence (3.0); B's sentences all score alike. Per sender each would keep 6; pooled, A
+    # takes more, and its evidence sentence is kept whole.
+    holder = profile([1.0] * 8 + [6.0] * 4 + [3.0] * 4 + [1.0] * 4, sentences(20, 4))
     other = profile([1.2] * 20, sentences(20, 4))
     counts = pooled_counts([holder, other], [6, 6])
     assert sum(counts) == 12 and counts[0] > counts[1]
-    assert set(range(8, 12)) <= set(holder.keep(counts[0]))  # the standing-out sentence is kept whole
+    assert set(range(8, 12)) <= set(holder.keep(counts[0]))
 
 
-def test_the_unit_of_each_sender_cancels():
-    # Scaling one sender's scores (a longer context spreading its attention thinner) changes nothing.
-    holder = profile([1.0] * 8 + [5.0] * 4 + [1.0] * 8, sentences(20, 4))
-    other = profile([0.5, 2.0, 0.7, 1.1] * 5, sentences(20, 2))
-    scaled = profile([0.001 * v for v in [0.5, 2.0, 0.7, 1.1] * 5], sentences(20, 2))
-    assert pooled_counts([holder, other], [7, 5]) == pooled_counts([holder, scaled], [7, 5])
+def test_a_longer_senders_thinner_spread_is_undone():
+    # The same attention pattern over twice the positions, at half the score per position
+    # (a softmax spread over a longer state), ranks exactly as the short one does.
+    pattern = [0.5, 2.0, 0.7, 1.1, 0.9]
+    short = profile([v for v in pattern for _ in range(4)], sentences(20, 4))
+    long = profile([v / 2 for v in pattern for _ in range(8)], sentences(40, 8))
+
+    def ranked(p):
+        shift, scale = comparable(p)
+        return [(float(m) - shift) / scale for m in span_means(p.scores.float(), p.spans)]
+
+    assert ranked(short) == pytest.approx(ranked(long))
+    assert ranked(short) == pytest.approx([20 * v for v in pattern])  # 1 = a uniform spread
 
 
 def test_excluded_spans_come_last_across_senders():
