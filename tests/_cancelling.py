@@ -52,6 +52,27 @@ def busy_threads() -> list[str]:
     return busy
 
 
+ENGINE_THREADS = "rclc-batching-"  # the batching engine's prefill and decode threads (hf_batching.py)
+
+
+async def busy_after_cancel(grace: float = 5.0) -> list[str]:
+    """`busy_threads()` right after a cancelled run returned.
+
+    Every worker a run started must be done by then (sampled once, at once). The batching
+    engine's threads are not a run's workers: they finish the step that saw the cancelled
+    sequence's stop, then leave when no sequence is left, a loop turn after the cancelled
+    call returned. They get `grace` seconds to go idle; still busy after that is a failure.
+    """
+    busy = busy_threads()
+    workers = [entry for entry in busy if not entry.startswith(ENGINE_THREADS)]
+    deadline = anyio.current_time() + grace
+    engine = [entry for entry in busy if entry.startswith(ENGINE_THREADS)]
+    while engine and anyio.current_time() < deadline:
+        await anyio.sleep(0.01)
+        engine = [entry for entry in busy_threads() if entry.startswith(ENGINE_THREADS)]
+    return workers + engine
+
+
 class WatchingExecutor(LocalExecutor):
     """Remembers every agent it binds and the exact state each finished node left."""
 
@@ -153,7 +174,7 @@ def cancel_once(pool, model, plan, mode: str, k: int) -> Outcome:
             with anyio.CancelScope() as scope:
                 trigger.scope = scope
                 await run_plan(plan, pool=pool, executor=executor, events=events, run_id="cancelled-run")
-            busy = busy_threads()
+            busy = await busy_after_cancel()
             handle.remove()
             again = await run_plan(plan, pool=pool, events=events, run_id="next-run")
             events.close()
