@@ -155,10 +155,7 @@ class Agent(HFReceiver):
                 state = self._backend.continuation(inputs, pending.known_ids, pending.inherited_positions, generation)
                 self._state, self._from_history, self._pending = state, False, None
                 return
-            if self._pending is not None and generation is not None:
-                raise AgentStateError(
-                    "generation: a continuation is pending; record it with update(inputs=..., generation=...)"
-                )
+            self._refuse_generation_while_pending(generation)
             if prompt is None and past_key_values is None and generation is None and request_id is None:
                 self._state, self._from_history, self._pending = None, True, None
                 return
@@ -167,11 +164,16 @@ class Agent(HFReceiver):
         state = self._backend.explicit(prompt, past_key_values, generation, request_id)
         with preparation_lock:
             self._backend.require_idle()
-            if self._pending is not None and generation is not None:
-                raise AgentStateError(
-                    "generation: a continuation is pending; record it with update(inputs=..., generation=...)"
-                )
+            self._refuse_generation_while_pending(generation)
             self._state, self._from_history, self._pending = state, False, None
+
+    def _refuse_generation_while_pending(self, generation: Any) -> None:
+        """AgentStateError for a `generation` recorded while a continuation is pending (caller
+        holds the preparation lock; `update` checks before its prefill and again at commit)."""
+        if self._pending is not None and generation is not None:
+            raise AgentStateError(
+                "generation: a continuation is pending; record it with update(inputs=..., generation=...)"
+            )
 
     # -- continuation ------------------------------------------------------------------
 
