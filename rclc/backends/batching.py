@@ -8,6 +8,7 @@ options (`rclc.Batching`) and read what happened, whichever backend the model is
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .._locks import set_forward_width
@@ -46,9 +47,12 @@ def configure_batching(model: Any, batching: Batching | None = None, **changes: 
         runner = engine_for(target)
     current = batching if batching is not None else runner.batching
     if changes:
-        unknown = sorted(set(changes) - {"enabled", "max_batch", "wait_ms", "worker_forwards"})
+        options = [option.name for option in dataclasses.fields(Batching)]
+        unknown = sorted(set(changes) - set(options))
         if unknown:
-            raise RclcError(f"{unknown[0]}: not a batching option; use enabled, max_batch, wait_ms or worker_forwards")
+            raise RclcError(
+                f"{unknown[0]}: not a batching option; use {', '.join(options[:-1])} or {options[-1]}"
+            )
         current = Batching(**{**current.to_dict(), **changes})
     runner.configure(current)
     if not _is_vllm(target):
