@@ -72,13 +72,13 @@ ALLOCATIONS = ("per_sender", "pooled")
 """How a transfer with several senders spends its budget: each sender its own fitted count,
 or the senders' total where the scores are highest across them."""
 
+_SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage"}
+"""The span options every attention selector takes."""
+
 SELECTOR_OPTIONS: dict[str, dict[str, str]] = {
-    "cacheback": {"span_size": "positive_int", "span": "span", "max_span": "positive_int",
-                  "exclude": "edge_field", "span_starts": "from_lineage"},
-    "qsnap": {"span_size": "positive_int", "span": "span", "max_span": "positive_int",
-              "exclude": "edge_field", "span_starts": "from_lineage"},
-    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", "span": "span",
-                "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage"},
+    "cacheback": {"span_size": "positive_int", **_SPANS},
+    "qsnap": {"span_size": "positive_int", **_SPANS},
+    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", **_SPANS},
     "recent": {"exclude": "edge_field"},
     "random": {"seed": "seed"},
 }
