@@ -6,9 +6,9 @@ its receivers. It is held for bookkeeping, not for model work: the prefill of an
 prompt, a selector's scoring and a refresh after generation run outside it (they read only
 values they own; agents commit their new state under the lock afterwards). Held across
 those forwards, it made every run's prefills and selections one queue: 32 concurrent
-fanout_qa runs reached 1.69x the sequential runs/minute with it, 2.11x without
-(docs/performance.md). It is re-entrant so a helper that already holds it may call another
-helper that takes it.
+fanout_qa runs reached 1.68x the sequential runs/minute with it, 1.69x without it but with
+one forward slot, 2.11x without it and with two (one repeat each, docs/performance.md). It
+is re-entrant so a helper that already holds it may call another helper that takes it.
 
 Forwards that rclc runs in worker threads (prefills, captures, latent rollouts, re-prefills)
 take a `forward_slot` of their model: at most `Batching.worker_forwards` such forwards per
