@@ -36,7 +36,8 @@ through the engine's submission loop, and the histogram counts engine steps per 
 requests in the engine (no near-tie trace: vLLM's kernels are its own).
 
 Run: python benchmarks/concurrent_runs.py [--runs 32] [--workloads fanout_qa,chain_notes]
-     [--repeats 1] [--threads 1] [--max-batch 32] [--max-new-tokens N] [--backend hf|vllm]
+     [--repeats 1] [--threads 1] [--max-batch 32] [--wait-ms MS] [--worker-forwards N]
+     [--max-new-tokens N] [--backend hf|vllm]
 """
 
 from __future__ import annotations
@@ -338,6 +339,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=None, help="rclc.Batching.wait_ms (default: rclc's)")
+    parser.add_argument("--worker-forwards", type=int, default=None,
+                        help="rclc.Batching.worker_forwards: worker-side forwards at once per model (default: rclc's)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="override the answering node's max_new_tokens")
     parser.add_argument("--notes-tokens", type=int, default=64, help="chain_notes: each reader's note length cap")
     parser.add_argument("--max-events", type=int, default=4)
@@ -365,6 +368,8 @@ def main() -> None:
         model = pool.get(plans[0].models()[0]).model
         if args.wait_ms is not None:
             rclc.configure_batching(model, wait_ms=args.wait_ms)
+        if args.worker_forwards is not None:
+            rclc.configure_batching(model, worker_forwards=args.worker_forwards)
         results.append(measure(name, plans, pool, args))
     model = pool.loaded()[0].model
     if args.backend == "vllm":
