@@ -139,12 +139,25 @@ def forward_rows(
         kwargs["inputs_embeds"] = inputs_embeds
     else:
         kwargs["input_ids"] = input_ids
+    return _run_backbone(model, decoder, kwargs), cache
+
+
+def forward_batch(model: Any, cache: Any, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Forward `[batch, rows]` IDs at per-row `position_ids` over `cache` (a batched
+    capture's, whose attention joins each row to its own memory: no mask is needed here);
+    return the last hidden states. Same slot and cancellation rules as `forward_rows`."""
+    decoder = backbone(model)
+    kwargs = {cache_keyword(decoder): cache, "input_ids": input_ids, "position_ids": position_ids, "use_cache": True}
+    return _run_backbone(model, decoder, kwargs)
+
+
+def _run_backbone(model: Any, decoder: Any, kwargs: dict[str, Any]) -> torch.Tensor:
     # no_grad rather than inference_mode: the cache outlives this call and users may run
     # autograd-recording code (custom selectors, reasoning methods) over it.
     with forward_slot(model), torch.no_grad():
         check_stop()  # in the slot: a forward that waited for it does not start once cancelled
         output = decoder(**kwargs)
-    return output.last_hidden_state, cache
+    return output.last_hidden_state
 
 
 def prefill(model: Any, rows: torch.Tensor) -> Any:

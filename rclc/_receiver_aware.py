@@ -19,6 +19,8 @@ from .exclusion import Exclusion, known_grams, known_positions, position_reasons
 from .policy import ALLOCATIONS
 from .selectors._common import SpanProfile
 from .selectors._pooling import pooled_counts, profile_of, scoring_selector
+from .selectors._prefetch import prefetch_folds
+from .selectors._support import offering
 from .selectors._sentences import check_span_starts, special_positions, token_pieces
 from .state import SenderState
 
@@ -187,9 +189,12 @@ def pool(
     (worker thread; like any selection, not under the preparation lock). Returns each
     sender's profile and its pooled count (reserve included)."""
     starts = [None] * len(states) if starts is None else starts
-    profiles = [
-        profile_of(selector, state, request, mask, span_starts)
-        for state, request, mask, span_starts in zip(states, ids, masks, starts)
-    ]
+    folds = prefetch_folds(selector, states, ids, [True] * len(states))
+    offers = [(state, request, fold) for state, request, fold in zip(states, ids, folds) if fold is not None]
+    with offering(offers):
+        profiles = [
+            profile_of(selector, state, request, mask, span_starts)
+            for state, request, mask, span_starts in zip(states, ids, masks, starts)
+        ]
     pooled = pooled_counts(profiles, [count - reserve for count in counts])
     return list(profiles), [count + reserve for count in pooled]

@@ -34,6 +34,8 @@ from .reasoning import apply_reasoning, selected_state
 from .selection import build_selection
 from .selectors import cacheback, is_builtin
 from .selectors._common import SpanProfile
+from .selectors._prefetch import prefetch_folds
+from .selectors._support import SupportFold, offering
 from .selectors._validate import validate_positions
 from .state import Delivery, Message, SenderState, embedding_weight, rows_match_ids
 
@@ -184,11 +186,13 @@ def _select(
     exclude: list[str | None] | None = None,
     profile: SpanProfile | None = None,
     span_starts: Sequence[int] | None = None,
+    fold: SupportFold | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Run the selector (or keep from its precomputed `profile`, for pooled allocation) and
     gather the kept rows in ascending source order (worker thread; no lock: the state is
     read only, and concurrent transfers' selections run at once). `span_starts` goes
-    to selectors that take it (the built-in span selectors); others cut spans their own way."""
+    to selectors that take it (the built-in span selectors); others cut spans their own way.
+    `fold`: this sender's request fold, captured with the other senders' (`prefetch_folds`)."""
     if profile is not None:
         positions: Any = profile.keep(count)
     else:
@@ -197,7 +201,8 @@ def _select(
             extra["exclude"] = exclude
         if span_starts is not None and accepts_keyword(selector, "span_starts"):
             extra["span_starts"] = span_starts
-        positions = selector(state, ids, count, **extra)
+        with offering([] if fold is None else [(state, ids, fold)]):
+            positions = selector(state, ids, count, **extra)
     index = validate_positions(positions, count, state.positions, selector_name(selector))
     index = index.to(state.input_embeds.device)
     rows = state.input_embeds.index_select(0, index)
@@ -240,10 +245,11 @@ async def _prepare_message(
     allocation: str = "per_sender",
     cap: int | None = None,
     span_starts: Sequence[int] | None = None,
+    fold: SupportFold | None = None,
 ) -> Message:
     reserve = reasoning.reserve if reasoning else 0
     rows, kept_ids, indices = await run_in_worker(
-        _select, state, ids, count - reserve, selector, exclude, profile, span_starts
+        _select, state, ids, count - reserve, selector, exclude, profile, span_starts, fold
     )
     added = 0
     if reasoning is not None and not reasoning.before_selection:
@@ -370,6 +376,12 @@ async def transfer(
                 pool, request_states, [request_ids[i][r] for i in range(len(request_states))], counts, reserve,
                 selector, masks, starts,
             )
+        folds: list[SupportFold | None] = [None] * len(request_states)
+        if allocation != "pooled" and len(request_states) > 1:
+            scoring = [counts[i] - reserve < state.positions for i, state in enumerate(request_states)]
+            folds = await run_in_worker(
+                prefetch_folds, selector, request_states, [request_ids[i][r] for i in range(len(request_states))], scoring
+            )
         messages = []
         for i, state in enumerate(request_states):
             messages.append(
@@ -386,6 +398,7 @@ async def transfer(
                     allocation=allocation,
                     cap=caps[i],
                     span_starts=starts[i],
+                    fold=folds[i],
                 )
             )
         deliveries.append(Delivery(item, tuple(messages)))

@@ -38,11 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
+import torch.nn.functional as F
+from transformers import DynamicCache, PretrainedConfig
+from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .._cache import cache_length, crop_cache, forward_rows, view_cache
+from .._cache import cache_layers, cache_length, crop_cache, forward_batch, forward_rows, view_cache
 from ..errors import CaptureError, RclcError
 from ..models import CAPTURE_ATTENTION
 
@@ -72,16 +74,50 @@ class _Install:
     users: int = 0
 
 
+@dataclass(frozen=True)
+class _Element:
+    """One capture of a batched forward (`capture_each`): its own memory, layer by layer."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # its private cache's (keys, values) per layer
+    memory: int
+    rows: int
+    fold: Fold
+
+
+class _RequestLayer(DynamicLayer):
+    """One layer of a batched capture's cache: it keeps nothing and hands the request rows'
+    keys and values straight to the attention, which joins them to each element's own
+    memory (`_attend_each`). So the senders' caches are never padded to a common length:
+    padding would copy every cache into a larger buffer (and page in fresh memory) only for
+    the attention to cut it out again."""
+
+    def __init__(self, memory: int, device: torch.device) -> None:
+        super().__init__()
+        self.memory = memory  # the longest element's: what the model's positions and masks assume
+        self.device = device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.memory
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.memory + query_length, 0
+
+
 @dataclass
 class _ActiveCapture:
-    """One capture running in this thread: its fold and what it checks."""
+    """One capture running in this thread: its fold (or, batched, its elements) and what it checks."""
 
     model: Any
-    fold: Fold
+    fold: Fold | None
     configs: frozenset[int]  # ids of the captured model's configs (a fold may forward another model)
     keys_expected: int
     global_layers: frozenset[int]
     seen: set[int] = field(default_factory=set)
+    elements: tuple[_Element, ...] = ()
 
 
 _install_lock = threading.Lock()
@@ -127,26 +163,95 @@ def _capture_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *arg
     config = getattr(module, "config", None)
     entry = _delegate(config)
     attention = entry.attention if entry.attention is not None else _eager_attention(module)
-    output = attention(module, query, key, *args, **kwargs)[0]
     active = _capturing(config)
+    if active is not None and active.elements:
+        return _attend_each(active, module, attention, query, key, args, kwargs), None
+    output = attention(module, query, key, *args, **kwargs)[0]
     if active is None:
         # Another thread's capture switched this model: serve this forward, fold nothing.
         return output, None
+    if _folding(active, module, key) and active.fold is not None:
+        active.fold(query, key, _scaling(module, query, kwargs))
+    return output, None
+
+
+def _folding(active: _ActiveCapture, module: Any, key: torch.Tensor) -> bool:
+    """Record the layer as seen; True when it is a global layer (checked to hold every key)."""
     layer = getattr(module, "layer_idx", None)
     active.seen.add(layer)
-    if layer in active.global_layers:
-        if key.shape[-2] != active.keys_expected:
-            raise CaptureError(
-                f"attention capture: layer {layer} saw {key.shape[-2]} keys, expected {active.keys_expected} "
-                "(the cache copy was truncated or not extended)"
-            )
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = getattr(module, "scaling", None)
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
-        active.fold(query, key, float(scaling))
-    return output, None
+    if layer not in active.global_layers:
+        return False
+    if key.shape[-2] != active.keys_expected:
+        raise CaptureError(
+            f"attention capture: layer {layer} saw {key.shape[-2]} keys, expected {active.keys_expected} "
+            "(the cache copy was truncated or not extended)"
+        )
+    return True
+
+
+def _scaling(module: Any, query: torch.Tensor, kwargs: dict[str, Any]) -> float:
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = getattr(module, "scaling", None)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return float(scaling)
+
+
+def _attend_each(
+    active: _ActiveCapture,
+    module: Any,
+    attention: Callable[..., Any],
+    query: torch.Tensor,
+    key: torch.Tensor,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """A batched capture's attention, element by element: each element's request rows over
+    its own memory followed by its own request keys.
+
+    Why not one batched call: attention over keys padded to a common length sums the same
+    terms in a different order, so its output (and every later layer's queries) would
+    differ in the last bits from the capture of that sender alone, and a selection could
+    then depend on which senders were scored together. Here each element's attention gets
+    exactly the query, keys, values and causal mask its own capture would (`capture` hands
+    the same boolean mask), so only the projections run batched; the padding rows of
+    shorter requests get zeros."""
+    if not args:
+        raise CaptureError("attention capture: the attention call passed no value states; a batched capture needs them")
+    value, rest = args[0], args[2:]  # args[1] is the batch's mask: each element gets its own
+    kwargs = {name: item for name, item in kwargs.items() if name != "attention_mask"}
+    positions = kwargs.get("position_ids")
+    layer = getattr(module, "layer_idx", None)
+    active.seen.add(layer)
+    folding = layer in active.global_layers
+    scaling = _scaling(module, query, kwargs)
+    width = query.shape[2]
+    outputs = []
+    for index, element in enumerate(active.elements):
+        rows = element.rows
+        memory_keys, memory_values = element.layers[layer]
+        own_query = query[index : index + 1, :, :rows]
+        own_key = torch.cat([memory_keys, key[index : index + 1, :, :rows]], dim=-2)
+        own_value = torch.cat([memory_values, value[index : index + 1, :, :rows]], dim=-2)
+        if isinstance(positions, torch.Tensor) and positions.dim() == 2:
+            kwargs["position_ids"] = positions[index : index + 1, :rows]
+        output = attention(module, own_query, own_key, own_value, _causal_mask(element, query.device), *rest, **kwargs)[0]
+        outputs.append(F.pad(output, (0, 0, 0, 0, 0, width - rows)))
+        if folding:
+            if own_key.shape[-2] != element.memory + rows:
+                raise CaptureError(
+                    f"attention capture: layer {layer} saw {own_key.shape[-2]} keys for one sender, expected "
+                    f"{element.memory + rows}"
+                )
+            element.fold(own_query, own_key, scaling)
+    return torch.cat(outputs)
+
+
+def _causal_mask(element: _Element, device: torch.device) -> torch.Tensor:
+    """`[1, 1, rows, memory + rows]`: request row r sees the memory and request rows up to r."""
+    shape = (element.rows, element.memory + element.rows)
+    return torch.ones(shape, dtype=torch.bool, device=device).tril(element.memory)[None, None]
 
 
 def _capture_mask(*args: Any, **kwargs: Any) -> Any:
@@ -287,31 +392,105 @@ def capture(
     if (input_ids is None) == (inputs_embeds is None):
         raise RclcError("capture: pass exactly one of input_ids or inputs_embeds")
     rows = int((input_ids if input_ids is not None else inputs_embeds).shape[1])
-    config = model.config
-    layers = global_layers(config)
+    layers = _check_capturable(model)
+    private = _private_cache(model, past, memory)
+    _run_captured(
+        model,
+        lambda: forward_rows(model, private, input_ids=input_ids, inputs_embeds=inputs_embeds, start=memory),
+        layers,
+        fold=fold,
+        keys_expected=memory + rows,
+    )
+
+
+def capture_each(model: Any, requests: list[tuple[Any, int, torch.Tensor, Fold]]) -> None:
+    """Several captures of one model in one batched forward: each request is `(past, memory,
+    input_ids [1, rows], fold)`, and each fold is called with what `capture` of it alone
+    would hand it (`query [1, H, rows, d]`, `key [1, K, memory + rows, d]`).
+
+    Why: a capture forwards a few request rows, so it costs about as much as a decode step
+    (every weight is read for a handful of rows); a fan-in's senders captured one by one
+    pay that once each, batched once in all. The requests are right-padded to the longest
+    one and run through the projections together; attention runs per element over its own
+    memory (see `_attend_each`), so only the batched projections' rounding can differ from
+    captures one by one (none on a CPU whose BLAS computes a row the same at every batch
+    size: benchmarks/fan_in_capture.py measures it).
+    """
+    if len(requests) == 1:
+        past, memory, ids, fold = requests[0]
+        capture(model, past, fold, memory, input_ids=ids)
+        return
+    for _, _, ids, _ in requests:
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
+            raise RclcError("capture_each: every request's input_ids must be a [1, rows] tensor with rows >= 1")
+    layers = _check_capturable(model)
+    elements = tuple(
+        _Element(cache_layers(_private_cache(model, past, memory)), memory, int(ids.shape[1]), fold)
+        for past, memory, ids, fold in requests
+    )
+    device = requests[0][2].device
+    width = max(element.rows for element in elements)
+    input_ids = torch.cat([F.pad(ids.to(device), (0, width - ids.shape[1])) for _, _, ids, _ in requests])
+    positions = torch.stack([memory + torch.arange(width, device=device) for _, memory, _, _ in requests])
+    cache = DynamicCache(config=model.config)
+    longest = max(element.memory for element in elements)
+    cache.layers = [_RequestLayer(longest, device) for _ in range(int(model.config.num_hidden_layers))]
+    _run_captured(
+        model,
+        lambda: forward_batch(model, cache, input_ids, positions),
+        layers,
+        fold=None,
+        keys_expected=0,  # checked per element (`_attend_each`)
+        elements=elements,
+    )
+
+
+def _check_capturable(model: Any) -> frozenset[int]:
+    """The model's global layers, once it has some and is not being captured by this thread."""
+    layers = global_layers(model.config)
     if any(active.model is model for active in active_captures()):
         raise CaptureError("attention capture: captures cannot nest (the model is already being captured)")
-    _register()
+    return layers
+
+
+def _private_cache(model: Any, past: Any, memory: int) -> Any:
+    """A view of `past`'s first `memory` positions that a forward may extend without writing `past`."""
     private = view_cache(model, past) if cache_length(past) == memory else crop_cache(model, past, memory)
     if cache_length(private) != memory:
         raise CaptureError(
             f"attention capture: the cache holds {cache_length(past)} positions, fewer than the {memory} requested"
         )
+    return private
+
+
+def _run_captured(
+    model: Any,
+    forward: Callable[[], Any],
+    layers: frozenset[int],
+    *,
+    fold: Fold | None,
+    keys_expected: int,
+    elements: tuple[_Element, ...] = (),
+) -> None:
+    """Run `forward` with this thread capturing `model`, then check every layer was seen."""
+    config = model.config
+    _register()
     configs = _install(model)
     try:
         active = _ActiveCapture(
             model=model,
             fold=fold,
             configs=configs,
-            keys_expected=memory + rows,
+            keys_expected=keys_expected,
             global_layers=layers,
+            elements=elements,
         )
         stack = getattr(_local, "captures", None)
         if stack is None:
             stack = _local.captures = []
         stack.append(active)
         try:
-            forward_rows(model, private, input_ids=input_ids, inputs_embeds=inputs_embeds, start=memory)
+            forward()
         finally:
             stack.pop()
     finally:
