@@ -20,6 +20,12 @@ on one model run concurrently, and no lock is held across a capture. When the la
 of a model ends its configs get their exact previous values back (written back by
 identity), so an idle model is the user's model as it was.
 
+Several captures of one model (a fan-in's senders, all scored against one request) can run
+as one batched forward (`capture_each`): the request rows go through the projections and
+MLPs together, while each sender's attention runs alone over its own memory, so its fold
+sees exactly the tensors its own capture would (the short request of a capture costs about
+what a decode step does, mostly reading the weights, so batching pays it once).
+
 Switching writes every reachable config's `_attn_implementation_internal` directly.
 `model.set_attn_implementation` would also work but re-validates the implementation and
 walks every module on each call, and we need to restore the exact previous values anyway

@@ -3,11 +3,16 @@ transfer's use of them: each fold is what a capture of its sender alone gives.""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import rclc
-from _selector_helpers import DOCUMENT, make_sender, request
+import rclc._receiver_aware as receiver_aware
+import rclc.pipeline as pipeline
+from rclc._cache import cache_layers
+from _selector_helpers import make_sender, request
 from rclc.selectors import _attention_capture as _capture
 from rclc.selectors import _prefetch, _support, cacheback, qsnap
 from rclc.selectors._attention_capture import capture, capture_each, reachable_configs
@@ -59,7 +64,7 @@ def test_each_element_sees_what_its_own_capture_sees(tiny):
 def test_batched_folds_match_folds_alone_and_leave_everything_as_it_was(tiny):
     model, tokenizer = tiny
     states, ids = senders(model, tokenizer), requests(tokenizer)
-    caches = [[(k.clone(), v.clone()) for k, v in rclc._cache.cache_layers(s.past_key_values)] for s in states]
+    caches = [[(k.clone(), v.clone()) for k, v in cache_layers(s.past_key_values)] for s in states]
     alone = [request_fold(state, request_ids, moments=True) for state, request_ids in zip(states, ids)]
     together = request_folds(states, ids)
     for one, many in zip(alone, together):
@@ -67,7 +72,7 @@ def test_batched_folds_match_folds_alone_and_leave_everything_as_it_was(tiny):
         torch.testing.assert_close(many.energy, one.energy, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(many.row_energy, one.row_energy, rtol=1e-4, atol=1e-6)
     for state, before in zip(states, caches):
-        for (k, v), (k0, v0) in zip(rclc._cache.cache_layers(state.past_key_values), before):
+        for (k, v), (k0, v0) in zip(cache_layers(state.past_key_values), before):
             assert torch.equal(k, k0) and torch.equal(v, v0)
     assert all(c._attn_implementation == "sdpa" for c in reachable_configs(model))
     assert _capture.active_captures() == ()
@@ -83,8 +88,6 @@ def test_a_batched_capture_serves_other_threads_forwards_unchanged(tiny):
 
     def fold(query, key, scaling):
         if not seen:
-            import threading
-
             out = []
             thread = threading.Thread(target=lambda: out.append(model(plain_ids).logits))
             thread.start()
@@ -149,10 +152,28 @@ def test_a_fan_in_transfer_captures_once_and_selects_as_one_by_one(tiny, selecto
     monkeypatch.setattr(_support, "capture_each", counting)
     batched = run()
     assert calls["each"] == 1
-    monkeypatch.setattr(_prefetch, "prefetch_folds", lambda selector, states, ids, scoring: [None] * len(states))
-    import rclc._receiver_aware as receiver_aware
-    import rclc.pipeline as pipeline
+    def nothing(selector, states, ids, scoring):
+        return [None] * len(states)
 
-    monkeypatch.setattr(pipeline, "prefetch_folds", _prefetch.prefetch_folds)
-    monkeypatch.setattr(receiver_aware, "prefetch_folds", _prefetch.prefetch_folds)
+    monkeypatch.setattr(pipeline, "prefetch_folds", nothing)  # every selection captures alone
+    monkeypatch.setattr(receiver_aware, "prefetch_folds", nothing)
+    calls["each"] = 0
     assert run() == batched
+    assert calls["each"] == 0
+
+
+def test_a_failing_fold_in_a_batch_restores_the_model(tiny):
+    model, tokenizer = tiny
+    states, ids = senders(model, tokenizer), requests(tokenizer)
+
+    def failing(query, key, scaling):
+        raise RuntimeError("fold failed")
+
+    folds = [lambda q, k, s: None, failing, lambda q, k, s: None]
+    with pytest.raises(RuntimeError, match="fold failed"):
+        capture_each(model, [(s.past_key_values, s.positions, i, f) for s, i, f in zip(states, ids, folds)])
+    assert all(c._attn_implementation == "sdpa" for c in reachable_configs(model))
+    assert _capture.active_captures() == ()
+    bad = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(rclc.RclcError, match="input_ids"):
+        capture_each(model, [(s.past_key_values, s.positions, bad, folds[0]) for s in states])
