@@ -37,7 +37,7 @@ requests in the engine (no near-tie trace: vLLM's kernels are its own).
 
 Run: python benchmarks/concurrent_runs.py [--runs 32] [--workloads fanout_qa,chain_notes]
      [--repeats 1] [--threads 1] [--max-batch 32] [--wait-ms MS] [--worker-forwards N]
-     [--max-new-tokens N] [--backend hf|vllm]
+     [--max-new-tokens N] [--backend hf|vllm] [--dump records.json]
 """
 
 from __future__ import annotations
@@ -258,6 +258,19 @@ class _NoTrace:
         return contextlib.nullcontext([])
 
 
+def untimed(record: Any) -> Any:
+    """A run record without what differs between two runs of the same work (times, ids)."""
+    if isinstance(record, dict):
+        return {key: untimed(value) for key, value in record.items() if key not in ("seconds", "run_id")
+                and not key.endswith(("_seconds", "_at"))}
+    if isinstance(record, list):
+        return [untimed(value) for value in record]
+    return record
+
+
+records: dict[str, list[Any]] = {}  # workload -> its sequential runs' records (for --dump)
+
+
 def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespace) -> dict[str, Any]:
     from rclc.backends.hf_batching import engine_for  # the engine's trace is a diagnostic, not public API
 
@@ -279,6 +292,7 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
         seq_peak = max(seq_peak, sampler.peak)
         seq_histogram = histogram_since(model, before)
         seq_tokens.append(generated_tokens(reference))
+        records.setdefault(name, [untimed(result.to_dict()) for result in reference])
         before = dict(rclc.batching_report(model)["batch_sizes"])
         with RssSampler() as sampler, engine.tracing() as conc_trace:
             began, cpu = time.perf_counter(), cpu_seconds()
@@ -347,6 +361,8 @@ def main() -> None:
     parser.add_argument("--max-bytes", type=int, default=4096)
     parser.add_argument("--consumer-ms", type=float, default=20.0)
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="write the sequential runs' records (timings left out) here, to compare two trees with cmp")
     args = parser.parse_args()
 
     import torch
@@ -371,6 +387,8 @@ def main() -> None:
         if args.worker_forwards is not None:
             rclc.configure_batching(model, worker_forwards=args.worker_forwards)
         results.append(measure(name, plans, pool, args))
+    if args.dump is not None:
+        args.dump.write_text(json.dumps(records, indent=1, sort_keys=True), encoding="utf-8")
     model = pool.loaded()[0].model
     if args.backend == "vllm":
         from rclc_graph.executors.vllm_engine import shutdown  # only vLLM runs need it
