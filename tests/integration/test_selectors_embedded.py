@@ -81,3 +81,22 @@ def test_question_about_one_entity_ranks_its_sentence_high(embedded, target):
     kept = set(cacheback(sender, ids, sender.positions // 4))
     start, stop = bounds[target]
     assert len(kept & set(range(start, stop))) / (stop - start) > 0.25
+
+
+def test_a_fan_in_scored_in_one_forward_keeps_what_each_sender_keeps_alone(embedded):
+    """Three readers of unequal length, one question: the batched capture's folds match the
+    ones captured alone, and CacheBack r4 keeps the same positions from either."""
+    from rclc.selectors._support import offering, request_fold, request_folds
+
+    model, tokenizer = embedded
+    senders = [sender_for(model, tokenizer, " ".join(SENTENCES[start:stop])) for start, stop in ((0, 2), (2, 5), (5, 8))]
+    question = tokenizer("Who owns the Maple project?", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    together = request_folds(senders, [question] * len(senders))
+    for sender, fold in zip(senders, together):
+        alone = request_fold(sender, question, moments=True)
+        torch.testing.assert_close(fold.votes, alone.votes, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fold.row_energy, alone.row_energy, rtol=1e-4, atol=1e-5)
+        budget = -(-sender.positions // 4)
+        with offering([(sender, question, fold)]):
+            kept = cacheback(sender, question, budget)
+        assert kept == cacheback(sender, question, budget)
