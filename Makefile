@@ -32,8 +32,18 @@ quickstart: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
 # The whole suite: unit + integration in .venv, then the vLLM tier in .venv-vllm and the Ray
-# tier in .venv-ray (both optional extras, so each has its own venv).
-test: test-main test-vllm test-ray
+# tier in .venv-ray (both optional extras, so each has its own venv). Their venvs install in
+# the background while the main tier runs: it leaves about one core idle on a 2-core machine
+# (servers, subprocesses and the browser wait on each other), and the two installs take about
+# 3 minutes, which kept CI (`.ci/run`, a fresh clone) over its 30 minutes when they ran
+# after it. Their output goes to .extras-install.log, shown if an install fails.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory vllm ray > .extras-install.log 2>&1 & extras=$$!; \
+	$(MAKE) --no-print-directory test-main; main=$$?; \
+	wait $$extras; installed=$$?; \
+	if [ $$installed -ne 0 ]; then cat .extras-install.log; echo "make test: installing the vLLM or Ray venv failed" >&2; exit $$installed; fi; \
+	if [ $$main -ne 0 ]; then exit $$main; fi; \
+	$(MAKE) --no-print-directory test-vllm test-ray
 
 # Import contracts (pyproject.toml [tool.importlinter]): a broken one fails `make test`.
 # PYTHONPATH: check this checkout's code, also from a worktree sharing another checkout's venv.
