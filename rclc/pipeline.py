@@ -371,23 +371,21 @@ async def transfer(
             masks = await run_in_worker(request_masks, request_states, item, planned, exclusion)
         profiles: list[SpanProfile | None] = [None] * len(request_states)
         caps = list(counts)
+        requests = [request_ids[i][r] for i in range(len(request_states))]
         if allocation == "pooled" and len(request_states) > 1:
             profiles, counts = await run_in_worker(
-                pool, request_states, [request_ids[i][r] for i in range(len(request_states))], counts, reserve,
-                selector, masks, starts,
+                pool, request_states, requests, counts, reserve, selector, masks, starts
             )
         folds: list[SupportFold | None] = [None] * len(request_states)
         if allocation != "pooled" and len(request_states) > 1:
             scoring = [counts[i] - reserve < state.positions for i, state in enumerate(request_states)]
-            folds = await run_in_worker(
-                prefetch_folds, selector, request_states, [request_ids[i][r] for i in range(len(request_states))], scoring
-            )
+            folds = await run_in_worker(prefetch_folds, selector, request_states, requests, scoring)
         messages = []
         for i, state in enumerate(request_states):
             messages.append(
                 await _prepare_message(
                     state,
-                    request_ids[i][r],
+                    requests[i],
                     counts[i],
                     selector=selector,
                     representation=representation,

@@ -176,23 +176,27 @@ def _capture_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *arg
     if active is None:
         # Another thread's capture switched this model: serve this forward, fold nothing.
         return output, None
-    if _folding(active, module, key) and active.fold is not None:
+    layer = _seen_layer(active, module)
+    if layer in active.global_layers and active.fold is not None:
+        _check_keys(layer, key, active.keys_expected)
         active.fold(query, key, _scaling(module, query, kwargs))
     return output, None
 
 
-def _folding(active: _ActiveCapture, module: Any, key: torch.Tensor) -> bool:
-    """Record the layer as seen; True when it is a global layer (checked to hold every key)."""
+def _seen_layer(active: _ActiveCapture, module: Any) -> Any:
+    """The attention module's layer index, recorded as seen by the capture."""
     layer = getattr(module, "layer_idx", None)
     active.seen.add(layer)
-    if layer not in active.global_layers:
-        return False
-    if key.shape[-2] != active.keys_expected:
+    return layer
+
+
+def _check_keys(layer: Any, key: torch.Tensor, expected: int) -> None:
+    """A global layer's fold must see every key: the memory and the request rows."""
+    if key.shape[-2] != expected:
         raise CaptureError(
-            f"attention capture: layer {layer} saw {key.shape[-2]} keys, expected {active.keys_expected} "
+            f"attention capture: layer {layer} saw {key.shape[-2]} keys, expected {expected} "
             "(the cache copy was truncated or not extended)"
         )
-    return True
 
 
 def _scaling(module: Any, query: torch.Tensor, kwargs: dict[str, Any]) -> float:
@@ -228,8 +232,7 @@ def _attend_each(
     value, rest = args[0], args[2:]  # args[1] is the batch's mask: each element gets its own
     kwargs = {name: item for name, item in kwargs.items() if name != "attention_mask"}
     positions = kwargs.get("position_ids")
-    layer = getattr(module, "layer_idx", None)
-    active.seen.add(layer)
+    layer = _seen_layer(active, module)
     folding = layer in active.global_layers
     scaling = _scaling(module, query, kwargs)
     width = query.shape[2]
@@ -245,11 +248,7 @@ def _attend_each(
         output = attention(module, own_query, own_key, own_value, _causal_mask(element, query.device), *rest, **kwargs)[0]
         outputs.append(F.pad(output, (0, 0, 0, 0, 0, width - rows)))
         if folding:
-            if own_key.shape[-2] != element.memory + rows:
-                raise CaptureError(
-                    f"attention capture: layer {layer} saw {own_key.shape[-2]} keys for one sender, expected "
-                    f"{element.memory + rows}"
-                )
+            _check_keys(layer, own_key, element.memory + rows)
             element.fold(own_query, own_key, scaling)
     return torch.cat(outputs)
 
