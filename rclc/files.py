@@ -23,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from .errors import RclcError
@@ -34,6 +36,7 @@ __all__ = [
     "DIRECTORY_MODE",
     "FILE_MODE",
     "file_sha256",
+    "remove_interrupted_writes",
     "require_regular_file",
     "sync_directory",
     "write_atomic",
@@ -42,6 +45,43 @@ __all__ = [
 
 FILE_MODE = 0o600  # every file written: private to its owner (see the module docstring)
 DIRECTORY_MODE = 0o700  # every directory created for such files
+
+# The temporary file `write_atomic` writes beside its destination: `.<name>.<12 hex>.tmp`.
+# Only names of exactly this shape are ever removed as leftovers of an interrupted write.
+_TEMPORARY_HEX = 6  # bytes of secrets.token_hex: 12 hex digits
+_TEMPORARY_NAME = re.compile(r"\..+\.[0-9a-f]{%d}\.tmp" % (2 * _TEMPORARY_HEX), re.DOTALL)
+
+
+def _temporary_path(destination: Path) -> Path:
+    return destination.parent / f".{destination.name}.{secrets.token_hex(_TEMPORARY_HEX)}.tmp"
+
+
+def remove_interrupted_writes(
+    directory: str | os.PathLike[str], *, skip: Callable[[Path], bool] | None = None
+) -> list[Path]:
+    """Remove the temporary files that interrupted `write_atomic` calls left under `directory`.
+
+    A write killed between creating its temporary and renaming it (SIGKILL, power loss)
+    leaves `.<name>.<hex>.tmp` behind; no later write reuses that name, so nothing else
+    would ever remove it. Call this only while no other writer can be writing under
+    `directory` (rclc-graph calls it when it takes a directory's lock), since an in-flight
+    write's temporary looks the same. Only regular files whose name has exactly the shape
+    `write_atomic` gives are removed; links are not followed. `skip(subdirectory)` returning
+    True leaves a subdirectory (and everything under it) alone. Returns the removed paths.
+    """
+    removed: list[Path] = []
+    for root, directories, files in os.walk(directory, followlinks=False):
+        if skip is not None:
+            directories[:] = [name for name in directories if not skip(Path(root) / name)]
+        for name in files:
+            path = Path(root) / name
+            if _TEMPORARY_NAME.fullmatch(name) and stat.S_ISREG(os.lstat(path).st_mode):
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+    return removed
 
 
 def sync_directory(directory: str | os.PathLike[str]) -> None:
@@ -67,12 +107,13 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = FILE_
 
     `mode` is the permission the new file is created with, less the process umask (as with
     `open`); the default is the package's rule, private to the owner (0o600). On any
-    error the previous file is untouched and no temporary file is left behind.
+    error the previous file is untouched and no temporary file is left behind; a process
+    killed mid-write can leave one, which `remove_interrupted_writes` removes later.
     """
     destination = Path(path)
     directory = destination.parent
     directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
-    temporary = directory / f".{destination.name}.{secrets.token_hex(6)}.tmp"
+    temporary = _temporary_path(destination)
     # os.open (not mkstemp, which forces 0o600) so the umask applies to `mode`.
     handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
     try:

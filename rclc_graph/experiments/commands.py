@@ -23,11 +23,11 @@ from typing import Any, List, Optional
 
 import typer
 import typer.core
-from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import GraphError
+from ..render.consoles import command_console
 from ..render.terminal_text import printable
 from . import runner
 from .arms import load_arms, parse_arms
@@ -64,7 +64,7 @@ def _fail(error: Exception, as_json: bool) -> None:
             payload["problems"] = [problem.to_dict() for problem in error.problems]
         typer.echo(json.dumps(payload, indent=2))
     else:
-        Console(stderr=True).print(Text("error: ", style="red") + Text(printable(error)), highlight=False)
+        command_console(stderr=True).print(Text("error: ", style="red") + Text(printable(error)))
     raise typer.Exit(2)
 
 
@@ -114,7 +114,7 @@ def experiment(
         _fail(exc, as_json)
         return
 
-    console = Console(stderr=True)
+    console = command_console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=as_json, disable=as_json and not console.is_terminal) as bar:
         task = bar.add_task("cases x arms", total=None)
@@ -139,7 +139,7 @@ def experiment(
     if as_json:
         typer.echo(json.dumps(summary.data, indent=2, ensure_ascii=False))
         return
-    out_console = Console(width=max(Console().width, TABLE_WIDTH))
+    out_console = command_console(min_width=TABLE_WIDTH)
     out_console.print(table(summary.data, title=f"{summary.data['topology']['name']}: {summary.data['cases']} cases"))
     rows = summary.data["rows"]
     out_console.print(

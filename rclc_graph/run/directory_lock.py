@@ -14,9 +14,13 @@ from typing import Callable
 
 import filelock
 
-from rclc.files import FILE_MODE
+from rclc.files import FILE_MODE, remove_interrupted_writes
 
 LOCK_FILE = ".lock"
+
+
+def _has_own_lock(subdirectory: Path) -> bool:
+    return os.path.lexists(subdirectory / LOCK_FILE)
 
 
 def _run_dir_busy(directory: Path) -> Exception:
@@ -36,6 +40,10 @@ class DirectoryLock:
     `acquire` raises `busy(directory)` (a ValueError naming the run directory by default)
     when another holder has it, and does nothing when this object holds it already;
     `release` may run on another thread than `acquire` (records finish in a worker thread).
+
+    Taking the lock proves no other process writes the directory, so `acquire` also removes
+    the temporaries of atomic writes that a killed holder left (`rclc.files.remove_interrupted_writes`),
+    except under subdirectories with a lock of their own (another writer's domain).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, busy: Callable[[Path], Exception] = _run_dir_busy) -> None:
@@ -63,6 +71,7 @@ class DirectoryLock:
             self._lock.acquire(blocking=False)
         except filelock.Timeout:
             raise self._busy(self.directory) from None
+        remove_interrupted_writes(self.directory, skip=_has_own_lock)
 
     def writer_alive(self) -> bool:
         """Whether another process holds the lock now (a run or resume still writing). Read-only

@@ -3,14 +3,13 @@
 Every message is made `printable` (no control sequence from a file or a model reaches the
 terminal). User mistakes never print a traceback: a GraphError prints each problem with its location,
 field path, code and fix; any other ValueError prints its message; both exit with
-EXIT_USAGE. Consoles that are not terminals (logs, pipes) are 120 columns wide, so tables
-stay readable there.
+EXIT_USAGE. Consoles that are not terminals (logs, pipes) never hard-wrap a line, and draw
+tables 120 columns wide (`rclc_graph.render.consoles`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any, NoReturn
 
@@ -19,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import GraphError, format_path
+from ..render.consoles import command_console
 from ..render.terminal_text import printable
 
 EXIT_FAILED = 1  # a run failed, or `validate` found problems
@@ -28,19 +28,13 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (the nodes that finished are recorded)
 
 
 def stdout_console() -> Console:
-    """The console commands print results to (stdout)."""
-    console = Console(highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, width=120)  # logs and pipes: wide enough for the tables
-    return console
+    """The console commands print results to (stdout); never hard-wrapped off a terminal."""
+    return command_console()
 
 
 def stderr_console() -> Console:
     """The console errors and notices go to (stderr), so stdout stays clean for `--json`."""
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=True, highlight=False, width=120)
-    return console
+    return command_console(stderr=True)
 
 
 def write_json(data: Any) -> None:

@@ -11,6 +11,7 @@ a generation step."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -77,8 +78,10 @@ def test_sigkill_then_resume_gives_the_uninterrupted_outputs(six, tmp_path, poin
         assert expected <= len(finished) <= expected + 1, finished
     if kind == "torn":
         assert len(list((run_dir / "nodes").glob("*.safetensors"))) == len(finished) + 1  # the orphan
+    # issue 24 item tmpfiles: a kill that lands inside an atomic write may leave its temporary
+    # (only one, of write_atomic's shape); the resume removes it
     leftovers = [path.name for path in run_dir.rglob("*.tmp")]
-    assert leftovers == [], leftovers  # atomic writes leave no temporaries behind, even under SIGKILL
+    assert len(leftovers) <= 1 and all(re.fullmatch(r"\..+\.[0-9a-f]{12}\.tmp", name) for name in leftovers), leftovers
 
     # resume in-process, counting forwards per node
     point_read = read_resume_point(run_dir)
@@ -88,6 +91,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_outputs(six, tmp_path, poin
     with ForwardCounter(loaded.model) as counter:
         result, record, _ = resume_run_sync(run_dir, pool=pool, executor=CountingExecutor(pool))
     assert result.status == "finished", result.error
+    assert [path.name for path in run_dir.rglob("*.tmp")] == []
     assert_same_runs(six["reference"], run_dir)
     counts = dict(counter.counts)
     remaining = [name for name in six["plan"].order if name not in finished]

@@ -71,3 +71,42 @@ def test_file_sha256_and_sync_directory(tmp_path):
     assert file_sha256(target) == hashlib.sha256(data).hexdigest()
     sync_directory(tmp_path)
     sync_directory(tmp_path / "missing")  # best effort: nothing to sync is not an error
+
+
+def _killed_write(destination, monkeypatch):
+    """What a write killed between creating its temporary and renaming it leaves: the temporary."""
+    from rclc import files
+
+    left = []
+
+    def die(source, target):
+        left.append(source)
+        raise KeyboardInterrupt  # stands for the kill: nothing after this point runs
+
+    monkeypatch.setattr(files.os, "replace", die)
+    monkeypatch.setattr(files.os, "remove", lambda path: None)  # a killed process removes nothing
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(destination, b"torn")
+    monkeypatch.undo()
+    return left[0]
+
+
+# issue 24 item tmpfiles
+def test_interrupted_writes_leave_only_their_own_temporaries_which_are_removed_later(tmp_path, monkeypatch):
+    from rclc.files import remove_interrupted_writes
+
+    (tmp_path / "nodes").mkdir()
+    left = [_killed_write(tmp_path / "nodes" / "a.safetensors", monkeypatch),
+            _killed_write(tmp_path / "record.json", monkeypatch)]
+    assert all(os.path.exists(path) for path in left)
+    # look-alikes that write_atomic never writes stay, as do other writers' subdirectories
+    keep = [tmp_path / "notes.tmp", tmp_path / ".a.safetensors.xyz.tmp", tmp_path / ".b.0123456789ab.tmp.bak"]
+    for path in keep:
+        path.write_bytes(b"user data")
+    (tmp_path / "other").mkdir()
+    theirs = _killed_write(tmp_path / "other" / "x.json", monkeypatch)
+    removed = remove_interrupted_writes(tmp_path, skip=lambda directory: directory.name == "other")
+    assert sorted(map(str, removed)) == sorted(map(str, left))
+    assert not any(os.path.exists(path) for path in left)
+    assert all(path.read_bytes() == b"user data" for path in keep)
+    assert os.path.exists(theirs)

@@ -234,3 +234,19 @@ def test_every_file_of_a_run_is_private(reference):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 & ~mask, path
     for path in [run_dir, run_dir / NODES_DIR]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700 & ~mask, path
+
+
+# issue 24 item tmpfiles: a SIGKILL during an atomic write left `.a.safetensors.<hex>.tmp` in the
+# run directory, and nothing ever removed it
+def test_a_resume_removes_the_temporaries_of_writes_a_killed_run_left(reference, tmp_path):
+    run_dir = crash_copy(reference["run_dir"], tmp_path / "torn", frozenset({"a", "b"}))
+    left = [run_dir / NODES_DIR / ".c.safetensors.0123456789ab.tmp", run_dir / ".record.json.ba9876543210.tmp"]
+    for path in left:
+        path.write_bytes(b"half a file")
+    mine = run_dir / "notes.tmp"  # not a name write_atomic gives: stays
+    mine.write_bytes(b"mine")
+    result, _, _ = resume_run_sync(run_dir, pool=reference["pool"])
+    assert result.status == "finished", result.error
+    assert not any(path.exists() for path in left)
+    assert mine.read_bytes() == b"mine"
+    assert [path.name for path in run_dir.rglob("*.tmp")] == ["notes.tmp"]
