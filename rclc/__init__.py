@@ -53,6 +53,8 @@ _LAZY: dict[str, str] = {
     "batching_report": "backends.batching",
     "model_identity": "snapshot",
     "run_in_worker": "_worker",
+    "thread_safe": "user_code",
+    "is_thread_safe": "user_code",
     "call_sync": "_sync",
     "check": "doctor",
     "Encoding": "literal",
@@ -95,6 +97,9 @@ __all__ = [
     "check",
     "model_identity",
     "run_in_worker",
+    # user selectors and reasoning methods take turns unless declared thread-safe
+    "is_thread_safe",
+    "thread_safe",
     # the package
     "__version__",
 ]
@@ -134,3 +139,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from .selection import Selection, Span
     from .snapshot import model_identity
     from .state import Delivery, Message, SenderState
+    from .user_code import is_thread_safe, thread_safe

@@ -38,6 +38,7 @@ from .selectors._prefetch import prefetch_folds
 from .selectors._support import SupportFold, offering
 from .selectors._validate import validate_positions
 from .state import Delivery, Message, SenderState, embedding_weight, rows_match_ids
+from .user_code import user_code_turn
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,8 @@ def _select(
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """Run the selector (or keep from its precomputed `profile`, for pooled allocation) and
     gather the kept rows in ascending source order (worker thread; no lock: the state is
-    read only, and concurrent transfers' selections run at once). `span_starts` goes
+    read only, and concurrent transfers' built-in selections run at once; a user's selector
+    takes the process-wide user-code turn unless declared `rclc.thread_safe`). `span_starts` goes
     to selectors that take it (the built-in span selectors); others cut spans their own way.
     `fold`: this sender's request fold, captured with the other senders' (`prefetch_folds`)."""
     if profile is not None:
@@ -201,7 +203,7 @@ def _select(
             extra["exclude"] = exclude
         if span_starts is not None and accepts_keyword(selector, "span_starts"):
             extra["span_starts"] = span_starts
-        with offering([] if fold is None else [(state, ids, fold)]):
+        with offering([] if fold is None else [(state, ids, fold)]), user_code_turn(selector, builtin=is_builtin(selector)):
             positions = selector(state, ids, count, **extra)
     index = validate_positions(positions, count, state.positions, selector_name(selector))
     index = index.to(state.input_embeds.device)
@@ -367,8 +369,10 @@ async def transfer(
         counts = planned[r] if fits_now else _fit_request(snapshot, request_states, r, policy, builtin, 0)
         masks: list[list[str | None] | None] = [None] * len(request_states)
         if exclusion is not None:
-            planned = [(snapshot.receivers[k].tokenizer, plan.input_ids) for (k, q), plan in snapshot.plans.items() if q == r]
-            masks = await run_in_worker(request_masks, request_states, item, planned, exclusion)
+            receiver_prompts = [
+                (snapshot.receivers[k].tokenizer, plan.input_ids) for (k, q), plan in snapshot.plans.items() if q == r
+            ]
+            masks = await run_in_worker(request_masks, request_states, item, receiver_prompts, exclusion)
         profiles: list[SpanProfile | None] = [None] * len(request_states)
         caps = list(counts)
         requests = [request_ids[i][r] for i in range(len(request_states))]

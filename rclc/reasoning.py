@@ -24,6 +24,7 @@ from ._worker import run_in_worker
 from .errors import ContextLimitError, RclcError, ReasoningError
 from .models import context_limit_of
 from .state import SenderState, build_state, embedding_weight
+from .user_code import user_code_turn
 
 # Relative / absolute tolerances for "the cache prefix was kept" per KV dtype. Custom
 # methods may legitimately recompute the prefix (e.g. re-prefill), so exact equality
@@ -326,6 +327,12 @@ async def _call_in_worker(call: Callable[[], Any]) -> Any:
     return produced[0]
 
 
+def _call_in_turn(method: Callable[..., Any], builtin: bool, state: SenderState, keywords: dict[str, Any]) -> Any:
+    """A sync method in its worker thread, under the user-code turn unless exempt (rclc.user_code)."""
+    with user_code_turn(method, builtin=builtin):
+        return method(state, **keywords)
+
+
 async def apply_reasoning(
     method: Callable[..., Any],
     state: SenderState,
@@ -351,9 +358,9 @@ async def apply_reasoning(
     # api.md's signature: `request` is always passed, None when the context has no request
     keywords: dict[str, Any] = {"max_positions": allowance, "request": None if request_ids is None else request_ids.clone()}
     if _is_async_callable(method):
-        result = method(given, **keywords)
+        result = method(given, **keywords)  # on the caller's loop: free to await other work (no turn held)
     else:
-        result = await _call_in_worker(functools.partial(method, given, **keywords))
+        result = await _call_in_worker(functools.partial(_call_in_turn, method, builtin, given, keywords))
     if inspect.isawaitable(result):
         result = await result
     if not builtin:

@@ -15,6 +15,7 @@ import torch
 
 from .._arguments import require_int
 from ..state import SenderState
+from ..user_code import thread_safe
 from ._common import check_exclude, excluded_flags
 
 
@@ -25,6 +26,7 @@ def _excluded_last(candidates: list[int], flags: list[bool] | None) -> list[int]
     return [p for p in candidates if not flags[p]] + [p for p in candidates if flags[p]]
 
 
+@thread_safe  # ours, and stateless: runs beside other transfers' selections
 def recent(
     sender: SenderState, request_ids: torch.Tensor, budget: int, *, exclude: Sequence[str | None] | None = None
 ) -> list[int]:
@@ -62,4 +64,4 @@ def random_selector(seed: int) -> Callable[..., list[int]]:
 
     random_positions.__name__ = f"random_seed{seed}"
     random_positions.__qualname__ = random_positions.__name__
-    return random_positions
+    return thread_safe(random_positions)  # a fresh generator per call: no shared state

@@ -283,3 +283,22 @@ def test_transfer_refuses_what_cannot_exclude_before_any_model_work(tiny, monkey
     assert calls == []
     # An empty set of reasons excludes nothing, so any selector may run.
     assert list(_transfer(model, tokenizer, sender, budget=4, selector=custom, exclude=Exclusion(reasons=())).indices) == [0]
+
+
+# issue 24 item 11: several requests with exclude= raised IndexError (the fitted budgets' name
+# was reused for the receivers' prompts)
+def test_several_requests_and_receivers_with_exclusion_each_get_their_delivery(tiny):
+    model, tokenizer = tiny
+    requests = ["Who owns the Cedar project?", "When did Lima open its harbour?"]
+    sender = make_sender(model, tokenizer, f"Questions: {requests[0]}\n{requests[1]}\n" + DOCUMENT.split("\n", 1)[1])
+    receivers = [HFReceiver(model, tokenizer, max_new_tokens=2) for _ in range(2)]
+    transfer_sync(sender, receivers, requests, budget=12, exclude=Exclusion(reasons=("known",)), record_selection=True)
+    for receiver in receivers:
+        deliveries = [receiver.peek(index)[0] for index in range(len(requests))]
+        assert [delivery.request for delivery in deliveries] == requests
+        for delivery, text in zip(deliveries, requests):
+            selection = delivery.messages[0].selection
+            assert len(selection.indices) == 12
+            excluded = "".join(span.text for span in selection.spans if span.excluded == "known")
+            assert text in excluded  # each request's own copy passed over, not the other's
+            assert not any(other in excluded for other in requests if other != text)
