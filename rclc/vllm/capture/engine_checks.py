@@ -20,6 +20,8 @@ from ...models import SUPPORTED_FAMILIES
 TESTED_VLLM = ("0.30.0",)
 CONNECTOR_NAMES = ("RCLCCaptureConnector", "RCCCaptureConnector")
 CONNECTOR_MODULE = "rclc.vllm.capture.connector"
+# Every module path an engine may name for the connector: the seed's API text wrote the old one.
+CONNECTOR_MODULES = (CONNECTOR_MODULE, "rclc.capture.connector")
 # The attention backends whose page layout `pages.py` knows, by vLLM's backend name.
 BACKEND_LAYOUTS = {"CPU_ATTN": "cpu", "FLASH_ATTN": "flash"}
 # CPU_ATTN picks a kernel ("isa") per dtype and CPU; each may lay pages out differently.
@@ -128,7 +130,7 @@ def connector_problems(vllm_config: Any) -> list[str]:
     if transfer is None or transfer.kv_connector is None:
         return [f"capture is not enabled; create the engine with {expected}"]
     problems = []
-    if transfer.kv_connector not in CONNECTOR_NAMES or transfer.kv_connector_module_path != CONNECTOR_MODULE:
+    if transfer.kv_connector not in CONNECTOR_NAMES or transfer.kv_connector_module_path not in CONNECTOR_MODULES:
         problems.append(
             f"the engine's KV connector is {transfer.kv_connector!r} from {transfer.kv_connector_module_path!r}; "
             f"create it with {expected}"
