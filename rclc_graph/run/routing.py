@@ -86,6 +86,8 @@ class Routing:
         text = self.results[reader].effective_text
         references = list(predicates.routers(condition))
         if not references:
+            if predicates.needs_worker(condition):  # a regex or JSON over a long text: never on the loop
+                return await anyio.to_thread.run_sync(predicates.holds, condition, text, abandon_on_cancel=True)
             return predicates.holds(condition, text)
         target = self.plan.node(edge.target).declared
         answers = {reference: await self._route(edge, reference, reader, text) for reference in references}

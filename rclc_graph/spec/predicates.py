@@ -1,4 +1,4 @@
-"""The condition language of `when:` (conditional edges) and `until:` (loops that stop).
+r"""The condition language of `when:` (conditional edges) and `until:` (loops that stop).
 
 A condition is data, never code a file can smuggle in: a mapping with exactly one operator
 key, checked by pydantic like every other field, and evaluated here by plain functions of
@@ -16,9 +16,14 @@ A router is user code: the run imports it only with trust_code and calls it with
 it answers True/False, a node name, or a list of node names (see `router_fires`). Every
 other form is evaluated here; nothing is passed to `eval`.
 
-Regular expressions are compiled when the spec is validated. They are capped in length, and
-patterns that nest unbounded repeats (`(a+)+`, `(.*)*`), whose matching can take exponential
-time on a few hundred characters, are refused: Python's `re` has no time limit.
+Regular expressions are RE2 patterns (Google's engine, through the `google-re2` package),
+compiled when the spec is validated. RE2 matches in time linear in the text whatever the
+pattern: a backtracking engine (Python's `re`) takes exponential time on patterns such as
+`(.|..)*\x00` or `(x|xx)*\x00`, and no check of a pattern's shape catches them all (such
+patterns passed ours and froze a server). A time limit would not do either: the route a run
+takes would then depend on how loaded the machine is. RE2 has no backreferences or
+lookarounds, and its `\w`, `\d`, `\s` and `\b` are ASCII (use `\p{L}` for any letter); a
+pattern it refuses is refused at validation with the reason. Patterns are capped in length.
 """
 
 from __future__ import annotations
@@ -41,10 +46,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-try:  # the regular-expression parser of the standard library, to look for nested repeats
-    from re import _parser as _regex_parser  # Python 3.11+
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _regex_parser  # type: ignore[no-redef]
+import re2
 
 MAX_PATTERN_CHARS = 200  # longer patterns are refused (a condition is a short test, not a parser)
 MAX_JSON_CHARS = 1 << 20  # texts longer than this are not read as JSON (they hold no routing field)
@@ -74,9 +76,9 @@ class Contains(_Condition):
 
 
 class Matches(_Condition):
-    """The regular expression `matches` is found somewhere in the text (`re.search`)."""
+    """The regular expression `matches` is found somewhere in the text (RE2's search: linear time)."""
 
-    matches: str = Field(min_length=1, description=f"a Python regular expression, at most {MAX_PATTERN_CHARS} characters")
+    matches: str = Field(min_length=1, description=f"an RE2 regular expression, at most {MAX_PATTERN_CHARS} characters")
     ignore_case: bool = False
 
     @field_validator("matches")
@@ -202,46 +204,18 @@ for _model in (All, AnyOf, Not):
 # -- checks ----------------------------------------------------------------------------------
 
 
-def check_pattern(pattern: str) -> re.Pattern[str]:
-    """`pattern` compiled, or E_FIELD naming why it is refused (too long, malformed, or nested
-    unbounded repeats)."""
+def check_pattern(pattern: str) -> Any:
+    """`pattern` compiled by RE2, or E_FIELD naming why it is refused (too long, or not a
+    pattern RE2 accepts)."""
     if len(pattern) > MAX_PATTERN_CHARS:
         raise _error(f"pattern is {len(pattern)} characters, more than {MAX_PATTERN_CHARS}",
                      "use a shorter pattern, or several conditions under all/any")
     try:
-        compiled = re.compile(pattern)
-        tree = _regex_parser.parse(pattern)
-    except re.error as error:
-        raise _error(f"pattern {pattern!r} is not a regular expression ({error})", "fix the pattern") from None
-    if _nested_repeat(tree, inside=False):
-        raise _error(f"pattern {pattern!r} nests unbounded repeats (like (a+)+), which can take exponential time",
-                     "remove the inner or outer repeat, e.g. (a+)+ -> a+")
-    return compiled
-
-
-def _nested_repeat(tree: Any, *, inside: bool) -> bool:
-    for op, argument in tree:
-        name = str(op)
-        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            _low, high, body = argument
-            unbounded = high == _regex_parser.MAXREPEAT or high > 100
-            if unbounded and inside:
-                return True
-            if _nested_repeat(body, inside=inside or unbounded):
-                return True
-        elif name == "SUBPATTERN":
-            if _nested_repeat(argument[-1], inside=inside):
-                return True
-        elif name == "BRANCH":
-            if any(_nested_repeat(branch, inside=inside) for branch in argument[1]):
-                return True
-        elif name in ("ASSERT", "ASSERT_NOT"):
-            if _nested_repeat(argument[1], inside=inside):
-                return True
-        elif name == "ATOMIC_GROUP":
-            if _nested_repeat(argument, inside=inside):
-                return True
-    return False
+        return _compiled(pattern, False)
+    except re2.error as error:
+        reason = error.args[0].decode("utf-8", "replace") if error.args and isinstance(error.args[0], bytes) else error
+        raise _error(f"pattern {pattern!r} is not an RE2 regular expression ({reason})",
+                     "fix the pattern; RE2 has no backreferences or lookarounds (docs/yaml_reference.md#conditions)") from None
 
 
 def routers(condition: Any) -> Iterator[str]:
@@ -275,8 +249,7 @@ def holds(condition: Any, text: str, routed: Any = None) -> bool:
     if isinstance(condition, Contains):
         return _fold(condition.contains, condition.ignore_case) in _fold(text, condition.ignore_case)
     if isinstance(condition, Matches):
-        flags = re.IGNORECASE if condition.ignore_case else 0
-        return _compiled(condition.matches, flags).search(text) is not None
+        return _compiled(condition.matches, condition.ignore_case).search(text) is not None
     if isinstance(condition, Equals):
         return _fold(text.strip(), condition.ignore_case) == _fold(condition.equals, condition.ignore_case)
     if isinstance(condition, Json):
@@ -295,8 +268,23 @@ def _fold(text: str, ignore_case: bool) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(pattern: str, flags: int) -> re.Pattern[str]:
-    return re.compile(pattern, flags)
+def _compiled(pattern: str, ignore_case: bool) -> Any:
+    options = re2.Options()
+    options.log_errors = False  # a refused pattern is reported as E_FIELD, not logged to stderr
+    options.case_sensitive = not ignore_case
+    return re2.compile(pattern, options=options)
+
+
+def needs_worker(condition: Any) -> bool:
+    """Whether deciding `condition` reads the whole text with more than a substring search
+    (a regular expression, or JSON parsing): the run decides those off its event loop."""
+    if isinstance(condition, (Matches, Json)):
+        return True
+    if isinstance(condition, (All, AnyOf)):
+        return any(needs_worker(inner) for inner in (condition.all_ if isinstance(condition, All) else condition.any_))
+    if isinstance(condition, Not):
+        return needs_worker(condition.not_)
+    return False
 
 
 def read_json(text: str) -> Any:

@@ -292,3 +292,51 @@ def test_the_terminal_shows_skips_live_and_in_the_record(tmp_path):
     render_record(console, record, str(tmp_path))
     table = buffer.getvalue()
     assert "Skipped" in table and "technical (output: left out of Outputs)" in table
+
+
+# issue 24 item 1: `when: {matches: '(.|..)*\x00'}` (also `(x|xx)*\x00`) passed the nested-repeat
+# check and took exponential time on the event loop, so the whole server froze. RE2 matches in
+# linear time; the check runs in a fresh interpreter so a regression fails by its timeout (the
+# work takes milliseconds; the backtracking engine would not finish in a lifetime).
+def test_patterns_that_froze_the_server_decide_a_long_text_at_once():
+    import subprocess
+    from pathlib import Path
+
+    script = (
+        "from rclc_graph.spec import predicates as p\n"
+        "from pydantic import TypeAdapter\n"
+        "condition = TypeAdapter(p.Condition)\n"
+        "text = 'x' * 200_000 + '.' * 200_000\n"
+        "for pattern in [r'(.|..)*\\x00', r'(x|xx)*\\x00', r'(\\w{1,10}){1,10}\\x00', r'(a|aa)+$']:\n"
+        "    assert p.holds(condition.validate_python({'matches': pattern}), text) is False, pattern\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# issue 24 item 1: regular expressions and JSON conditions are decided in a worker thread, never on
+# the event loop; substring tests stay on it (they cost nothing worth a thread)
+def test_regex_and_json_conditions_are_decided_off_the_event_loop(monkeypatch):
+    import threading
+
+    from rclc_graph.spec import predicates
+
+    threads = {}
+    decide = predicates.holds
+
+    def spy(condition, text, routed=None):
+        threads[type(condition).__name__] = threading.current_thread() is threading.main_thread()
+        return decide(condition, text, routed)
+
+    monkeypatch.setattr(predicates, "holds", spy)
+    graph = Graph("conditions").input("message")
+    graph.model("base").agent("a", model="base")
+    graph.node("t", agent="a", prompt="{message}")
+    for name, when in [("r", {"matches": "bill"}), ("j", {"json": {"path": "x", "equals": 1}}),
+                       ("c", {"contains": "bill"})]:
+        graph.node(name, agent="a", prompt=name, output=True)
+        graph.edge("t", name, when=when)
+    result = run_plan_sync(graph.plan({"message": "m"}), executor=FakeExecutor(text=texts({"t": "a bill"})))
+    assert result.status == "finished", result.error
+    assert threads == {"Matches": False, "Json": False, "Contains": True}
