@@ -11,10 +11,12 @@ The contract a function follows (docs/graphs.md#function-nodes):
   arrival order). Only `text` edges reach a function node (validation refuses others).
 - It returns text, or JSON data, which is stored as canonical JSON text (sorted keys, no
   extra spaces) so text edges downstream read one deterministic string.
-- It may be `async def`. Either way it runs in a worker thread (an async one on its own
-  event loop there), so a slow or blocking function never stalls the run's event loop.
-  Cancellation waits for the function to return: Python cannot stop a thread, and a run
-  never leaves a thread computing behind it.
+- It may be `async def`. Either way it runs in a daemon thread of its own (an async one on
+  its own event loop there), so a slow or blocking function never stalls the run's event
+  loop. It has `timeout` seconds (the node's field; default 300): a slower call fails the
+  node. Python cannot stop a thread, so a cancelled run, or a call past its timeout, stops
+  *waiting* at once and abandons the thread: it finishes on its own, its result is
+  dropped, and it never holds up the process's exit (executors/user_threads.py).
 - It may raise `rclc_graph.Interrupt(question)` to stop the run for a person; anything
   else it raises fails the node like a model error would.
 
@@ -34,16 +36,16 @@ import time
 from typing import Any, Callable
 
 import anyio
-import anyio.to_thread
-import sniffio
 
 from ..errors import Interrupt, NodeFailed
 from ..plan.dag import Plan, PlanNode
+from ..spec.models import DEFAULT_FUNCTION_TIMEOUT, NodeSpec
 from ..results.lineage import Lineage, compose_hop
 from ..results.run_events import hop_payload
 from ..results.run_result import NodeResult
 from .contract import Inbound, RunContext
 from .trusted_code import import_callable
+from .user_threads import CallTimedOut, call_in_own_thread
 
 
 def function_of(plan: Plan, node: PlanNode) -> Callable[..., Any]:
@@ -56,11 +58,15 @@ def function_of(plan: Plan, node: PlanNode) -> Callable[..., Any]:
     return import_callable(node.call, trust_code=plan.trust_code, field_name=f"nodes.{node.declared}.call")
 
 
+def _declared(plan: Plan, node: PlanNode) -> NodeSpec:
+    return next(item for item in plan.spec.nodes if item.name == node.declared)
+
+
 def function_inputs(plan: Plan, node: PlanNode) -> dict[str, Any]:
     """What a function node receives as `inputs` (see the module docstring)."""
     values: dict[str, Any] = {key: list(value) if isinstance(value, tuple) else value
                               for key, value in plan.inputs.items()}
-    spec = next(item for item in plan.spec.nodes if item.name == node.declared)
+    spec = _declared(plan, node)
     if node.index is not None:
         values[spec.item] = node.item
         values["index"] = node.index
@@ -107,17 +113,18 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
     for hop in delivered:  # the senders' texts are the call's arguments: delivered before it runs
         await ctx.publish("hop", hop_payload(hop))
     hops = [hop.record for hop in delivered]
+    timeout = _declared(ctx.plan, node).timeout or DEFAULT_FUNCTION_TIMEOUT
     try:
-        if inspect.iscoroutinefunction(function):
-            backend = sniffio.current_async_library()
-            value = await anyio.to_thread.run_sync(lambda: anyio.run(call, backend=backend))
-        else:
-            value = await anyio.to_thread.run_sync(call)
+        value = await call_in_own_thread(call, timeout=timeout, name=f"function node {node.name!r}",
+                                         is_async=inspect.iscoroutinefunction(function))
         text = canonical_text(value, node.name)
     except Interrupt:
         raise
     except anyio.get_cancelled_exc_class():
         raise
+    except CallTimedOut as error:
+        raise NodeFailed(node.name, TimeoutError(f"{error}; raise the node's timeout: (seconds), or make the "
+                                                 "function return sooner")) from None
     except Exception as error:
         raise NodeFailed(node.name, error) from error
     return NodeResult(

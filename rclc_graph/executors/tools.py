@@ -19,7 +19,8 @@ A node whose agent lists `tools` runs this loop instead of one generation:
    calls are spent) is the node's text.
 
 A timed-out tool's thread cannot be killed: it is abandoned and finishes in the
-background (its result is dropped). Tools should therefore be quick and side-effect free,
+background (its result is dropped; it runs as a daemon thread, so it never holds up the
+process's exit: executors/user_threads.py). Tools should therefore be quick and side-effect free,
 or enforce their own deadlines.
 """
 
@@ -39,6 +40,7 @@ import rclc
 from ..spec.models import AgentSpec, tool_name
 from .tool_calls import ToolCall, parse_tool_calls
 from .trusted_code import import_callable
+from .user_threads import CallTimedOut, call_in_own_thread
 
 MAX_RESULT_CHARS = 4000
 """A tool result longer than this is cut (and says so): results share the agent's context."""
@@ -264,12 +266,13 @@ async def call_tool(function: Callable[..., Any] | None, call: ToolCall, timeout
         message = f"bad arguments for {call.name}: {error}"
         return f"error: {message}", message
     try:
-        with anyio.fail_after(timeout):
-            if inspect.iscoroutinefunction(function):
+        if inspect.iscoroutinefunction(function):
+            with anyio.fail_after(timeout):
                 value = await function(**call.arguments)
-            else:
-                value = await anyio.to_thread.run_sync(lambda: function(**call.arguments), abandon_on_cancel=True)
-    except TimeoutError:
+        else:
+            value = await call_in_own_thread(lambda: function(**call.arguments), timeout=timeout,
+                                             name=f"tool {call.name!r}")
+    except (TimeoutError, CallTimedOut):
         message = f"TimeoutError: {call.name} took longer than {timeout:g} s"
         return f"error: {message}", message
     except Exception as error:  # the tool's own failure is the model's information, not a crash

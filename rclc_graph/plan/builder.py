@@ -153,7 +153,8 @@ class Graph:
         """Declare a function node: `fn(inputs, senders)` runs instead of an agent (see
         executors/function_node.py for its contract). `fn` is a callable, defined at module
         level so records can name it (`module:qualname`), or such a reference as text (then
-        importing it needs trust_code). `options`: foreach, item, interrupt, question."""
+        importing it needs trust_code). `options`: foreach, item, interrupt, question, timeout
+        (seconds the call may take; default 300)."""
         if isinstance(fn, str):
             reference = fn
         elif callable(fn):

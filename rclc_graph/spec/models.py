@@ -61,6 +61,7 @@ from .predicates import Condition
 SCHEMA_VERSION = 1
 RESERVED_VARIABLES = ("index", "round")  # node variables the plan provides
 ANSWER_VARIABLE = "answer"  # the human's answer, a variable of nodes with `interrupt: before`
+DEFAULT_FUNCTION_TIMEOUT = 300.0  # seconds a function node's call may take unless its `timeout` says otherwise
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,99}$")  # at most 100 characters: names become file names
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -523,6 +524,10 @@ class NodeSpec(_Spec):
         None, description="stop the run for a person's answer before this node runs, or after it ran"
     )
     question: Template | None = Field(None, description="what the person is asked (with interrupt)")
+    timeout: PositiveFloat | None = Field(
+        None, description=f"function nodes: seconds the call may take (default {DEFAULT_FUNCTION_TIMEOUT:g}); "
+        "a slower call fails the node"
+    )
 
     @field_validator("call")
     @classmethod
@@ -561,6 +566,9 @@ class NodeSpec(_Spec):
             if used:
                 raise _error("E_FUNCTION", f"function node {self.name!r} sets {', '.join(used)}, which only agents use",
                              f"remove {', '.join(used)}: a function receives the run's inputs and its senders' texts")
+        if self.timeout is not None and self.call is None:
+            raise _error("E_FIELD", f"node {self.name!r} sets timeout, which only function nodes use",
+                         "remove timeout (an agent's generation is bounded by max_new_tokens), or add call:")
         if self.question is not None and self.interrupt is None:
             raise _error("E_INTERRUPT", f"node {self.name!r} has a question but no interrupt",
                          "add interrupt: before (or after), or remove question")

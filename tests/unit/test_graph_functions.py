@@ -15,6 +15,7 @@ import pytest
 
 from rclc_graph import (
     EventStream,
+    GraphError,
     Graph,
     Interrupt,
     LocalExecutor,
@@ -262,3 +263,130 @@ def test_pins_naming_a_function_node_are_refused(pool):
     finally:
         executor.close()
     assert result.status == "failed" and "function node, which runs where the scheduler runs" in result.error
+
+
+RELEASE = threading.Event()  # released at teardown: a hanging function's thread then ends
+ENTERED = threading.Event()
+
+
+@pytest.fixture
+def hanging():
+    RELEASE.clear()
+    ENTERED.clear()
+    yield
+    RELEASE.set()
+
+
+def hangs(inputs, senders):
+    ENTERED.set()
+    RELEASE.wait(3600)
+    return "too late"
+
+
+# issue 24 item 9: function nodes had no timeout
+def test_a_function_past_its_timeout_fails_its_node_and_the_run_goes_on(hanging, tmp_path):
+    from rclc_graph.spec.models import DEFAULT_FUNCTION_TIMEOUT, NodeSpec
+
+    assert NodeSpec(name="f", call="m:f").timeout is None and DEFAULT_FUNCTION_TIMEOUT == 300.0
+    graph = Graph("slow").input("q").function("f", hangs, output=True, timeout=0.2)
+    result, record, _ = run_recorded_sync(graph.plan({"q": "q"}), tmp_path, executor=FakeExecutor())
+    assert result.status == "failed"
+    assert result.error.startswith("node 'f': TimeoutError: function node 'f' did not return within 0.2 s")
+    assert "timeout" in result.error and record["status"] == "failed"
+    assert not RELEASE.is_set()  # the thread is still blocked: the run did not wait for it
+
+
+# issue 24 item 9
+def test_timeout_is_a_function_node_field():
+    with pytest.raises(GraphError, match="sets timeout, which only function nodes use"):
+        Graph("g").input("q").model("base").agent("a", model="base").node("n", agent="a", prompt="{q}", timeout=3)
+    with pytest.raises(GraphError, match="greater than 0"):
+        Graph("g").input("q").function("f", hangs, timeout=0)
+
+
+# issue 24 item 9: Ctrl-C while a function node hung waited for it (the CLI exited 39 s later);
+# a cancelled run stops waiting at once and records the node as not finished
+def test_cancelling_a_run_stops_waiting_for_a_hanging_function(hanging, tmp_path):
+    from rclc_graph import run_recorded
+
+    graph = Graph("hang").input("q").function("f", hangs, output=True).function("g", lookup_free, output=True)
+    plan = graph.plan({"q": "q"})
+
+    async def main():
+        async with anyio.create_task_group() as group:
+            async def run():
+                return await run_recorded(plan, tmp_path, executor=FakeExecutor())
+
+            outcome = {}
+
+            async def keep(): outcome["run"] = await run()
+
+            group.start_soon(keep)
+            await anyio.to_thread.run_sync(ENTERED.wait, 60)
+            group.cancel_scope.cancel()
+        return outcome
+
+    anyio.run(main)
+    assert not RELEASE.is_set()  # cancelled while the function still hangs
+    run_dir = next(path for path in tmp_path.iterdir() if path.is_dir())
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] == "cancelled"
+    assert "f" not in record["nodes"] and "f" in record["unfinished"]
+
+
+def lookup_free(inputs, senders):
+    return "free"
+
+
+HANGING_MODULE = '''
+import pathlib, sys, time
+
+def hangs(inputs, senders):
+    pathlib.Path(inputs["marker"]).write_text("entered")
+    time.sleep(3600)
+    return "too late"
+'''
+
+HANGING_TOPOLOGY = '''
+version: 1
+name: hang
+inputs: {marker: str}
+nodes:
+  - {name: f, call: hanging_function:hangs, output: true}
+'''
+
+
+# issue 24 item 9: Ctrl-C at 6 s while a function node hung; the CLI exited 39 s later (the
+# interpreter waited for the function's worker thread). Now it exits at once, the run recorded.
+def test_ctrl_c_on_the_cli_does_not_wait_for_a_hanging_function(tmp_path):
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "hanging_function.py").write_text(HANGING_MODULE)
+    (tmp_path / "hang.yaml").write_text(HANGING_TOPOLOGY)
+    marker = tmp_path / "entered"
+    (tmp_path / "inputs.json").write_text(json.dumps({"marker": str(marker)}))
+    root = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{tmp_path}", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rclc_graph", "run", str(tmp_path / "hang.yaml"), "--input", str(tmp_path / "inputs.json"),
+         "--out", str(tmp_path / "runs"), "--trust-code", "--json"],
+        cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # the function entered (at most 120 s: a loaded machine starts slowly)
+            if marker.exists() or process.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert marker.exists(), process.communicate(timeout=10)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)  # the function sleeps an hour: waiting for it would time out
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] in ("cancelled", "interrupted") and record["unfinished"] == ["f"]
