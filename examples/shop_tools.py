@@ -54,17 +54,29 @@ def lookup_order(order_id: str) -> dict[str, Any]:
     return result
 
 
+MIN_NAME_CHARS = 3  # a shorter part of a name would match most customers
+
+
+def _like_literal(text: str) -> str:
+    """`text` as a LIKE pattern that matches exactly that text (ESCAPE '\\'): without this,
+    '%' or '_' from the model matched every customer."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def orders_of_customer(name: str) -> list[dict[str, str]]:
     """List the orders of one customer of the shop, newest first, with each order's status.
 
     Args:
-        name: The customer's name or part of it, for example Jonas.
+        name: The customer's name or part of it (at least 3 characters), for example Jonas.
     """
+    part = name.strip()
+    if len(part) < MIN_NAME_CHARS:
+        raise LookupError(f"give at least {MIN_NAME_CHARS} characters of the customer's name, got {name!r}")
     with closing(_connect()) as connection:
         rows = connection.execute(
             "SELECT orders.id, placed_on, status FROM orders JOIN customers ON customers.id = orders.customer_id "
-            "WHERE customers.name LIKE ? ORDER BY placed_on DESC",
-            (f"%{name.strip()}%",),
+            "WHERE customers.name LIKE ? ESCAPE '\\' ORDER BY placed_on DESC",
+            (f"%{_like_literal(part)}%",),
         ).fetchall()
     if not rows:
         raise LookupError(f"no customer matches {name!r}")

@@ -298,3 +298,25 @@ def test_the_example_tools_query_the_database(monkeypatch):
     plan = plan_file(ROOT / "topologies" / "tool_agent.yaml",
                      json.loads((ROOT / "examples" / "inputs" / "tool_agent.json").read_text()), trust_code=True)
     check_code(plan)  # both tools import and can be described
+
+
+# issue 24 item 8: orders_of_customer("%"), ("") and ("_") returned every customer's orders
+# (LIKE wildcards were not escaped); on the real examples/shop.sqlite
+@pytest.mark.parametrize("name", ["%", "_", "", "   ", "%%%", "___", "a%", "%_%", "\\%"])
+def test_the_customer_tool_never_lists_every_customer(monkeypatch, name):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import shop_tools
+
+    with pytest.raises(LookupError):
+        shop_tools.orders_of_customer(name)
+
+
+# issue 24 item 8: a real part of a name still finds its customer's orders, and only theirs
+def test_the_customer_tool_matches_parts_of_names_literally(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import shop_tools
+
+    with closing(shop_tools._connect()) as connection:
+        every = {row[0] for row in connection.execute("SELECT id FROM orders")}
+    found = {row["id"] for row in shop_tools.orders_of_customer("Berg")}
+    assert found == {"A-1007", "A-1002"} and found < every
