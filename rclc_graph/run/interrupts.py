@@ -50,16 +50,18 @@ class Waiting:
     def __bool__(self) -> bool:
         return bool(self._asked)
 
-    def described(self, plan: Plan, results: Mapping[str, NodeResult]) -> list[dict[str, Any]]:
+    def described(self, plan: Plan, results: Mapping[str, NodeResult], fired: Mapping[int, bool]) -> list[dict[str, Any]]:
         """Plain data per waiting node: node, question, `interrupt` (before, after or raised)
         and `shown`: what the person reads before answering (the node's output for after,
-        its senders' texts otherwise)."""
+        otherwise the texts of the senders whose edges fired: what the node reads, not every
+        sender that happened to finish). `fired`: the run's decisions of conditional edges."""
         described = []
         for name, (when, question) in self._asked.items():
             if when == "after":
                 shown = {name: results[name].effective_text}
             else:
                 shown = {edge.source: results[edge.source].effective_text for edge in plan.incoming(name)
-                         if edge.source in results and results[edge.source].text is not None}
+                         if edge.source in results and results[edge.source].text is not None
+                         and (fired.get(edge.id, False) if edge.conditional else True)}
             described.append({"node": name, "question": question, "interrupt": when, "shown": shown})
         return described

@@ -146,7 +146,7 @@ async def run_plan(
             raise
     seconds = time.perf_counter() - begun
     hops = _hops_in_order(plan, results)
-    waiting = walk.waiting.described(plan, results)
+    waiting = walk.waiting.described(plan, results, walk.routing.fired)
     outputs = {name: results[name].effective_text for name in plan.outputs
                if name in results and name not in walk.waiting}
     common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))

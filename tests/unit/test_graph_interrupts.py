@@ -196,3 +196,27 @@ def test_the_cli_waits_with_exit_code_3_and_resume_answers(pool, tmp_path, monke
     assert summary["status"] == "finished" and summary["waiting"] == [] and set(summary["outputs"]) == {"gate", "final"}
     bad = runner.invoke(app, ["resume", str(run_dir), "--answer", "no-equals-sign"])
     assert bad.exit_code == 2 and "is not NODE=TEXT" in bad.output
+
+
+# issue 24 defect D1: an interrupt showed the person text from senders whose edge did not fire
+def test_a_waiting_node_shows_only_the_senders_whose_edges_fired():
+    from rclc_graph import run_plan_sync
+    from rclc_graph.testing import FakeExecutor
+
+    graph = Graph("routed").input("q")
+    graph.model("base").agent("a", model="base")
+    graph.node("triage", agent="a", prompt="{q}")
+    graph.node("billing", agent="a", prompt="billing")
+    graph.node("other", agent="a", prompt="other")
+    graph.node("review", agent="a", prompt="review: {answer}", interrupt="before", question="OK?", output=True)
+    graph.edge("triage", "billing", TEXT, when={"contains": "bill"})
+    graph.edge("triage", "other", TEXT)
+    graph.edge("billing", "review", TEXT)
+    graph.edge("other", "review", TEXT, when={"contains": "never said"})
+    texts = {"triage": "about a bill", "billing": "refund 40", "other": "unrelated private note"}
+    executor = FakeExecutor(text=lambda reading: texts.get(reading.node.name, "?"))
+    result = run_plan_sync(graph.plan({"q": "q"}), executor=executor)
+    assert result.status == "waiting"
+    assert set(result.nodes) == {"triage", "billing", "other"}  # `other` finished, but its edge did not fire
+    assert result.waiting == [{"node": "review", "question": "OK?", "interrupt": "before",
+                               "shown": {"billing": "refund 40"}}]
