@@ -26,6 +26,7 @@ from ..state import SenderState, appended_rows, build_state
 from .contract import Backend, NativeGeneration, TokenCallback
 from .hf_batching import engine_for
 from .hf_sequences import Sequence
+from .streamed_text import StreamedText
 from .token_choice import TokenChooser, end_tokens, generation_config
 
 
@@ -145,9 +146,10 @@ class HFBackend(Backend):
         report = None
         if on_token is not None:
             counter = iter(range(output))
+            streamed = StreamedText(tokenizer)
 
             def report(token: int) -> None:
-                on_token(next(counter), tokenizer.decode([token], skip_special_tokens=False))
+                on_token(next(counter), streamed.add(token))
 
         engine = engine_for(model)
         engine.submit(sequence)

@@ -40,6 +40,7 @@ from ..vllm.engine import check_engine, engine_context_limit, engine_tokenizer, 
 from ..vllm.senders import prefill_state, shared_view, state_from_capture
 from ..vllm.submission import run_request
 from .contract import Backend, NativeGeneration, TokenCallback
+from .streamed_text import StreamedText
 
 
 def _check_tokenizer(supplied: Any, engine: Any, rows: int) -> None:
@@ -258,8 +259,9 @@ class VLLMBackend(Backend):
         output = [submitted.output]  # shaped as llm.generate returns it
         generated, _ = completion_ids(output, int(self.weight.shape[0]))
         if on_token is not None:
+            streamed = StreamedText(self.tokenizer)
             for index, token in enumerate(generated.tolist()):
-                on_token(index, self.tokenizer.decode([token], skip_special_tokens=False))
+                on_token(index, streamed.add(token))
         return NativeGeneration(generated, output)
 
     def continuation(

@@ -176,8 +176,11 @@ def test_tokens_are_reported_in_order_from_the_worker_thread(tiny):
             )
         )
         assert [i for i, _, _ in seen] == list(range(result.tokens))
-        pieces = [tokenizer.decode([token], skip_special_tokens=False) for token in result.token_ids]
-        assert [text for _, text, _ in seen] == pieces
+        # issue 24 defect D2: the pieces are what the decoded text gains (rclc.backends.streamed_text),
+        # not each token decoded alone: joined, they are the final text but for a character left unfinished
+        streamed = "".join(text for _, text, _ in seen)
+        final = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        assert final.startswith(streamed) and set(final[len(streamed):]) <= {"\ufffd"}
         assert all(thread != threading.get_ident() for _, _, thread in seen), "called from the worker thread"
 
 
