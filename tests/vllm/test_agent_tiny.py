@@ -413,8 +413,11 @@ def test_generate_equals_pop_llm_generate_update(llm, hf):
     result = _run(in_one_call.generate, on_token=lambda index, text: seen.append((index, text)))
     assert list(result.token_ids) == list(output[0].outputs[0].token_ids)
     assert result.text == in_one_call.tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
-    decode = in_one_call.tokenizer.decode
-    assert seen == [(i, decode([token], skip_special_tokens=False)) for i, token in enumerate(result.token_ids)]
+    # issue 24 defect D2: each piece is what the decoded text gains (no special tokens, whole characters)
+    assert [index for index, _ in seen] == list(range(len(result.token_ids)))
+    streamed = "".join(text for _, text in seen)
+    final = in_one_call.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert final.startswith(streamed) and set(final[len(streamed):]) <= {"\ufffd"}
     _assert_state_close(in_one_call.sender_state(), by_hand.sender_state())
     assert len(in_one_call) == 0 and not in_one_call.inspect()["pending_generation"]
     on_hf_result = _run(on_hf.generate)
