@@ -27,6 +27,7 @@ E_RESUME = "E_RESUME"  # the run directory cannot be resumed to the uninterrupte
 E_BUSY = "E_BUSY"  # admission is full: retry after Retry-After seconds
 E_AUTH = "E_AUTH"  # a missing or wrong bearer token
 E_HOST = "E_HOST"  # a Host header that is not this loopback server (DNS rebinding)
+E_ORIGIN = "E_ORIGIN"  # a state-changing request sent from another site's page (cross-site request forgery)
 E_BODY_SIZE = "E_BODY_SIZE"  # a request body over the limit
 E_MEDIA_TYPE = "E_MEDIA_TYPE"  # a POST body that is not application/json
 E_UNAVAILABLE = "E_UNAVAILABLE"  # a feature this build does not have

@@ -4,8 +4,15 @@
   (Content-Length) or stream it (chunked): the server never buffers more than the limit.
 - `Guard`: the bearer token (when the server has one; constant-time comparison), the Host
   header of a loopback server (a page on another site cannot reach it through DNS rebinding),
-  and JSON bodies for POST (a cross-site HTML form cannot send application/json without a
-  CORS preflight, which this server never grants).
+  the origin of state-changing requests, and JSON bodies for POST (a cross-site HTML form
+  cannot send application/json without a CORS preflight, which this server never grants).
+
+  The body check alone left a hole: a page on another site may send a *bodiless* POST
+  (`fetch(url, {method: "POST", mode: "no-cors"})`), which cancelled runs. Browsers tell a
+  request's origin on every request that is not GET or HEAD (`Origin`, and `Sec-Fetch-Site`
+  in current ones), so every such request whose origin is not this server's own (the scheme
+  and the Host it was sent to), or is `null`, is refused with 403 whatever its body. Clients
+  that are not browsers (curl, scripts) send no Origin and are not affected.
 
 The web UI's static files and the API description are public: they hold no run data.
 """
@@ -19,11 +26,12 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RequestRefused
-from .errors import E_AUTH, E_BODY_SIZE, E_HOST, E_MEDIA_TYPE, error_body
+from .errors import E_AUTH, E_BODY_SIZE, E_HOST, E_MEDIA_TYPE, E_ORIGIN, error_body
 from .settings import ServerSettings
 
 PUBLIC_PREFIXES = ("/ui/",)
 PUBLIC_PATHS = ("/", "/openapi.json")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # requests that change nothing (RFC 9110)
 
 
 async def _refuse(send: Send, status: int, code: str, message: str, fix: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -47,6 +55,19 @@ def _hostname(host: str) -> str:
     if host.startswith("["):
         return host[: host.find("]") + 1] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _same_origin(scope: Scope) -> bool:
+    """Whether a request comes from this server's own pages, or from a client that is not a
+    browser (no Origin header, no cross-site Sec-Fetch-Site)."""
+    if (_header(scope, b"sec-fetch-site") or "").strip().lower() == "cross-site":
+        return False
+    origin = _header(scope, b"origin")
+    if origin is None:
+        return True
+    scheme = scope.get("scheme", "http")
+    host = (_header(scope, b"host") or "").strip().lower()
+    return bool(host) and origin.strip().lower() == f"{scheme}://{host}"
 
 
 class BodyLimit:
@@ -79,7 +100,7 @@ class BodyLimit:
 
 
 class Guard:
-    """Token, Host header and JSON-body checks (see the module docstring)."""
+    """Token, Host header, origin and JSON-body checks (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
         self.app, self.settings = app, settings
@@ -102,6 +123,11 @@ class Guard:
                 await _refuse(send, 401, E_AUTH, "this server needs its bearer token",
                               "send the header Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")])
                 return
+        if scope.get("method") not in SAFE_METHODS and not _same_origin(scope):
+            await _refuse(send, 403, E_ORIGIN, "this request was sent from another site's page (its Origin is "
+                          f"{_header(scope, b'origin') or _header(scope, b'sec-fetch-site')!r})",
+                          "send it from this server's own page, or from a client that is not a browser")
+            return
         if scope.get("method") == "POST":
             media = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
             length = _header(scope, b"content-length")
