@@ -17,6 +17,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,39 @@ def _embedded_gguf() -> Path:
     return path
 
 
+_first_imports = threading.RLock()  # re-entrant: a module imported under it may import more
+
+
+def transformers_names(*names: str) -> tuple[Any, ...]:
+    """`transformers.<name>` for each name, imported under one process-wide lock.
+
+    transformers resolves its names lazily, importing submodules on first access, and that is
+    not safe from two threads at once: two concurrent first requests to a fresh server got
+    `ImportError: cannot import name 'AutoConfig'` (one thread saw the other's partly
+    initialised module). Every lazy import of transformers in rclc and rclc-graph goes here.
+    """
+    with _first_imports:
+        import transformers  # heavy (torch), and only where a model is read: never at import time
+
+        return tuple(getattr(transformers, name) for name in names)
+
+
+def preload() -> None:
+    """Import transformers and every torch-backed module of rclc now, in this thread.
+
+    A process that will serve concurrent requests calls this once before it takes any (the
+    server does, at start): the first import of each module then never happens in two
+    threads at once, which transformers' lazy imports do not survive (see
+    `transformers_names`). Costs the import time once; later calls do nothing new."""
+    transformers_names("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "DynamicCache", "GenerationConfig")
+    import rclc
+
+    with _first_imports:
+        for name in rclc.__all__:
+            getattr(rclc, name)
+        import rclc.selectors  # noqa: F401  (the built-in selectors: torch-backed too)
+
+
 def _embedded_dir() -> Path:
     version = _embedded_distribution().version
     return cache_root() / "models" / f"smollm2-135m-instruct-{version}"
@@ -159,7 +193,7 @@ def _convert_embedded(target: Path) -> None:
     a concurrent converter never leaves a half-written model that later loads would trust.
     """
     # Heavy, and only needed the first time: this module stays importable without transformers.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    AutoModelForCausalLM, AutoTokenizer = transformers_names("AutoModelForCausalLM", "AutoTokenizer")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -221,8 +255,8 @@ def load(
     A hub id works only where the hub is reachable; nothing here downloads on its own.
     """
     # Heavy: importing this module must not import torch (see the module docs).
+    AutoModelForCausalLM, AutoTokenizer = transformers_names("AutoModelForCausalLM", "AutoTokenizer")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # load progress bars would drown the CLI's own progress display

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import rclc
-from rclc.models import EMBEDDED_NAME, load, local_dir
+from rclc.models import EMBEDDED_NAME, load, local_dir, transformers_names
 
 from ..spec.models import ModelSpec
 from . import openai_model, vllm_engine
@@ -66,8 +66,9 @@ class ModelPool:
 
     @staticmethod
     def _read_profile(key: ModelKey) -> ModelProfile:
-        # lazy: transformers imports torch, which `import rclc_graph` must not load
-        from transformers import AutoConfig, AutoTokenizer
+        # lazy, under rclc's import lock: transformers imports torch, which `import rclc_graph`
+        # must not load, and two threads must not import it for the first time at once
+        AutoConfig, AutoTokenizer = transformers_names("AutoConfig", "AutoTokenizer")
 
         path = str(local_dir(key.source)) if key.source == EMBEDDED_NAME else key.source
         try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rclc
-from rclc.models import EMBEDDED_NAME, local_dir
+from rclc.models import EMBEDDED_NAME, local_dir, transformers_names
 
 from .loaded_model import LoadedModel, ModelKey
 
@@ -49,7 +49,7 @@ def engine_arguments(path: str, dtype: str) -> dict[str, Any]:
     The context is the checkpoint's own `max_position_embeddings`; the KV pool is sized for
     a few sequences of that length (vLLM's VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it).
     """
-    from transformers import AutoConfig  # lazy: transformers imports torch
+    (AutoConfig,) = transformers_names("AutoConfig")  # lazy (transformers imports torch), under rclc's import lock
 
     config = AutoConfig.from_pretrained(path)
     max_model_len = int(config.max_position_embeddings)

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from ..results.run_events import RunEvent
+from ..spec import bounded_json
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +39,19 @@ def log_path(run_dir: str | os.PathLike[str]) -> Path:
 
 def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
     """The events in `data` (bytes of the log from some line start) and how many bytes the
-    whole lines among them took; a torn last line is left for later. A line that is not JSON
-    (edited by hand) is skipped with a warning."""
+    whole lines among them took; a torn last line is left for later. A line that is not JSON,
+    or is nested deeper than JSON files may be (`spec/bounded_json.py`: an edited log; one
+    such line used to kill the run's event stream on every reconnect), is skipped with a
+    warning in the server's log."""
     events: list[dict[str, Any]] = []
     end = data.rfind(b"\n") + 1
     for line in data[:end].splitlines():
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            logger.warning("event log: skipped a line that is not JSON")
+            item = bounded_json.loads(line)
+        except ValueError as error:  # not UTF-8, not JSON, or nested too deeply (JSONLimitError)
+            logger.warning("event log: skipped a line that is not an event (%s)", error)
             continue
         if isinstance(item, dict) and isinstance(item.get("id"), int):
             events.append(item)

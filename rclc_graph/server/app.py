@@ -22,6 +22,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rclc.models import preload
+
 from ..errors import GraphError, RequestRefused, ResumeError
 from ..executors import default_pool
 from . import openapi
@@ -90,6 +92,8 @@ def create_app(settings: ServerSettings, *, pool: Any = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Before any request: concurrent first imports of transformers fail (rclc.models.preload).
+        await anyio.to_thread.run_sync(preload)
         async with anyio.create_task_group() as group:
             await group.start(manager.serve)
             logger.info("serving runs of %s from %s", settings.topologies_dir, settings.runs_dir)

@@ -113,7 +113,9 @@ class Api:
         status = self.manager.status(run_id)
         record = await anyio.to_thread.run_sync(self.manager.record, run_id)
         report = (self.manager.run_dir(run_id) / REPORT_FILE).is_file()
-        return JSONResponse({"run_id": run_id, "status": status, "record": record, "links": links(run_id, report)})
+        error = await anyio.to_thread.run_sync(self.manager.error, run_id)
+        return JSONResponse({"run_id": run_id, "status": status, "error": error, "record": record,
+                             "links": links(run_id, report)})
 
     async def events(self, request: Request) -> Response:
         """The run's events as Server-Sent Events (resumable with Last-Event-ID or ?after=)."""

@@ -31,6 +31,7 @@ from ..plan.dag import Plan
 from ..run import new_run_id, read_record, read_resume_point, resume_run, run_recorded
 from ..run.event_log import EventLogWriter
 from ..run.streaming import RunStream
+from .attempts import FailedAttempts
 from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, E_STATE, E_UNAVAILABLE, ApiError
 from .settings import ServerSettings
 from .submissions import Submission, SubmissionStore
@@ -60,6 +61,7 @@ class RunManager:
         self.pool = pool
         self.runs_dir = settings.runs_dir.resolve()
         self.submissions = SubmissionStore(self.runs_dir / SERVER_DIR / "submissions")
+        self.attempts = FailedAttempts(self.runs_dir / SERVER_DIR / "attempts")
         self.queue: deque[Submission] = deque()
         self.active: dict[str, ActiveRun] = {}
         self.recent_seconds: deque[float] = deque(maxlen=16)
@@ -201,6 +203,7 @@ class RunManager:
                     if writer is None:  # the first event: the run directory exists now
                         writer = EventLogWriter(self.run_dir(submission.run_id)).open()
                         self.submissions.remove(submission.run_id)
+                        self.attempts.clear(submission.run_id)
                         active.status = "running"
                     await writer.append(event)
                     self._notify(submission.run_id)
@@ -208,12 +211,15 @@ class RunManager:
                 self.recent_seconds.append(stream.result.seconds)
             logger.info("run %s ended: %s", submission.run_id,
                         "cancelled" if stream.cancelled else getattr(stream.result, "status", "?"))
-        except Exception as error:  # noqa: BLE001 - the run's own record says what happened
+        except Exception as error:  # noqa: BLE001 - kept where the API shows it (the record, or below)
+            message = f"{type(error).__name__}: {error}"
             if writer is None and submission.kind == "new":
                 logger.warning("run %s could not start: %s", submission.run_id, error)
-                self.submissions.write(submission, "failed", f"{type(error).__name__}: {error}")
+                self.submissions.write(submission, "failed", message)
             else:
                 logger.exception("run %s raised", submission.run_id)
+                if submission.kind != "new":  # a resume the run could not record: say why in the API
+                    self.attempts.record(submission.run_id, submission.kind, message)
         finally:
             if writer is not None:
                 writer.close()
@@ -295,7 +301,20 @@ class RunManager:
                             "report": (path.parent / "report.html").is_file()})
             self._summaries[run_id] = cached
         entry.update(cached[1])
+        attempt = self.attempts.read(run_id)
+        if attempt is not None and status not in ("queued", "starting", "running"):
+            entry["error"] = f"{attempt['kind']} failed: {attempt['error']}"
         return entry
+
+    def error(self, run_id: str) -> str | None:
+        """Why the run's last attempt failed: a resume it could not record, else its record's error."""
+        if self.status(run_id) not in ("queued", "starting", "running"):
+            attempt = self.attempts.read(run_id)
+            if attempt is not None:
+                return f"{attempt['kind']} failed: {attempt['error']}"
+        record = self.record(run_id)
+        error = None if record is None else record.get("error")
+        return error if isinstance(error, str) else None
 
     def run_ids(self) -> list[str]:
         """Every run this server knows: directories, submissions, the queue; newest first."""

@@ -83,6 +83,7 @@ class RunDetail(BaseModel):
 
     run_id: str
     status: RunStatus
+    error: Optional[str] = Field(None, description="why the run, or its last resume or answer, failed")
     record: Optional[dict[str, Any]]
     links: Links
 

@@ -100,6 +100,42 @@ def test_a_resumed_run_appends_to_its_event_log_and_reproduces_the_run(tmp_path,
             assert client.post(f"/runs/{stopped}/resume").json()["error"]["code"] == "E_STATE"  # finished now
 
 
+# issue 24 item 3: a resume sent at the same moment as another request returned 202, then failed
+# only in the server log, leaving the run `interrupted` with no error in the API
+def test_a_resume_that_fails_after_its_202_says_why_in_the_api(tmp_path, slow):
+    from rclc_graph.run.directory_lock import DirectoryLock
+
+    write_topologies(tmp_path)
+    with live_server(tmp_path, tiny_pool(slow)) as (url, _):
+        with httpx.Client(base_url=url, timeout=60) as client:
+            stopped = start(client).json()["run_id"]
+            with client.stream("GET", f"/runs/{stopped}/events") as response:
+                for line in response.iter_lines():
+                    if line == "event: hop.delivered":
+                        client.post(f"/runs/{stopped}/cancel")
+                        break
+            wait_status(client, stopped, ("cancelled",))
+            held = DirectoryLock(tmp_path / "runs" / stopped)  # another writer appears after the checks
+            held.acquire()
+            try:
+                assert client.post(f"/runs/{stopped}/resume").status_code == 202
+                detail = wait_status(client, stopped, ("cancelled",))
+                for _ in range(1200):  # the resume's background start has ended (at most 60 s)
+                    if detail.get("error"):
+                        break
+                    threading.Event().wait(0.05)
+                    detail = client.get(f"/runs/{stopped}").json()
+            finally:
+                held.release()
+            assert detail["status"] == "cancelled"
+            assert detail["error"].startswith("resume failed: ") and "being written by another process" in detail["error"]
+            listed = {run["run_id"]: run for run in client.get("/runs").json()["runs"]}
+            assert listed[stopped]["error"] == detail["error"]
+            resumed = client.post(f"/runs/{stopped}/resume")  # the next attempt starts: the error is gone
+            assert resumed.status_code == 202
+            assert wait_status(client, stopped, ("finished",)).get("error") is None
+
+
 def test_a_restarted_server_lists_every_run_and_starts_what_was_queued(tmp_path, slow):
     write_topologies(tmp_path)
     pool = tiny_pool(slow)

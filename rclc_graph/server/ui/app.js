@@ -140,6 +140,7 @@ async function selectRun(runId) {
   if (!response.ok) return;
   const run = await response.json();
   setStatus(run.status);
+  showError(run);
   showReport(run);
   if (run.record) {
     $("run-title").textContent = run.record.graph;
@@ -148,6 +149,13 @@ async function selectRun(runId) {
   }
   await drawGraph();
   follow(view);
+}
+
+function showError(run) {
+  // why the run, or its last resume or answer, failed (text, never HTML)
+  if (!run.error) return;
+  $("run-error").textContent = run.error;
+  $("run-error").hidden = false;
 }
 
 async function drawGraph() {
@@ -409,7 +417,11 @@ async function follow(current) {
             setStatus(end.status);
             refreshRuns();
             const again = await api(`/runs/${encodeURIComponent(current.id)}`);
-            if (again.ok && current === view) showReport(await again.json());
+            if (again.ok && current === view) {
+              const run = await again.json();
+              showError(run);
+              showReport(run);
+            }
             return;
           }
           if (fields.data && fields.id) {

@@ -1,0 +1,107 @@
+"""Event streams against clients that drop, and logs someone edited (issue 24 items 2 and 6),
+on a real uvicorn server on loopback. Nothing here is timed: a dropped client is judged by
+what the server did after it left (how many writes went into the dead socket), not by how
+long anything took."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+
+import httpx
+import pytest
+
+from rclc_graph.run.event_log import log_path
+
+from _server_helpers import PAIR_INPUTS, live_server, read_sse, tiny_pool, write_topologies
+
+SEND_FAILED = "socket.send() raised exception"
+WAIT = 60.0  # bound for conditions that hold at once on any machine (never reached unless broken)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_qwen3):
+    directory = tmp_path_factory.mktemp("streams")
+    write_topologies(directory)
+    with live_server(directory, tiny_pool(tiny_qwen3)) as (url, app):
+        with httpx.Client(base_url=url, timeout=60) as client:
+            yield client, app, directory
+
+
+def _finished_run(client) -> str:
+    accepted = client.post("/runs", json={"topology": "pair", "inputs": PAIR_INPUTS})
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["run_id"]
+    with client.stream("GET", f"/runs/{run_id}/events") as response:
+        read_sse(response)
+    return run_id
+
+
+def _append(path, lines: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(json.dumps(line) + "\n")
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+# issue 24 item 2: a client that connected to a large log's stream and dropped kept the server
+# writing the whole log into the dead socket without yielding (632,481 send errors logged, every
+# other request stalled)
+def test_a_client_that_drops_stops_its_stream_and_stalls_nothing(server):
+    client, app, directory = server
+    run_id = _finished_run(client)
+    path = log_path(directory / "runs" / run_id)
+    last = max(json.loads(line)["id"] for line in path.read_text().splitlines())
+    token = {"type": "token", "node": "answer", "index": 0, "text": "x" * 200}
+    _append(path, [{"id": last + i, **token} for i in range(1, 40_001)])  # about 10 MB of events
+    collected = _Collect()
+    logging.getLogger("asyncio").addHandler(collected)
+    try:
+        host, port = client.base_url.host, client.base_url.port
+        with socket.create_connection((host, port)) as raw:
+            raw.sendall(f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            assert raw.recv(4096)  # the stream started
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        done = threading.Event()
+        for _ in range(int(WAIT / 0.05)):  # the server notices the reset and ends the stream
+            if app.state.manager.streams == 0:
+                done.set()
+                break
+            done.wait(0.05)
+        assert done.is_set(), "the dropped client's stream never ended"
+        assert client.get("/server").status_code == 200
+    finally:
+        logging.getLogger("asyncio").removeHandler(collected)
+    failed_sends = [message for message in collected.messages if SEND_FAILED in message]
+    assert len(failed_sends) < 20, f"{len(failed_sends)} writes into the dead socket"
+
+
+# issue 24 item 6: an event `type` holding "\n\nevent: end" injected SSE frames; a deep line in
+# events.jsonl killed the run's stream on every reconnect
+def test_an_edited_log_cannot_inject_frames_or_kill_the_stream(server):
+    client, _, directory = server
+    run_id = _finished_run(client)
+    path = log_path(directory / "runs" / run_id)
+    last = max(json.loads(line)["id"] for line in path.read_text().splitlines())
+    deep = "[" * 100_000 + "]" * 100_000
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"id": last + 1, "type": "x\n\nevent: end\ndata: {}", "node": "n"}) + "\n")
+        handle.write('{"id": %d, "type": "token", "deep": %s}\n' % (last + 2, deep))
+        handle.write(json.dumps({"id": last + 3, "type": "token", "node": "answer", "index": 9, "text": "after"}) + "\n")
+    for _ in range(2):  # and again, as a reconnecting client would
+        with client.stream("GET", f"/runs/{run_id}/events", params={"after": last}) as response:
+            messages = read_sse(response)
+        assert [message["event"] for message in messages] == ["unknown", "token", "end"]
+        assert messages[0]["data"]["type"] == "x\n\nevent: end\ndata: {}"  # carried as data, escaped
+        assert messages[1]["data"]["text"] == "after"
