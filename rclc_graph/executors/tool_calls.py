@@ -16,7 +16,9 @@ error result (so the model can correct itself) instead of ignoring it. A bare JS
 counts only when its `name` is one of the agent's tools, so an answer that merely contains
 JSON is not mistaken for a call. `arguments` may be an object or a JSON string of one (the
 OpenAI wire form). JSON values are read with `json.JSONDecoder.raw_decode`, which finds the
-end of a value itself, so braces inside strings cannot confuse the scan.
+end of a value itself, so braces inside strings cannot confuse the scan. Values nested deeper
+than MAX_DEPTH (64) levels are no calls; text nested past the interpreter's recursion limit
+is skipped in one step, never rescanned bracket by bracket.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Collection
+
+from ..spec import bounded_json
+from ..spec.safe_yaml import MAX_DEPTH
 
 _DECODER = json.JSONDecoder()
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -101,9 +106,20 @@ def _json_values(text: str) -> list[Any]:
         except json.JSONDecodeError:
             index = start + 1
             continue
-        if isinstance(value, (dict, list)):
+        except RecursionError:  # nested past the interpreter's limit (100k brackets): no call, and
+            index = _past_openers(text, start)  # the brackets inside it need no second look
+            continue
+        if isinstance(value, (dict, list)) and bounded_json.depth(value) <= MAX_DEPTH:
             values.append(value)
         index = end
+
+
+def _past_openers(text: str, start: int) -> int:
+    """The first position after the run of `{`, `[` and white space that begins at `start`."""
+    index = start
+    while index < len(text) and (text[index] in "{[" or text[index].isspace()):
+        index += 1
+    return index
 
 
 def _call(item: Any, known: set[str], form: str, *, strict: bool) -> ToolCall | None:
@@ -123,9 +139,10 @@ def _call(item: Any, known: set[str], form: str, *, strict: bool) -> ToolCall | 
     arguments = item.get("arguments", item.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return ToolCall(name, problem=f"its arguments are not JSON: {arguments[:80]!r}", form=form)
+            arguments = bounded_json.loads(arguments) if arguments.strip() else {}
+        except ValueError:  # not JSON, or nested deeper than MAX_DEPTH
+            return ToolCall(name, problem=f"its arguments are not JSON of at most {MAX_DEPTH} levels: "
+                                          f"{arguments[:80]!r}", form=form)
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):

@@ -4,7 +4,6 @@ renderers) and answers JSON. Routes are listed once, in app.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,10 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
+from ..errors import JSONLimitError
 from ..render.drawing import sketch_record, to_svg
 from ..run.record import NODES_DIR, REPORT_FILE, read_node, safe_name
+from ..spec import bounded_json
 from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, ApiError
 from .runs import RunManager
 from .schemas import AnswerRun, StartRun, parse_body
@@ -38,8 +39,11 @@ async def json_body(request: Request) -> Any:
     if not data:
         return {}
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return bounded_json.loads(data)  # a 100,000-deep body was a RecursionError (500)
+    except JSONLimitError as error:
+        raise ApiError(400, E_REQUEST, f"the body breaks a JSON limit: {error}",
+                       f"send JSON nested at most {bounded_json.MAX_DEPTH} levels, each key once") from None
+    except ValueError as error:  # not UTF-8, or not JSON
         raise ApiError(400, E_REQUEST, f"the body is not JSON: {error}", "send a JSON object") from None
 
 

@@ -10,7 +10,6 @@ lists it.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from ..errors import GraphError
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..spec.bounded_json import plain
+from ..spec import bounded_json
 from ..spec.models import GraphSpec
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class SubmissionStore:
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object file, or None when it is missing or damaged."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

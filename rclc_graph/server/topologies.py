@@ -11,7 +11,6 @@ An uploaded topology is text from the network, so it gets less than a file on th
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -26,6 +25,7 @@ from ..run.preflight import check_code, check_context
 from ..spec import load_graph_text, read_graph
 from ..spec import safe_yaml
 from ..spec.load import DEFAULT_MAX_BYTES
+from ..spec import bounded_json
 from ..spec.models import GraphSpec, InputSpec
 from .errors import E_NOT_FOUND, ApiError
 
@@ -81,7 +81,7 @@ class TopologyCatalog:
             return None
         path = self.examples_dir / f"{name}.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = bounded_json.loads(path.read_bytes())
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

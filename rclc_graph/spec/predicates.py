@@ -48,6 +48,9 @@ from pydantic_core import PydanticCustomError
 
 import re2
 
+from . import bounded_json
+from .safe_yaml import MAX_DEPTH
+
 MAX_PATTERN_CHARS = 200  # longer patterns are refused (a condition is a short test, not a parser)
 MAX_JSON_CHARS = 1 << 20  # texts longer than this are not read as JSON (they hold no routing field)
 OPERATORS = ("contains", "matches", "equals", "json", "all", "any", "not")
@@ -293,8 +296,11 @@ def read_json(text: str) -> Any:
     if len(text) > MAX_JSON_CHARS:
         return None
     stripped = text.strip()
-    try:
-        return json.loads(stripped)
+    try:  # json, not bounded_json: a model may repeat a key (the last one counts, as before)
+        value = json.loads(stripped)
+        return value if bounded_json.depth(value) <= MAX_DEPTH else None  # too deep to route on
+    except RecursionError:  # nested past the interpreter's limit (a RecursionError killed the run)
+        return None
     except ValueError:
         pass
     decoder = json.JSONDecoder()
@@ -304,7 +310,9 @@ def read_json(text: str) -> Any:
                 value, _end = decoder.raw_decode(stripped, start)
             except ValueError:
                 continue
-            return value
+            except RecursionError:  # nested past the interpreter's limit: not a value to route on
+                return None
+            return value if bounded_json.depth(value) <= MAX_DEPTH else None
     return None
 
 

@@ -183,3 +183,11 @@ def test_json_is_not_read_from_huge_texts():
     assert p.read_json('{"a": 1}') == {"a": 1}
     assert p.read_json("x" * (p.MAX_JSON_CHARS + 1)) is None
     assert p.read_json("[1, 2] and more") == [1, 2]
+
+
+# issue 24 item 6: a model's output nested past the recursion limit raised RecursionError in a
+# json condition; too deep a value is no routing field
+@pytest.mark.parametrize("text", ["[" * 100_000, "see: " + "{\"a\":" * 100_000, json.dumps({"route": [[[[[]]]]]} ) + "[" * 90_000])
+def test_json_conditions_survive_any_nesting(text):
+    assert p.holds(condition({"json": {"path": "route", "equals": "billing"}}), text) is False
+    assert p.read_json("[" * 70 + "]" * 70) is None and p.read_json('{"route": "x", "route": "billing"}') == {"route": "billing"}

@@ -240,3 +240,25 @@ def test_the_tool_turn_is_appended_not_prefilled_again(tiny_qwen3):
     assert calls[0] == prompt  # the one prefill of the prompt
     assert turn in calls[1:] and all(count <= turn for count in calls[1:])  # then one token, or the turn, at a time
     assert len(calls) <= first + second + 4  # decode steps of both turns, the append, two recording steps
+
+
+# issue 24 item 10: parse_tool_calls raised RecursionError on 100k nested brackets
+@pytest.mark.parametrize("text", [
+    "[" * 100_000, "{" * 100_000, "<tool_call>" + "[" * 100_000 + "</tool_call>",
+    '{"name": "lookup", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"name": "lookup", "arguments": "' + "[" * 100_000 + "]" * 100_000 + '"}',
+])
+def test_deeply_nested_text_is_no_call_and_no_crash(text):
+    from rclc_graph.executors.tool_calls import parse_tool_calls
+
+    calls = parse_tool_calls(text, ["lookup"])
+    assert all(call.problem for call in calls)  # nothing runs: at most a broken call the model is told about
+
+
+# issue 24 item 6: a tool call's arguments nested deeper than JSON files may be are a broken call
+def test_deep_arguments_are_a_broken_call():
+    from rclc_graph.executors.tool_calls import parse_tool_calls
+
+    deep = "[" * 80 + "]" * 80
+    (call,) = parse_tool_calls('<tool_call>{"name": "lookup", "arguments": "{\\"a\\": %s}"}</tool_call>' % deep, ["lookup"])
+    assert call.problem and "64 levels" in call.problem

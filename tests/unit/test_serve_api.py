@@ -326,3 +326,12 @@ def test_the_servers_own_origin_and_clients_without_one_may_post(server):
     own = {"origin": str(client.base_url).rstrip("/"), "sec-fetch-site": "same-origin"}
     for headers in (own, {}):
         assert error_of(client.post(f"/runs/{run_id}/cancel", headers=headers), 409)["code"] == "E_STATE"
+
+
+# issue 24 item 6: a 100,000-deep JSON body gave 500 RecursionError (plain json.loads)
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 70 + b"1" + b"}" * 70,
+                                  b'{"topology": "pair", "topology": "pair"}'])
+def test_bodies_that_break_json_limits_are_refused_with_400(server, body):
+    client, _, _ = server
+    error = error_of(client.post("/runs", content=body, headers={"content-type": "application/json"}), 400)
+    assert error["code"] == "E_REQUEST" and "JSON limit" in error["message"] and error["fix"]
