@@ -9,6 +9,7 @@
     ├── JSONLimitError         valid JSON nested too deeply or with a key given twice (a ValueError)
     ├── NodeFailed             a node failed; names the node, the edge and the cause
     ├── ObserverFailed         a run observer's callback raised after a node finished
+    ├── OutputTooLarge         a node's output text is over MAX_NODE_TEXT_BYTES (a ValueError)
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── ApiModelFailed         a request to a `backend: openai` model failed after its retries (a RuntimeError)
@@ -253,6 +254,11 @@ class NodeFailed(RclcGraphError):
 
 class ObserverFailed(RclcGraphError):
     """The run's observer callback raised after a node finished (the node itself is done)."""
+
+
+class OutputTooLarge(RclcGraphError, ValueError):
+    """A node produced more text than a node's output may hold (`spec.models.MAX_NODE_TEXT_BYTES`);
+    the node fails with it, so its record, events and report stay bounded."""
 
 
 class RunStopped(RclcGraphError):

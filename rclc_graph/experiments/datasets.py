@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from rclc.files import write_atomic
 
 from ..errors import FieldPath, Location, Problem, SpecError
+from ..plan.text_checks import surrogate_paths
 from ..spec.bounded_json import JSONLimitError, loads
 from .scoring import normalise
 
@@ -240,6 +241,12 @@ def _parse_line(raw: bytes, file: str, line_number: int, problems: list[Problem]
     except JSONLimitError as exc:
         problems.append(Problem("E_TOO_DEEP" if "nested" in str(exc) else "E_FIELD", str(exc),
                                 "write one flat JSON object per line, each key once", location=Location(file, line_number)))
+        return None
+    broken = surrogate_paths(data)
+    if broken:  # JSON's "\ud800": hashing the case for its id raised UnicodeEncodeError, without file or line
+        problems.extend(Problem("E_ENCODING", "the text holds a lone surrogate (half of a UTF-16 character)",
+                                "write the whole character (both halves of the escape), or remove it", path,
+                                Location(file, line_number)) for path in broken)
         return None
     if not isinstance(data, dict):
         problems.append(

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 
 from ..errors import PlanError, Problem
 from ..spec import templates
-from ..spec.models import ANSWER_VARIABLE, GraphSpec
+from ..spec.models import ANSWER_VARIABLE, MAX_NODE_TEXT_BYTES, GraphSpec
+from ..spec.safe_yaml import has_surrogate
 from .control import DEFAULT_QUESTIONS, answer_variable
 from .dag import LoopStop, Plan, PlanEdge, PlanNode
 from .input_checks import DEFAULT_MAX_INPUT_BYTES, input_text_problems
@@ -204,6 +205,15 @@ def _check_answers(blueprint: Blueprint, names: list[str], answers: Mapping[str,
         elif not isinstance(value, str):
             problems.append(Problem("E_INTERRUPT", f"the answer for {key!r} is a {type(value).__name__}, not text",
                                     "pass the answer as a string", ("answers", key)))
+        elif len(value) * 4 > MAX_NODE_TEXT_BYTES and len(value.encode("utf-8", "surrogatepass")) > MAX_NODE_TEXT_BYTES:
+            problems.append(Problem("E_INPUT_SIZE", f"the answer for {key!r} is {len(value.encode('utf-8', 'surrogatepass'))} "
+                                    f"bytes, more than the {MAX_NODE_TEXT_BYTES} an answer may hold",
+                                    "answer in fewer words (an answer is read like a node's output)", ("answers", key)))
+        elif has_surrogate(value):  # JSON's "\ud800", or bytes of a command line that are not UTF-8
+            problems.append(Problem("E_ENCODING", f"the answer for {key!r} is not valid Unicode text (it holds a lone "
+                                    "surrogate: half of a UTF-16 character, or bytes that are not UTF-8)",
+                                    "pass the answer as valid UTF-8 text (--answer NODE=TEXT, answers={node: text})",
+                                    ("answers", key)))
     if problems:
         raise PlanError(problems)
     return dict(answers)

@@ -31,6 +31,11 @@ def _texts(value: Any, path: FieldPath) -> Iterator[tuple[FieldPath, str]]:
             stack.extend((child, where + (index,)) for index, child in enumerate(item))
 
 
+def surrogate_paths(value: Any) -> list[FieldPath]:
+    """The paths of every text in a JSON-like value (keys too) that holds a lone surrogate."""
+    return [path for path, text in _texts(value, ()) if has_surrogate(text)]
+
+
 def text_problems(spec: GraphSpec) -> list[Problem]:
     """E_ENCODING for every text of `spec` holding a lone surrogate."""
     return [

@@ -21,6 +21,18 @@ from .units import format_bytes, format_seconds
 
 MAX_SPAN_VIEWS = 400  # (origin, holder) prompt views shown; a note says when more were left out
 MAX_PROMPT_CHARS = 20_000  # per view; longer prompts are cut with a note
+MAX_TEXT_CHARS = 20_000  # per output, node text or waiting text; the rest is in the node's file
+
+
+def _text(value: Any, where: str = "") -> str:
+    """A text from the record, escaped, cut at MAX_TEXT_CHARS with a note saying where the
+    whole text is (a 125 MB output made a 125 MB report)."""
+    text = str(value)
+    if len(text) <= MAX_TEXT_CHARS:
+        return _e(text)
+    rest = f"; all of it is in {_e(where)}" if where else ""
+    return (f"{_e(text[:MAX_TEXT_CHARS])}<span class=\"note\"> … ({len(text) - MAX_TEXT_CHARS} more characters "
+            f"not shown{rest})</span>")
 
 
 def _e(value: Any) -> str:
@@ -131,7 +143,7 @@ def _waiting(record: dict[str, Any]) -> str:
     blocks = []
     for item in waiting:
         shown = "".join(
-            f'<div class="label">{_e(name)}</div><div class="text">{_e(text)}</div>'
+            f'<div class="label">{_e(name)}</div><div class="text">{_text(text, "its node file in nodes/")}</div>'
             for name, text in (item.get("shown") or {}).items()
         )
         blocks.append(
@@ -162,7 +174,7 @@ def _outputs(record: dict[str, Any]) -> str:
     if not outputs:
         return '<section><h2>Outputs</h2><p class="note">No output node finished.</p></section>'
     cards = "".join(
-        f'<div class="output"><div class="label">{_e(name)}</div><div class="text">{_e(text)}</div></div>'
+        f'<div class="output"><div class="label">{_e(name)}</div><div class="text">{_text(text, "record.json")}</div></div>'
         for name, text in outputs.items()
     )
     return f"<section><h2>Outputs</h2>{cards}</section>"
@@ -307,7 +319,7 @@ def _texts(record: dict[str, Any]) -> str:
     rows = []
     for name, data in record.get("nodes", {}).items():
         text = data.get("text")
-        body = '<span class="note">(reads only, generated nothing)</span>' if text is None else _e(text)
+        body = '<span class="note">(reads only, generated nothing)</span>' if text is None else _text(text, "its node file in nodes/")
         rows.append(f"<tr><td>{_e(name)}</td><td class='text'>{body}</td></tr>")
     if not rows:
         return ""

@@ -3,6 +3,11 @@
 Producers `await stream.publish(kind, payload, run_id=..., epoch=...)`; one consumer iterates
 `async for event in stream`. The queue is bounded by BOTH event count and estimated bytes:
 a publish that would exceed either bound waits (backpressure) until the consumer makes room.
+One event larger than the byte bound by itself waits until the queue is empty and then
+passes alone: refusing it failed the run it belonged to (a 1.9 MB answer failed its run, and
+every resume of it the same way, so the run could never finish). Memory stays bounded by
+`max_bytes` or one event, whichever is larger; the graph bounds what one event can hold
+(a node's text: `MAX_NODE_TEXT_BYTES`).
 Blocked publishers are served strictly first-come first-served, and an event receives its
 sequence number when it enters the queue, so `seq` is strictly increasing in delivery order
 however many producers publish at once.
@@ -86,7 +91,7 @@ class StreamStats:
     queued: int
     queued_bytes: int
     high_water_events: int  # the most events ever queued at once
-    high_water_bytes: int  # the most bytes ever queued at once
+    high_water_bytes: int  # the most bytes ever queued at once (over max_bytes only for one oversized event)
     blocked_publishes: int  # publishes that had to wait for room
     retired_epochs: tuple[int, ...]
 
@@ -260,11 +265,6 @@ class EventStream:
             raise anyio.ClosedResourceError
         frozen = MappingProxyType(dict(payload or {}))
         nbytes = EVENT_OVERHEAD_BYTES + len(run_id) + estimate_bytes(frozen)
-        if nbytes > self.max_bytes:
-            raise ValueError(
-                f"payload: the event is about {nbytes} bytes, more than the stream's max_bytes {self.max_bytes}; "
-                "send a smaller payload (a summary or a file path) or raise max_bytes"
-            )
         if not exempt and epoch in self._retired:
             self._dropped_stale += 1
             return None
@@ -292,7 +292,9 @@ class EventStream:
         return waiter.outcome
 
     def _fits(self, nbytes: int) -> bool:
-        return len(self._queue) < self.max_events and self._queued_bytes + nbytes <= self.max_bytes
+        if len(self._queue) >= self.max_events:
+            return False
+        return self._queued_bytes + nbytes <= self.max_bytes or not self._queue  # an oversized event: alone
 
     def _enqueue(self, waiter: _Waiter) -> Event:
         event = Event(self._next_seq, waiter.epoch, waiter.run_id, waiter.kind, waiter.payload, waiter.nbytes)  # type: ignore[arg-type]

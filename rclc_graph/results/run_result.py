@@ -5,7 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import OutputTooLarge
+from ..spec.models import MAX_NODE_TEXT_BYTES
 from .lineage import HopRecord, Lineage
+
+
+def check_output_size(text: str | None) -> None:
+    """OutputTooLarge when `text` is over MAX_NODE_TEXT_BYTES. Every node result is checked as
+    it is made, before anything records, publishes or hands it on: a function returning 125 MB
+    wrote a 125 MB record.json and report.html, and its event crashed the CLI."""
+    if text is None or len(text) * 4 <= MAX_NODE_TEXT_BYTES:  # at most 4 UTF-8 bytes a character
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_NODE_TEXT_BYTES:
+        raise OutputTooLarge(
+            f"the node's output is {size} bytes of text, more than the {MAX_NODE_TEXT_BYTES} a node's output may "
+            "hold; return or generate less (a summary, or a file's path with the data in the file)")
 
 
 @dataclass
@@ -32,6 +47,9 @@ class NodeResult:
     # What each position holds, as runs of (role, length): material, instruction or template
     # (executors/roles.py). None: not recorded (older records), read as all material.
     roles: tuple[tuple[str, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_output_size(self.text)
 
     @property
     def effective_text(self) -> str:

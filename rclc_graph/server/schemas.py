@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..spec.models import MAX_NODE_TEXT_BYTES
+from ..spec.safe_yaml import has_surrogate
 from .errors import E_REQUEST, ApiError
 
 RunStatus = Literal["queued", "starting", "running", "finished", "failed", "cancelled", "waiting", "interrupted"]
@@ -33,9 +35,26 @@ class StartRun(_Body):
 
 
 class AnswerRun(_Body):
-    """POST /runs/{id}/answer: the human's answer per waiting node."""
+    """POST /runs/{id}/answer: the human's answer per waiting node.
 
-    answers: dict[str, str] = Field(description="node name -> answer text")
+    Each answer is checked here, before the run changes state: an answer a run cannot carry
+    (over MAX_NODE_TEXT_BYTES, or not valid Unicode) was accepted with 202, then failed the
+    run and every resume of it, so the run could never finish."""
+
+    answers: dict[str, str] = Field(description=f"node name -> answer text (at most {MAX_NODE_TEXT_BYTES} bytes)")
+
+    @field_validator("answers")
+    @classmethod
+    def _carried(cls, answers: dict[str, str]) -> dict[str, str]:
+        for node, text in answers.items():
+            if has_surrogate(text):
+                raise ValueError(f"the answer for {node!r} holds a lone surrogate (half of a UTF-16 character); "
+                                 "send valid Unicode text")
+            size = len(text.encode("utf-8"))
+            if size > MAX_NODE_TEXT_BYTES:
+                raise ValueError(f"the answer for {node!r} is {size} bytes, more than the {MAX_NODE_TEXT_BYTES} "
+                                 "an answer may hold; answer in fewer words")
+        return answers
 
 
 class Links(BaseModel):
@@ -152,5 +171,5 @@ def parse_body(model: type[_Body], data: Any) -> Any:
         lines = []
         for item in error.errors():
             where = ".".join(str(part) for part in item["loc"]) or "body"
-            lines.append(f"{where}: {item['msg']}")
+            lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
         raise ApiError(422, E_REQUEST, "; ".join(lines), f"send the fields of {model.__name__} (GET /openapi.json)") from None

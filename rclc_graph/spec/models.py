@@ -61,6 +61,7 @@ from .predicates import Condition
 SCHEMA_VERSION = 1
 RESERVED_VARIABLES = ("index", "round")  # node variables the plan provides
 ANSWER_VARIABLE = "answer"  # the human's answer, a variable of nodes with `interrupt: before`
+MAX_NODE_TEXT_BYTES = 1 << 20  # UTF-8 bytes of one node's output, and of one answer (records, events, reports)
 DEFAULT_FUNCTION_TIMEOUT = 300.0  # seconds a function node's call may take unless its `timeout` says otherwise
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,99}$")  # at most 100 characters: names become file names

@@ -222,3 +222,16 @@ def test_long_documents_have_the_asked_length_and_count():
 def test_long_documents_reject_bad_ranges(kwargs, field):
     with pytest.raises(ValueError, match=field):
         make_dataset(3, **kwargs)
+
+
+# issue 24 item 5: a dataset row with a lone surrogate raised UnicodeEncodeError without file and line
+def test_a_lone_surrogate_in_a_row_is_named_with_file_line_and_field(tmp_path):
+    path = tmp_path / "cases.jsonl"
+    good = {"documents": ["The Cedar project is owned by Alice."], "question": "Who owns Cedar?", "answers": ["Alice"]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "documents": ["ok", "bad \ud800 text"]}) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(SpecError) as caught:
+        read_dataset(path)
+    (problem,) = caught.value.problems
+    assert problem.code == "E_ENCODING" and problem.path == ("documents", 1)
+    assert problem.location.file == str(path) and problem.location.line == 2

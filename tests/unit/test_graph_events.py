@@ -43,7 +43,7 @@ def test_count_bound_blocks_and_resumes():
     run(main)
 
 
-def test_byte_bound_blocks_and_oversize_is_refused():
+def test_byte_bound_blocks():
     async def main():
         stream = EventStream(max_events=100, max_bytes=400)
         epoch = stream.open_epoch()
@@ -52,9 +52,34 @@ def test_byte_bound_blocks_and_oversize_is_refused():
         with pytest.raises(anyio.WouldBlock):
             stream.try_publish("token", {"text": "y" * 200}, run_id="r", epoch=epoch)
         assert stream.try_publish("token", {"t": "z"}, run_id="r", epoch=epoch) is not None
-        with pytest.raises(ValueError, match="max_bytes"):
-            await stream.publish("hop", {"blob": "b" * 1000}, run_id="r", epoch=epoch)
         assert stream.stats().queued_bytes <= 400
+
+    run(main)
+
+
+# issue 24 item 4: an event larger than max_bytes was refused, failing its run (and every resume
+# of it: a 1.9 MB answer bricked the run); it now waits for an empty queue and passes alone
+def test_an_oversized_event_waits_for_an_empty_queue_and_passes_alone():
+    async def main():
+        stream = EventStream(max_events=100, max_bytes=400)
+        epoch = stream.open_epoch()
+        await stream.publish("token", {"text": "x"}, run_id="r", epoch=epoch)
+        with pytest.raises(anyio.WouldBlock):  # not beside another event
+            stream.try_publish("hop", {"blob": "b" * 1000}, run_id="r", epoch=epoch)
+        received = []
+        async with anyio.create_task_group() as group:
+            async def consume():
+                async for event in stream:
+                    received.append(event.payload)
+                    if len(received) == 3:
+                        return
+
+            group.start_soon(consume)
+            await stream.publish("hop", {"blob": "b" * 1000}, run_id="r", epoch=epoch)
+            await stream.publish("token", {"text": "after"}, run_id="r", epoch=epoch)
+        assert [sorted(item) for item in received] == [["text"], ["blob"], ["text"]]
+        oversized = EVENT_OVERHEAD_BYTES + 1 + estimate_bytes({"blob": "b" * 1000})
+        assert stream.stats().high_water_bytes == oversized  # it was queued alone, nothing beside it
 
     run(main)
 

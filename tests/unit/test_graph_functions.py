@@ -390,3 +390,76 @@ def test_ctrl_c_on_the_cli_does_not_wait_for_a_hanging_function(tmp_path):
     (run_dir,) = (tmp_path / "runs").iterdir()
     record = json.loads((run_dir / "record.json").read_text())
     assert record["status"] in ("cancelled", "interrupted") and record["unfinished"] == ["f"]
+
+
+def floods(inputs, senders):
+    return "x" * (3 << 20)  # 3 MiB of text
+
+
+# issue 24 item 4: a function node returning a huge output crashed the CLI with an ExceptionGroup
+# traceback ("unhandled errors in a TaskGroup") and wrote a 125 MB record.json and report.html
+def test_an_output_over_the_node_limit_fails_its_node_and_keeps_the_record_small(tmp_path):
+    from rclc_graph.spec.models import MAX_NODE_TEXT_BYTES
+
+    graph = Graph("flood").input("q").function("f", floods, output=True)
+    result, record, run_dir = run_recorded_sync(graph.plan({"q": "q"}), tmp_path, executor=FakeExecutor())
+    assert result.status == "failed" and result.failed_node == "f"
+    assert result.error.startswith("node 'f': OutputTooLarge: the node's output is 3145728 bytes of text, more than "
+                                   f"the {MAX_NODE_TEXT_BYTES}")
+    assert (run_dir / "record.json").stat().st_size < 100_000 and (run_dir / "report.html").stat().st_size < 200_000
+
+
+FLOOD_TOPOLOGY = '''
+version: 1
+name: flood
+inputs: {q: str}
+nodes:
+  - {name: f, call: flooding:floods, output: true}
+'''
+
+
+# issue 24 item 4: the same from the CLI: a clear error and exit code 1, no traceback
+def test_the_cli_reports_an_oversized_output_as_the_nodes_failure(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rclc_graph.views.cli import app
+
+    (tmp_path / "flooding.py").write_text("def floods(inputs, senders):\n    return 'x' * (3 << 20)\n")
+    (tmp_path / "flood.yaml").write_text(FLOOD_TOPOLOGY)
+    (tmp_path / "in.json").write_text('{"q": "q"}')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "flood.yaml"), "--input", str(tmp_path / "in.json"),
+                                      "--out", str(tmp_path / "runs"), "--trust-code"])
+    assert result.exit_code == 1, result.output
+    assert "OutputTooLarge" in result.output and "Traceback" not in result.output
+    assert "ExceptionGroup" not in result.output and "TaskGroup" not in result.output
+
+
+# issue 24 item 5: an --answer that is not UTF-8 gave a misleading E_TEMPLATE
+def test_an_answer_that_is_not_utf8_is_named_as_such(tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "gatefn.py").write_text(
+        "from rclc_graph import Interrupt\n"
+        "def gate(inputs, senders):\n"
+        "    if 'answer' not in inputs:\n"
+        "        raise Interrupt('ok?')\n"
+        "    return inputs['answer']\n")
+    (tmp_path / "w.yaml").write_text("version: 1\nname: w\ninputs: {q: str}\nnodes:\n"
+                                     "  - {name: gate, call: gatefn:gate, output: true}\n")
+    (tmp_path / "in.json").write_text('{"q": "x"}')
+    root = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{tmp_path}")
+    base = [sys.executable, "-m", "rclc_graph"]
+    waited = subprocess.run(base + ["run", "w.yaml", "--input", "in.json", "--out", "runs", "--trust-code"],
+                            cwd=tmp_path, env=environment, capture_output=True, timeout=300)
+    assert waited.returncode == 3, waited.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    answered = subprocess.run([os.fsencode(part) for part in base] + [b"resume", os.fsencode(run_dir), b"--answer",
+                                                                      b"gate=caf\xe9", b"--trust-code"],
+                              cwd=tmp_path, env=environment, capture_output=True, timeout=300)
+    message = answered.stderr.decode("utf-8", "replace")
+    assert answered.returncode == 2 and "E_ENCODING" in message and "not valid Unicode" in message, message
+    assert "E_TEMPLATE" not in message

@@ -335,3 +335,30 @@ def test_bodies_that_break_json_limits_are_refused_with_400(server, body):
     client, _, _ = server
     error = error_of(client.post("/runs", content=body, headers={"content-type": "application/json"}), 400)
     assert error["code"] == "E_REQUEST" and "JSON limit" in error["message"] and error["fix"]
+
+
+WAITING_YAML = PAIR_YAML.replace(
+    '- {name: answer, agent: writer, output: true, prompt: "Question: {question} Answer:"}',
+    '- {name: answer, agent: writer, output: true, prompt: "Question: {question} Notes: {answer} Answer:", '
+    'interrupt: before, question: "Any notes?"}')
+
+
+# issue 24 items 4 and 5: a 1.9 MB answer (under the body limit) was accepted with 202, then failed
+# the run and every resume of it; a lone surrogate was accepted, then dropped with only a log line
+@pytest.mark.parametrize("answer, words", [("x" * 1_900_000, "more than the 1048576 an answer may hold"),
+                                           ("\ud800", "lone surrogate")])
+def test_answers_a_run_cannot_carry_are_refused_before_it_changes(server, answer, words):
+    client, _, _ = server
+    assert WAITING_YAML != PAIR_YAML
+    accepted = client.post("/runs", json={"yaml": WAITING_YAML, "inputs": PAIR_INPUTS})
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["run_id"]
+    with client.stream("GET", f"/runs/{run_id}/events") as response:
+        assert read_sse(response)[-1]["data"]["status"] == "waiting"
+    body = json.dumps({"answers": {"answer": answer}}).encode()  # json.dumps escapes the surrogate
+    error = error_of(client.post(f"/runs/{run_id}/answer", content=body, headers={"content-type": "application/json"}), 422)
+    assert error["code"] == "E_REQUEST" and words in error["message"] and "answers" in error["message"]
+    assert client.get(f"/runs/{run_id}").json()["status"] == "waiting"  # nothing changed: still answerable
+    assert client.post(f"/runs/{run_id}/answer", json={"answers": {"answer": "keep it short"}}).status_code == 202
+    with client.stream("GET", f"/runs/{run_id}/events") as response:
+        assert read_sse(response)[-1]["data"]["status"] == "finished"
