@@ -54,7 +54,12 @@ class RunObserver(Protocol):
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    """`YYYYmmdd-HHMMSS-ffffrr`: the start time, then 4 hex digits of the second's fraction (so
+    runs started in the same second sort, and list, in the order they started) and 2 random
+    ones (runs of other processes in the same 1/65536 s)."""
+    now = time.time()
+    fraction = int((now % 1) * 65536)
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{fraction:04x}" + uuid.uuid4().hex[:2]
 
 
 class _Publisher:

@@ -17,7 +17,7 @@ from ..run.record import NODES_DIR, REPORT_FILE, read_node, safe_name
 from ..spec import bounded_json
 from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, ApiError
 from .runs import RunManager
-from .schemas import AnswerRun, StartRun, parse_body
+from .schemas import AnswerRun, StartRun, parse_body, parse_count
 from .security import security_headers
 from .settings import ServerSettings
 from .sse import parse_last_event_id, run_events
@@ -98,12 +98,13 @@ class Api:
 
     async def list_runs(self, request: Request) -> Response:
         """Every run in the runs directory and the queue, newest first (`?limit=`, default 200)."""
-        limit = request.query_params.get("limit", "200")
-        if not limit.isdigit():
-            raise ApiError(400, E_REQUEST, f"limit: {limit!r} is not a count", "use ?limit=50")
+        given = request.query_params.get("limit", "200")
+        limit = parse_count(given)
+        if limit is None:
+            raise ApiError(400, E_REQUEST, f"limit: {given[:40]!r} is not a count (ASCII digits)", "use ?limit=50")
 
         entries = []  # on the event loop: the queue and the active runs change there (records are cached)
-        for run_id in self.manager.run_ids()[: int(limit)]:
+        for run_id in self.manager.run_ids()[:limit]:
             try:
                 entry = self.manager.summary(run_id)
             except (ApiError, ValueError):

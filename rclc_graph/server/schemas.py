@@ -163,6 +163,20 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+MAX_COUNT_DIGITS = 18  # a count of more digits is no count (int() of 5,000 digits is slow, and never needed)
+
+
+def parse_count(text: str | None) -> int | None:
+    """A header or query value as a count: ASCII digits only, at most MAX_COUNT_DIGITS of them;
+    None otherwise (`str.isdigit` accepts '²', which `int` then refuses with its own message)."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or len(text) > MAX_COUNT_DIGITS or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def parse_body(model: type[_Body], data: Any) -> Any:
     """`data` as `model`, or 422 E_REQUEST naming every wrong field."""
     try:

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RequestRefused
 from .errors import E_AUTH, E_BODY_SIZE, E_HOST, E_MEDIA_TYPE, E_ORIGIN, error_body
+from .schemas import parse_count
 from .settings import ServerSettings
 
 PUBLIC_PREFIXES = ("/ui/",)
@@ -82,7 +83,8 @@ class BodyLimit:
             return
         fix = f"send at most {self.limit} bytes (the server's --max-body)"
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
+        announced = parse_count(length)
+        if announced is not None and announced > self.limit:
             await _refuse(send, 413, E_BODY_SIZE, f"the request body is {length} bytes", fix)
             return
         seen = 0

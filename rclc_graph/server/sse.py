@@ -29,6 +29,7 @@ import anyio.lowlevel
 
 from ..run.event_log import LogReader
 from .runs import RunManager
+from .schemas import parse_count
 
 KEEP_ALIVE = b": keep-alive\n\n"
 
@@ -74,8 +75,9 @@ def end_frame(run_id: str, status: str) -> bytes:
 def parse_last_event_id(header: str | None, query: str | None) -> int:
     """`Last-Event-ID` (reconnects) or `?after=` (first connections); 0 when absent or not a count."""
     for value in (header, query):
-        if value is not None and value.strip().isdigit():
-            return int(value.strip())
+        count = parse_count(value)
+        if count is not None:
+            return count
     return 0
 
 

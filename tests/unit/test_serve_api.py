@@ -362,3 +362,33 @@ def test_answers_a_run_cannot_carry_are_refused_before_it_changes(server, answer
     assert client.post(f"/runs/{run_id}/answer", json={"answers": {"answer": "keep it short"}}).status_code == 202
     with client.stream("GET", f"/runs/{run_id}/events") as response:
         assert read_sse(response)[-1]["data"]["status"] == "finished"
+
+
+# issue 24 item 10: a 5000-digit Last-Event-ID or ?limit=² got a 400 with Python's raw int() message
+# (the docs say a value that is not a count means 0)
+def test_counts_that_are_not_ascii_counts_are_handled_as_documented(server):
+    client, _, _ = server
+    run_id, full = run_to_end(client)
+    for header in ("9" * 5000, "²", "١٢", "-1", "3x"):
+        with client.stream("GET", f"/runs/{run_id}/events", headers={"last-event-id": header.encode()}) as response:
+            assert response.status_code == 200
+            assert [message["id"] for message in read_sse(response)] == [message["id"] for message in full]
+    for limit in ("²", "9" * 5000, "-1"):
+        error = error_of(client.get("/runs", params={"limit": limit}), 400)
+        assert error["code"] == "E_REQUEST" and "is not a count (ASCII digits)" in error["message"]
+        assert "invalid literal" not in error["message"] and len(error["message"]) < 200
+    assert len(client.get("/runs", params={"limit": "1"}).json()["runs"]) == 1
+
+
+# issue 24 item 10: runs started in the same second listed in random order
+def test_run_ids_sort_in_the_order_runs_started():
+    from rclc_graph.run import new_run_id
+
+    ids = [new_run_id() for _ in range(200)]
+    assert all(len(run_id) == 22 for run_id in ids)
+    seconds = {}
+    for run_id in ids:
+        seconds.setdefault(run_id[:15], []).append(run_id)
+    for same_second in seconds.values():
+        fractions = [run_id[16:20] for run_id in same_second]
+        assert fractions == sorted(fractions)  # later in the second: a later (or equal) id
