@@ -42,3 +42,41 @@ def test_every_item_has_a_row_whose_tests_exist_and_are_marked():
                 assert marker.search(current.read_text(encoding="utf-8")), f"item {item}: {current} has no marker"
             if function:
                 assert current is not None and function in _test_names(current), f"item {item}: {reference} not found"
+
+
+ISSUE_24_ITEMS = ["tmpfiles", "wrap", *map(str, range(1, 14)), "D1", "D2", "properties"]
+
+
+def _issue_24_rows() -> dict[str, str]:
+    text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = text.split("## Hardening items (issue 24)", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]  # "\|" inside a cell is text
+        if len(cells) == 4 and cells[0] not in ("Item", "---"):
+            rows[cells[0]] = cells[3]
+    return rows
+
+
+def _marker(item: str) -> re.Pattern[str]:
+    if item == "properties":
+        return re.compile(r"issue 24 properties")
+    return re.compile(rf"issue 24 (?:items?|defects?) [^\n]*(?<![\w-]){re.escape(item)}(?![\w-])")
+
+
+# issue 24: one row per item, every test it names exists and carries that item's marker
+def test_every_issue_24_item_has_a_row_whose_tests_exist_and_are_marked():
+    rows = _issue_24_rows()
+    assert list(rows) == ISSUE_24_ITEMS
+    for item, cell in rows.items():
+        current: Path | None = None
+        references = re.findall(r"`([^`]+)`", cell)
+        assert references, f"item {item} names no test"
+        for reference in references:
+            file, _, function = reference.partition("::")
+            if file:
+                current = ROOT / file if "/" in file else ROOT / "tests" / "unit" / file
+                assert current.is_file(), f"item {item}: {current} does not exist"
+                assert _marker(item).search(current.read_text(encoding="utf-8")), f"item {item}: {current} has no marker"
+            if function:
+                assert current is not None and function in _test_names(current), f"item {item}: {reference} not found"
