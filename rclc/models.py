@@ -173,7 +173,7 @@ def preload() -> None:
     threads at once, which transformers' lazy imports do not survive (see
     `transformers_names`). Costs the import time once; later calls do nothing new."""
     transformers_names("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "DynamicCache", "GenerationConfig")
-    import rclc
+    import rclc  # the package's own torch-backed names, imported here and now (the point of this function)
 
     with _first_imports:
         for name in rclc.__all__:
@@ -194,7 +194,7 @@ def _convert_embedded(target: Path) -> None:
     """
     # Heavy, and only needed the first time: this module stays importable without transformers.
     AutoModelForCausalLM, AutoTokenizer = transformers_names("AutoModelForCausalLM", "AutoTokenizer")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy, as above (transformers is imported now)
 
     hf_logging.disable_progress_bar()
     gguf = _embedded_gguf()
@@ -256,6 +256,7 @@ def load(
     """
     # Heavy: importing this module must not import torch (see the module docs).
     AutoModelForCausalLM, AutoTokenizer = transformers_names("AutoModelForCausalLM", "AutoTokenizer")
+    # heavy, as above: torch and transformers only once a model is loaded
     import torch
     from transformers.utils import logging as hf_logging
 

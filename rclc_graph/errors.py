@@ -10,6 +10,7 @@
     ├── NodeFailed             a node failed; names the node, the edge and the cause
     ├── ObserverFailed         a run observer's callback raised after a node finished
     ├── OutputTooLarge         a node's output text is over MAX_NODE_TEXT_BYTES (a ValueError)
+    ├── CallTimedOut           a function node or tool did not return within its timeout (a TimeoutError)
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── ApiModelFailed         a request to a `backend: openai` model failed after its retries (a RuntimeError)
@@ -259,6 +260,11 @@ class ObserverFailed(RclcGraphError):
 class OutputTooLarge(RclcGraphError, ValueError):
     """A node produced more text than a node's output may hold (`spec.models.MAX_NODE_TEXT_BYTES`);
     the node fails with it, so its record, events and report stay bounded."""
+
+
+class CallTimedOut(RclcGraphError, TimeoutError):
+    """User code (a function node, a tool) did not return within its timeout; the run stopped
+    waiting and abandoned its thread (executors/user_threads.py)."""
 
 
 class RunStopped(RclcGraphError):

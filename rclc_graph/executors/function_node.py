@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import anyio
 
-from ..errors import Interrupt, NodeFailed
+from ..errors import CallTimedOut, Interrupt, NodeFailed
 from ..plan.dag import Plan, PlanNode
 from ..spec.models import DEFAULT_FUNCTION_TIMEOUT, NodeSpec
 from ..results.lineage import Lineage, compose_hop
@@ -45,7 +45,7 @@ from ..results.run_events import hop_payload
 from ..results.run_result import NodeResult
 from .contract import Inbound, RunContext
 from .trusted_code import import_callable
-from .user_threads import CallTimedOut, call_in_own_thread
+from .user_threads import call_in_own_thread
 
 
 def function_of(plan: Plan, node: PlanNode) -> Callable[..., Any]:

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
+from ..errors import JSONLimitError
 from ..spec import bounded_json
 from ..spec.safe_yaml import MAX_DEPTH
 
@@ -140,9 +141,11 @@ def _call(item: Any, known: set[str], form: str, *, strict: bool) -> ToolCall | 
     if isinstance(arguments, str):
         try:
             arguments = bounded_json.loads(arguments) if arguments.strip() else {}
-        except ValueError:  # not JSON, or nested deeper than MAX_DEPTH
-            return ToolCall(name, problem=f"its arguments are not JSON of at most {MAX_DEPTH} levels: "
-                                          f"{arguments[:80]!r}", form=form)
+        except JSONLimitError:
+            return ToolCall(name, problem=f"its arguments are nested deeper than {MAX_DEPTH} levels (or repeat a key)",
+                            form=form)
+        except ValueError:
+            return ToolCall(name, problem=f"its arguments are not JSON: {arguments[:80]!r}", form=form)
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):

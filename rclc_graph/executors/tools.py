@@ -37,10 +37,11 @@ import anyio
 
 import rclc
 
+from ..errors import CallTimedOut
 from ..spec.models import AgentSpec, tool_name
 from .tool_calls import ToolCall, parse_tool_calls
 from .trusted_code import import_callable
-from .user_threads import CallTimedOut, call_in_own_thread
+from .user_threads import call_in_own_thread
 
 MAX_RESULT_CHARS = 4000
 """A tool result longer than this is cut (and says so): results share the agent's context."""

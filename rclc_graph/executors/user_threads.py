@@ -27,9 +27,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import sniffio
 
-
-class CallTimedOut(Exception):
-    """The call did not return within its timeout (its thread was abandoned)."""
+from ..errors import CallTimedOut
 
 
 async def call_in_own_thread(call: Callable[[], Any], *, timeout: float | None, name: str,

@@ -39,6 +39,7 @@ def test_two_selections_run_at_once(tiny):
     model, tokenizer = tiny
     meeting = threading.Barrier(2, timeout=WAIT)
 
+    @rclc.thread_safe  # a user selector takes turns unless it says so (issue 24 item 12); this one is safe
     def meeting_selector(sender, request_ids, budget):
         meeting.wait()  # BrokenBarrierError (the transfer fails) if the other selector cannot start
         return list(range(budget))

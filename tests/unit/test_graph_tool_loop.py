@@ -261,4 +261,4 @@ def test_deep_arguments_are_a_broken_call():
 
     deep = "[" * 80 + "]" * 80
     (call,) = parse_tool_calls('<tool_call>{"name": "lookup", "arguments": "{\\"a\\": %s}"}</tool_call>' % deep, ["lookup"])
-    assert call.problem and "64 levels" in call.problem
+    assert call.problem and "nested deeper than 64 levels" in call.problem
