@@ -50,8 +50,12 @@ test: $(STAMP)
 lint: $(STAMP)
 	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports --no-cache
 
+# The main tier in two worker processes (pytest-xdist): alone it left one of the two cores
+# mostly idle while servers, subprocesses and the browser waited on each other. --dist
+# loadfile keeps each test file on one worker, so a module's fixtures (a server, a model
+# loaded once) are built once.
 test-main: lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The web UI's browser test drives Debian's chromium through chromedriver (Selenium). CI runs
 # as root on Debian and installs them here; elsewhere this says what to install.

@@ -6,9 +6,17 @@ embedded SmolLM2-135M and are marked `integration`.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rclc import models, testing
+
+# What the test runner's terminal says must not change what commands print: pytest-xdist gives
+# its workers COLUMNS=80, which set the width of every table a CLI test reads (issue 24: tests
+# may not depend on where they run). Removed before any test or subprocess starts.
+for _variable in ("COLUMNS", "LINES"):
+    os.environ.pop(_variable, None)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 """The rich consoles every command prints through: one place decides width and wrapping.
 
-A terminal gets rich's defaults (its own width; long lines wrap at the edge, as a person
-reading it expects). Anything else (a log file, a pipe into another program) gets lines
-that are never hard-wrapped: a message broken at a width that depends on, say, a
-temporary path's length cannot be searched or parsed, and breaks the line a user greps
-for. Tables still render at a fixed width there (`LOG_WIDTH`), so they stay readable.
-An explicit `COLUMNS` is honoured either way.
+A terminal gets rich's defaults (its own width, or `COLUMNS`; long lines wrap at the edge,
+as a person reading it expects). Anything else (a log file, a pipe into another program)
+gets lines that are never hard-wrapped, whatever `COLUMNS` says: a message broken at a
+width that depends on, say, a temporary path's length cannot be searched or parsed, and
+breaks the line a user greps for. Tables are drawn there at `COLUMNS` when it is set, else
+at a fixed width (`LOG_WIDTH`), so they stay readable.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ def command_console(*, stderr: bool = False, min_width: int = 0) -> Console:
     """A console on stdout (results) or stderr (errors, notices, progress). `min_width`: the
     width a table needs, for consoles that print one."""
     console = Console(stderr=stderr, highlight=False)
-    if console.is_terminal or "COLUMNS" in os.environ:
+    if console.is_terminal:
         if console.width < min_width:
             console = Console(stderr=stderr, highlight=False, width=min_width)
         return console
-    return Console(stderr=stderr, highlight=False, width=max(LOG_WIDTH, min_width), soft_wrap=True)
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isascii() and columns.isdigit() and 0 < int(columns) < 10_000 else LOG_WIDTH
+    return Console(stderr=stderr, highlight=False, width=max(width, min_width), soft_wrap=True)

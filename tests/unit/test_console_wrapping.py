@@ -38,3 +38,13 @@ def test_an_error_naming_a_long_path_stays_on_one_line(tmp_path, length):
     result = runner.invoke(app, ["validate", str(missing)])
     assert result.exit_code == 1  # validate found a problem: the file is missing
     assert len(_lines_with(result.output, "error:", str(missing))) == 1, result.output
+
+
+# issue 24 item wrap: an explicit COLUMNS (pytest-xdist's workers get COLUMNS=80) must not
+# hard-wrap messages off a terminal either
+def test_columns_sets_table_width_but_never_wraps_messages_off_a_terminal(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    directory = _deep(tmp_path, 120)
+    (directory / "link").symlink_to(directory)
+    result = runner.invoke(commands.app, ["compare-runs", str(directory), str(directory / "link")])
+    assert len(_lines_with(result.output, "error:", str(directory), "same directory")) == 1, result.output
