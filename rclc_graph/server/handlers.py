@@ -130,7 +130,8 @@ class Api:
             raise ApiError(429, E_BUSY, f"{self.manager.streams} event streams are open, the server's --max-streams",
                            "close a stream, or retry later", headers={"Retry-After": str(self.settings.retry_after)})
         after = parse_last_event_id(request.headers.get("last-event-id"), request.query_params.get("after"))
-        body = run_events(self.manager, run_id, after, heartbeat=self.settings.heartbeat_seconds)
+        body = run_events(self.manager, run_id, after, heartbeat=self.settings.heartbeat_seconds,
+                          disconnected=request.is_disconnected)
         return StreamingResponse(self._counted(body), media_type="text/event-stream",
                                  headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
