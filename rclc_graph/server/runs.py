@@ -61,7 +61,7 @@ class RunManager:
         self.pool = pool
         self.runs_dir = settings.runs_dir.resolve()
         self.submissions = SubmissionStore(self.runs_dir / SERVER_DIR / "submissions")
-        self.attempts = FailedAttempts(self.runs_dir / SERVER_DIR / "attempts")
+        self.attempts = FailedAttempts(self.runs_dir / SERVER_DIR / "attempts", self.runs_dir)
         self.queue: deque[Submission] = deque()
         self.active: dict[str, ActiveRun] = {}
         self.recent_seconds: deque[float] = deque(maxlen=16)

@@ -136,6 +136,44 @@ def test_a_resume_that_fails_after_its_202_says_why_in_the_api(tmp_path, slow):
             assert wait_status(client, stopped, ("finished",)).get("error") is None
 
 
+# issue 24 item 3: the failed attempt's error stayed the run's error after the run was resumed
+# and finished by another process (`rclc-graph resume` on the same runs directory)
+def test_a_failed_attempts_error_goes_once_the_run_is_resumed_elsewhere(tmp_path, slow):
+    from rclc_graph import resume_run_sync
+    from rclc_graph.run.directory_lock import DirectoryLock
+
+    write_topologies(tmp_path)
+    pool = tiny_pool(slow)
+    with live_server(tmp_path, pool) as (url, _):
+        with httpx.Client(base_url=url, timeout=60) as client:
+            stopped = start(client).json()["run_id"]
+            with client.stream("GET", f"/runs/{stopped}/events") as response:
+                for line in response.iter_lines():
+                    if line == "event: hop.delivered":
+                        client.post(f"/runs/{stopped}/cancel")
+                        break
+            wait_status(client, stopped, ("cancelled",))
+            held = DirectoryLock(tmp_path / "runs" / stopped)  # the server's resume fails: another writer holds it
+            held.acquire()
+            try:
+                assert client.post(f"/runs/{stopped}/resume").status_code == 202
+                detail = client.get(f"/runs/{stopped}").json()
+                for _ in range(1200):  # the resume's background start has ended (at most 60 s)
+                    if detail.get("error"):
+                        break
+                    threading.Event().wait(0.05)
+                    detail = client.get(f"/runs/{stopped}").json()
+            finally:
+                held.release()
+            assert detail["error"].startswith("resume failed: ")
+            result, _, _ = resume_run_sync(tmp_path / "runs" / stopped, pool=pool)  # the CLI's resume, elsewhere
+            assert result.status == "finished"
+            detail = client.get(f"/runs/{stopped}").json()
+            assert detail["status"] == "finished" and detail["error"] is None
+            listed = {run["run_id"]: run for run in client.get("/runs").json()["runs"]}
+            assert listed[stopped]["status"] == "finished" and listed[stopped]["error"] is None
+
+
 def test_a_restarted_server_lists_every_run_and_starts_what_was_queued(tmp_path, slow):
     write_topologies(tmp_path)
     pool = tiny_pool(slow)
