@@ -10,8 +10,8 @@
   The body check alone left a hole: a page on another site may send a *bodiless* POST
   (`fetch(url, {method: "POST", mode: "no-cors"})`), which cancelled runs. Browsers tell a
   request's origin on every request that is not GET or HEAD (`Origin`, and `Sec-Fetch-Site`
-  in current ones), so every such request whose origin is not this server's own (the scheme
-  and the Host it was sent to), or is `null`, is refused with 403 whatever its body. Clients
+  in current ones), so every such request whose origin is not this server's own (the name and
+  port of the Host it was sent to), or is `null`, is refused with 403 whatever its body. Clients
   that are not browsers (curl, scripts) send no Origin and are not affected.
 
 The web UI's static files and the API description are public: they hold no run data.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hmac
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -58,17 +59,55 @@ def _hostname(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _same_origin(scope: Scope) -> bool:
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _split_host(host: str) -> tuple[str, int | None] | None:
+    """A Host header's (name, port): "127.0.0.1:8000" -> ("127.0.0.1", 8000), "[::1]" ->
+    ("[::1]", None); None when the port is not a port."""
+    name = _hostname(host)
+    rest = host.strip().lower()[len(name):]
+    if not rest:
+        return name, None
+    port = rest[1:]
+    if not rest.startswith(":") or not port.isascii() or not port.isdigit() or len(port) > 5:
+        return None
+    return name, int(port)
+
+
+def same_origin(origin: str, host: str, *, loopback: bool) -> bool:
+    """Whether a request's `Origin` is the server it was sent to: the name and port of its
+    Host header (a port left out is the origin scheme's default), or, for a loopback server,
+    any loopback name on that port (a page from http://localhost:P calling 127.0.0.1:P).
+    The scheme is not compared: a TLS proxy in front of the server forwards https pages'
+    requests over http. `null` (sandboxed frames, files) and anything that is not an http(s)
+    origin are foreign."""
+    try:
+        parts = urlsplit(origin.strip())
+        origin_port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.path or parts.query or parts.fragment:
+        return False
+    origin_name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    origin_port = origin_port if origin_port is not None else DEFAULT_PORTS[parts.scheme]
+    served = _split_host(host)
+    if served is None:
+        return False
+    name, port = served
+    if (port if port is not None else DEFAULT_PORTS[parts.scheme]) != origin_port:
+        return False
+    return origin_name == name or (loopback and origin_name in LOOPBACK_HOSTS and name in LOOPBACK_HOSTS)
+
+
+def _from_this_server(scope: Scope, loopback: bool) -> bool:
     """Whether a request comes from this server's own pages, or from a client that is not a
     browser (no Origin header, no cross-site Sec-Fetch-Site)."""
     if (_header(scope, b"sec-fetch-site") or "").strip().lower() == "cross-site":
         return False
     origin = _header(scope, b"origin")
-    if origin is None:
-        return True
-    scheme = scope.get("scheme", "http")
-    host = (_header(scope, b"host") or "").strip().lower()
-    return bool(host) and origin.strip().lower() == f"{scheme}://{host}"
+    return origin is None or same_origin(origin, _header(scope, b"host") or "", loopback=loopback)
 
 
 class BodyLimit:
@@ -107,7 +146,7 @@ class Guard:
     def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
         self.app, self.settings = app, settings
         self.expected = None if settings.token is None else f"Bearer {settings.token}".encode("utf-8")
-        self.hosts = {"127.0.0.1", "localhost", "[::1]"}
+        self.hosts = LOOPBACK_HOSTS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -125,7 +164,7 @@ class Guard:
                 await _refuse(send, 401, E_AUTH, "this server needs its bearer token",
                               "send the header Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")])
                 return
-        if scope.get("method") not in SAFE_METHODS and not _same_origin(scope):
+        if scope.get("method") not in SAFE_METHODS and not _from_this_server(scope, self.settings.loopback):
             await _refuse(send, 403, E_ORIGIN, "this request was sent from another site's page (its Origin is "
                           f"{_header(scope, b'origin') or _header(scope, b'sec-fetch-site')!r})",
                           "send it from this server's own page, or from a client that is not a browser")

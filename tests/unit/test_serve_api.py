@@ -306,7 +306,8 @@ def test_binding_beyond_loopback_needs_a_token(tmp_path):
     {"origin": "http://evil.example"},
     {"origin": "null"},
     {"origin": "http://127.0.0.1.evil.example"},
-    {"origin": "https://testserver"},  # another scheme is another origin
+    {"origin": "http://127.0.0.1"},  # another port is another origin
+    {"origin": "file://"},
     {"sec-fetch-site": "cross-site"},
     {"origin": "http://evil.example", "content-type": "application/json"},
 ])
@@ -324,7 +325,9 @@ def test_the_servers_own_origin_and_clients_without_one_may_post(server):
     client, _, _ = server
     run_id, _ = run_to_end(client)
     own = {"origin": str(client.base_url).rstrip("/"), "sec-fetch-site": "same-origin"}
-    for headers in (own, {}):
+    alias = {"origin": str(client.base_url).rstrip("/").replace("127.0.0.1", "localhost")}  # a loopback name
+    proxied = {"origin": str(client.base_url).rstrip("/").replace("http://", "https://")}  # behind a TLS proxy
+    for headers in (own, alias, proxied, {}):
         assert error_of(client.post(f"/runs/{run_id}/cancel", headers=headers), 409)["code"] == "E_STATE"
 
 
