@@ -35,7 +35,7 @@ import torch
 import yaml
 
 import rclc
-from rclc._receiver_aware import receiver_grams, sender_reasons
+from rclc.selectors._receiver_aware import receiver_grams, sender_reasons
 from rclc.models import load
 from rclc.policy import BudgetPolicy
 from rclc.selectors import _pooling

@@ -119,6 +119,50 @@ def excluded_flags(exclude: Sequence[str | None] | None) -> list[bool] | None:
 
 
 @dataclass(frozen=True)
+class SpanOptions:
+    """How a built-in selector cuts a sender into the spans it keeps whole, and what it passes
+    over: the options every built-in takes, as one value.
+
+    `span`: "fixed" (the `size` grid), "sentence", "paragraph" or "line"; `max_span` splits
+    longer spans; `exclude`: None, or one entry per position (None, or why it is passed over);
+    `starts`: positions where a run of the sender's rows begins (text-aligned spans do not
+    cross them); `size_field`: the name the caller gave `size` (ChunkKV says chunk_size), for
+    error messages. (They used to travel as five loose keywords through four layers of every
+    selector, each layer re-listing them.)
+    """
+
+    span: Any = "fixed"
+    size: Any = 16
+    max_span: Any = None
+    exclude: Any = None
+    starts: Any = None
+    size_field: str = "span_size"
+
+    @classmethod
+    def from_keywords(cls, keywords: dict[str, Any], size_field: str = "span_size") -> tuple[SpanOptions, dict[str, Any]]:
+        """(the span options among a selector's keyword options, the rest): for options bound
+        with `functools.partial`, as pooled allocation reads them."""
+        rest = dict(keywords)
+        values = {name: rest.pop(keyword) for name, keyword in (("span", "span"), ("size", size_field),
+                  ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts")) if keyword in rest}
+        return cls(**values, size_field=size_field), rest
+
+    def check(self, sender: SenderState) -> tuple[list[bool] | None, tuple[int, ...] | None]:
+        """Check every option against `sender` (before any model work); (the exclusion flags,
+        the run starts) normalised."""
+        check_span_option(sender, self.span)
+        check_span_size(self.size, self.size_field)
+        check_max_span(self.max_span)
+        starts = check_span_starts(self.starts, sender.positions)
+        return excluded_flags(check_exclude(self.exclude, sender.positions)), starts
+
+    def spans(self, sender: SenderState) -> tuple[list[Span], list[bool] | None]:
+        """The sender's spans (cut at exclusion boundaries) and its exclusion flags."""
+        flags, starts = self.check(sender)
+        return refine(partition(sender, self.span, self.size, self.max_span, starts), flags), flags
+
+
+@dataclass(frozen=True)
 class SpanProfile:
     """What the keep step needs of one sender: its scores, its spans (cut at exclusion
     boundaries), which positions are excluded and its latent tail. `keep(budget)` is the
@@ -142,93 +186,21 @@ class SpanProfile:
         return keep_spans(self.scores, budget, self.spans, self.latent_steps, self.excluded)
 
 
-def span_profile(
-    sender: Any,
-    *,
-    span: Any,
-    span_size: Any,
-    max_span: Any,
-    exclude: Any,
-    name: str,
-    scores: Callable[[list[Span]], torch.Tensor],
-    span_field: str = "span_size",
-    span_starts: Any = None,
-) -> SpanProfile:
+Scores = Callable[[list[Span]], torch.Tensor]
+"""A selector's model work: one score per sender position, given the spans it will keep from."""
+
+
+def span_profile(sender: Any, options: SpanOptions, *, name: str, scores: Scores) -> SpanProfile:
     """Check the options, cut the sender into spans and score them (`scores(spans)` does the
     selector's model work); non-finite scores are refused."""
     check_sender(sender)
-    check_span_option(sender, span)
-    check_span_size(span_size, span_field)
-    check_max_span(max_span)
-    starts = check_span_starts(span_starts, sender.positions)
-    mask = check_exclude(exclude, sender.positions)
-    flags = excluded_flags(mask)
-    spans = refine(partition(sender, span, span_size, max_span, starts), flags)
+    spans, flags = options.spans(sender)
     scored = scores(spans)
     check_finite(scored, name)
     return SpanProfile(scored, spans, flags, sender.latent_steps)
 
 
-def request_profile(
-    sender: Any,
-    request_ids: Any,
-    *,
-    span: Any,
-    span_size: Any,
-    name: str,
-    score: Callable[[SenderState, torch.Tensor], torch.Tensor],
-    max_span: Any = None,
-    exclude: Any = None,
-    span_starts: Any = None,
-) -> SpanProfile:
-    """`span_profile` of a selector that scores against the request (cacheback, qsnap): what
-    pooled allocation ranks, with the same checks and spans as `select_by_request`."""
-    return span_profile(
-        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, span_starts=span_starts,
-        name=name, scores=lambda spans: request_scores(sender, request_ids, name, score),
-    )
-
-
-def select_by_request(
-    sender: Any,
-    request_ids: Any,
-    budget: Any,
-    *,
-    span: Any,
-    span_size: Any,
-    name: str,
-    score: Callable[[SenderState, torch.Tensor], torch.Tensor],
-    max_span: Any = None,
-    exclude: Any = None,
-    span_starts: Any = None,
-) -> list[int]:
-    """`keep_best_spans` over scores of the request's attention (CacheBack and QSnap)."""
-    return keep_best_spans(
-        sender,
-        budget,
-        span=span,
-        span_size=span_size,
-        max_span=max_span,
-        exclude=exclude,
-        span_starts=span_starts,
-        name=name,
-        scores=lambda spans: request_scores(sender, request_ids, name, score),
-    )
-
-
-def keep_best_spans(
-    sender: Any,
-    budget: Any,
-    *,
-    span: Any,
-    span_size: Any,
-    name: str,
-    scores: Callable[[list[Span]], torch.Tensor],
-    span_field: str = "span_size",
-    max_span: Any = None,
-    exclude: Any = None,
-    span_starts: Any = None,
-) -> list[int]:
+def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str, scores: Scores) -> list[int]:
     """The check-score-keep step of every built-in selector, as ascending kept positions.
 
     Checks the sender, the span options, the exclusion mask and the budget before any model
@@ -236,18 +208,61 @@ def keep_best_spans(
     `scores(spans)` for one score per position (the selector's own model work, which checks
     its own inputs first), refuses non-finite scores and keeps whole spans of the partition
     in descending score order (`keep_spans`), excluded spans last, first position and latent
-    tail always included. `span_starts` (positions where a run of rows begins, e.g. where a
-    chain's inherited runs join) also cut text-aligned spans (`_sentences`).
+    tail always included.
     """
     check_sender(sender)
-    check_span_option(sender, span)
-    check_max_span(max_span)
-    check_span_starts(span_starts, sender.positions)
-    check_exclude(exclude, sender.positions)
-    if not selects(sender, budget, span_size, span_field=span_field):
+    options.check(sender)
+    if not selects(sender, budget, options.size, span_field=options.size_field):
         return list(range(sender.positions))
-    profile = span_profile(
-        sender, span=span, span_size=span_size, max_span=max_span, exclude=exclude, name=name, scores=scores,
-        span_field=span_field, span_starts=span_starts,
-    )
-    return profile.keep(budget)
+    return span_profile(sender, options, name=name, scores=scores).keep(budget)
+
+
+RequestScore = Callable[[SenderState, torch.Tensor], torch.Tensor]
+
+
+def request_selector(
+    public_name: str, name: str, score: RequestScore, summary: str, module: str
+) -> tuple[Callable[..., list[int]], Callable[..., SpanProfile]]:
+    """(the selector, its profile function) of a built-in that scores the request's attention
+    (CacheBack, QSnap): one signature for both, written once. The profile function takes
+    `(sender, request_ids, options: SpanOptions)`; pooled allocation ranks what it returns."""
+
+    def select(
+        sender: SenderState,
+        request_ids: torch.Tensor,
+        budget: int,
+        *,
+        span_size: int = 16,
+        span: str = "fixed",
+        max_span: int | None = None,
+        exclude: Sequence[str | None] | None = None,
+        span_starts: Sequence[int] | None = None,
+    ) -> list[int]:
+        options = SpanOptions(span, span_size, max_span, exclude, span_starts)
+        return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids))
+
+    def scored(sender: SenderState, request_ids: Any) -> torch.Tensor:
+        return request_scores(sender, request_ids, name, score)
+
+    def profile(sender: SenderState, request_ids: torch.Tensor, options: SpanOptions) -> SpanProfile:
+        return span_profile(sender, options, name=name, scores=lambda spans: scored(sender, request_ids))
+
+    select.__name__ = select.__qualname__ = public_name
+    select.__doc__ = summary + _SPAN_OPTIONS_DOC
+    profile.__name__ = profile.__qualname__ = f"{public_name}_profile"
+    select.__module__ = profile.__module__ = module  # where pickle and docs find them
+    profile.__doc__ = f"Scores, spans and exclusions of `{public_name}` for one sender (what pooled allocation ranks)."
+    return select, profile
+
+
+_SPAN_OPTIONS_DOC = """
+
+    Always keeps position 0 and the latent tail; `span_size`, `span` and `max_span` change
+    granularity only. `span="fixed"` keeps spans of the `span_size` grid; `"sentence"`,
+    `"paragraph"` and `"line"` keep whole units of the sender's text (they need the sender's
+    tokenizer and token IDs); `max_span` splits longer spans. `exclude` (one entry per
+    position, None or the reason) ranks the excluded positions after all others.
+    `span_starts` (positions where a run of rows begins, e.g. a chain's inherited runs) also
+    cut the text-aligned spans; the fixed grid ignores them.
+    Returns every position, without any model work, when `budget >= T`.
+    """

@@ -26,22 +26,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..errors import RclcError
-from ._common import SpanProfile
+from ._common import SpanOptions, SpanProfile
 from ._spans import pin_first, span_means, span_order
 from .cacheback import cacheback, cacheback_profile
 from .chunkkv import chunkkv, chunkkv_profile
 from .qsnap import qsnap, qsnap_profile
 
-PROFILERS: dict[Callable[..., Any], Callable[..., SpanProfile]] = {
-    cacheback: cacheback_profile,
-    qsnap: qsnap_profile,
-    chunkkv: chunkkv_profile,
+PROFILERS: dict[Callable[..., Any], tuple[Callable[..., SpanProfile], str]] = {
+    cacheback: (cacheback_profile, "span_size"),
+    qsnap: (qsnap_profile, "span_size"),
+    chunkkv: (chunkkv_profile, "chunk_size"),
 }
+"""The scoring built-ins: their profile function and the name they give the span size."""
 
 
 def scoring_selector(selector: Any) -> tuple[Callable[..., SpanProfile], dict[str, Any]] | None:
@@ -56,10 +58,10 @@ def scoring_selector(selector: Any) -> tuple[Callable[..., SpanProfile], dict[st
             options.setdefault(key, value)
         target = target.func
     try:
-        profiler = PROFILERS.get(target)
+        found = PROFILERS.get(target)
     except TypeError:  # unhashable callable
         return None
-    return None if profiler is None else (profiler, options)
+    return None if found is None else (found[0], options)
 
 
 def profile_of(
@@ -76,12 +78,14 @@ def profile_of(
             "allocation: 'pooled' ranks the positions of all senders by the selector's scores, which only the built-in "
             "cacheback, qsnap and chunkkv expose; use allocation='per_sender' with this selector"
         )
-    profiler, options = found
+    profiler, keywords = found
+    size_field = next(field for function, field in PROFILERS.values() if function is profiler)
+    options, extra = SpanOptions.from_keywords(keywords, size_field)
     if exclude is not None:
-        options = {**options, "exclude": exclude}
-    if span_starts is not None and "span_starts" not in options:
-        options = {**options, "span_starts": span_starts}
-    return profiler(sender, request_ids, **options)
+        options = replace(options, exclude=exclude)
+    if span_starts is not None and "span_starts" not in keywords:
+        options = replace(options, starts=span_starts)
+    return profiler(sender, request_ids, options, **extra)
 
 
 def candidate_scores(profile: SpanProfile) -> torch.Tensor:

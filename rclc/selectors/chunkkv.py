@@ -9,6 +9,7 @@ the `chunk_size` grid; `max_span` and `exclude` work as in `cacheback`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from .._arguments import is_exact_int
 from ..errors import CaptureError, RclcError
 from ..state import SenderState
 from ._attention_capture import capture
-from ._common import SpanProfile, check_sender, check_span_size, keep_best_spans, span_profile
+from ._common import SpanOptions, SpanProfile, check_sender, check_span_size, keep_best_spans, span_profile
 from ._sentences import check_max_span, check_span_option, partition
 from ._spans import Span, span_means
 
@@ -102,6 +103,16 @@ def _scores(sender: SenderState, prefix: int, spans: list[Span], kernel_size: in
     return span_means(per_position, spans).repeat_interleave(sizes)
 
 
+def _window_scores(sender: SenderState, chunk_size: object, window_size: object, kernel_size: object) -> Any:
+    """The selector's model work, once the keep step has checked the span options."""
+
+    def scores(spans: list[Span]) -> torch.Tensor:
+        prefix = _check_options(sender, chunk_size, window_size, kernel_size)
+        return _scores(sender, prefix, spans, kernel_size)  # type: ignore[arg-type]
+
+    return scores
+
+
 def chunkkv(
     sender: SenderState,
     request_ids: torch.Tensor,
@@ -118,36 +129,15 @@ def chunkkv(
     """Keep `budget` positions by chunk-averaged attention from the sender's own last window
     (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span` and `exclude`
     as in `cacheback`)."""
-
-    def scores(spans: list[Span]) -> torch.Tensor:
-        prefix = _check_options(sender, chunk_size, window_size, kernel_size)
-        return _scores(sender, prefix, spans, kernel_size)
-
-    return keep_best_spans(
-        sender, budget, span=span, span_size=chunk_size, max_span=max_span, exclude=exclude, name=NAME, scores=scores,
-        span_field="chunk_size", span_starts=span_starts,
-    )
+    options = SpanOptions(span, chunk_size, max_span, exclude, span_starts, size_field="chunk_size")
+    return keep_best_spans(sender, budget, options, name=NAME,
+                           scores=_window_scores(sender, chunk_size, window_size, kernel_size))
 
 
 def chunkkv_profile(
-    sender: SenderState,
-    request_ids: torch.Tensor | None = None,
-    *,
-    chunk_size: int = 16,
-    window_size: int = 32,
+    sender: SenderState, request_ids: torch.Tensor | None, options: SpanOptions, *, window_size: int = 32,
     kernel_size: int = 5,
-    span: str = "fixed",
-    max_span: int | None = None,
-    exclude: Sequence[str | None] | None = None,
-    span_starts: Sequence[int] | None = None,
 ) -> SpanProfile:
     """Scores, spans and exclusions of `chunkkv` for one sender (what pooled allocation ranks)."""
-
-    def scores(spans: list[Span]) -> torch.Tensor:
-        prefix = _check_options(sender, chunk_size, window_size, kernel_size)
-        return _scores(sender, prefix, spans, kernel_size)
-
-    return span_profile(
-        sender, span=span, span_size=chunk_size, max_span=max_span, exclude=exclude, name=NAME, scores=scores,
-        span_field="chunk_size", span_starts=span_starts,
-    )
+    return span_profile(sender, options, name=NAME,
+                        scores=_window_scores(sender, options.size, window_size, kernel_size))

@@ -50,6 +50,7 @@ def resolve_reasoning(policy: ResolvedPolicy, *, trust_code: bool) -> dict[str, 
     return options
 
 
+@rclc.thread_safe  # ours and stateless: full edges of concurrent runs need not take turns (rclc.user_code)
 def keep_everything(sender: Any, request_ids: Any, budget: int) -> list[int]:
     """The selector of `full` edges: every position of the sender, or an error.
 

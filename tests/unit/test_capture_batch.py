@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import rclc
-import rclc._receiver_aware as receiver_aware
-import rclc.pipeline as pipeline
+import rclc.selectors._receiver_aware as receiver_aware
+from rclc.selectors import transfer_steps
 from rclc._cache import cache_layers
 from _selector_helpers import make_sender, request
 from rclc.selectors import _attention_capture as _capture
@@ -155,7 +155,7 @@ def test_a_fan_in_transfer_captures_once_and_selects_as_one_by_one(tiny, selecto
     def nothing(selector, states, ids, scoring):
         return [None] * len(states)
 
-    monkeypatch.setattr(pipeline, "prefetch_folds", nothing)  # every selection captures alone
+    monkeypatch.setattr(transfer_steps, "prefetch_folds", nothing)  # every selection captures alone
     monkeypatch.setattr(receiver_aware, "prefetch_folds", nothing)
     calls["each"] = 0
     assert run() == batched

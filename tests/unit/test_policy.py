@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 import rclc
 from rclc import policy, selectors
 from rclc.errors import ContextLimitError, RclcError
-from rclc.pipeline import reasoning_options
+from rclc._transfer_plan import ReasoningOptions
 from rclc.policy import BudgetPolicy, fit, floor, policy_label
 
 
@@ -111,9 +111,9 @@ def test_names_match_what_the_core_runs():
     assert policy.BACKENDS == rclc.backends.BACKENDS
     # transfer refuses what these tuples do not list, and accepts what they do
     for context in policy.REASONING_CONTEXTS:
-        assert reasoning_options(functools.partial(rclc.latent_mass, steps=1), context, 1).context == context
+        assert ReasoningOptions.check(functools.partial(rclc.latent_mass, steps=1), context, 1).context == context
     with pytest.raises(RclcError, match="reasoning_context"):
-        reasoning_options(rclc.latent_mass, "partial", 1)
+        ReasoningOptions.check(rclc.latent_mass, "partial", 1)
 
 
 def test_policy_arithmetic_errors_are_rclc_errors():

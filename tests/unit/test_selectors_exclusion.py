@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from _selector_helpers import make_sender, request
 from rclc import Exclusion, HFReceiver, transfer_sync
-from rclc._receiver_aware import accepts_exclude
+from rclc.selectors.transfer_steps import accepts_exclude
 from rclc.exclusion import known_grams, known_positions, position_reasons
 from rclc.selectors import (
     cacheback,

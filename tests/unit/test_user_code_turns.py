@@ -177,3 +177,10 @@ def test_a_serialized_method_may_run_another_user_callable_inside(tiny_qwen3):
     rclc.transfer_sync(sender, receiver, "Who owns Cedar?", budget=5, reasoning=method,
                        reasoning_context="full", reasoning_budget=1)
     assert inner_calls == [3] and len(receiver) == 1
+
+
+# issue 24 item 12: the graph's own selector of full edges is ours and stateless: it takes no turn
+def test_the_graphs_full_edge_selector_runs_concurrently():
+    from rclc_graph.executors.transfer_options import keep_everything
+
+    assert rclc.is_thread_safe(keep_everything)

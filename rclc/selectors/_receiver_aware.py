@@ -1,5 +1,6 @@
-"""The transfer pipeline's receiver-aware steps: checking `exclude=`/`allocation=`, each
-sender's exclusion mask per request, and pooling a group's budget across senders.
+"""Receiver-aware selection: checking `exclude=`/`allocation=`, each sender's exclusion mask
+per request, and pooling a group's budget across senders (the transfer reaches them through
+`rclc.selectors.transfer_steps`).
 
 Kept apart from `rclc.exclusion` because it reads sender states and tokenizers (torch), while
 `rclc.Exclusion` itself stays importable without torch for the graph's planning code.
@@ -14,15 +15,15 @@ from typing import Any
 
 import torch
 
-from .errors import RclcError
-from .exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
-from .policy import ALLOCATIONS
-from .selectors._common import SpanProfile
-from .selectors._pooling import pooled_counts, profile_of, scoring_selector
-from .selectors._prefetch import prefetch_folds
-from .selectors._support import offering
-from .selectors._sentences import check_span_starts, special_positions, token_pieces
-from .state import SenderState
+from ..errors import RclcError
+from ..exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
+from ..policy import ALLOCATIONS
+from ..state import SenderState
+from ._common import SpanProfile
+from ._pooling import pooled_counts, profile_of, scoring_selector
+from ._prefetch import prefetch_folds
+from ._sentences import check_span_starts, special_positions, token_pieces
+from ._support import offering
 
 
 def accepts_keyword(selector: Any, keyword: str) -> bool:
@@ -72,7 +73,8 @@ def check_span_starts_option(span_starts: Any, totals: Sequence[int]) -> list[tu
     return result
 
 
-def _name(selector: Any) -> str:
+def selector_name(selector: Any) -> str:
+    """The name error messages give a selector (through any `functools.partial`)."""
     target = selector
     while isinstance(target, functools.partial):
         target = target.func
@@ -92,7 +94,7 @@ def check_receiver_aware(exclude: Any, allocation: Any, selector: Any) -> Exclus
     if allocation == "pooled" and scoring_selector(selector) is None:
         raise RclcError(
             f"allocation: 'pooled' ranks the positions of all senders by the selector's scores, which only the "
-            f"built-in cacheback, qsnap and chunkkv expose; selector {_name(selector)} has none: use "
+            f"built-in cacheback, qsnap and chunkkv expose; selector {selector_name(selector)} has none: use "
             "allocation='per_sender'"
         )
     check_selector(selector, exclude)
@@ -102,7 +104,7 @@ def check_receiver_aware(exclude: Any, allocation: Any, selector: Any) -> Exclus
 def check_selector(selector: Any, exclusion: Exclusion | None) -> None:
     if exclusion is None or not exclusion.reasons or accepts_exclude(selector):
         return
-    name = _name(selector)
+    name = selector_name(selector)
     raise RclcError(
         f"exclude: selector {name} takes no exclude= keyword (or has one bound already), so it cannot pass over "
         "positions; declare `exclude=None` in your selector, drop exclude=, or use a built-in selector"
