@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import warnings
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
