@@ -1,6 +1,7 @@
 """Every exception the graph layer raises, in one tree, and the stable codes of graph problems.
 
     RclcGraphError             base of everything below: catch it to catch any graph-layer error
+    ├── UsageError             a Python caller passed a wrong argument; names it and the fix (a ValueError)
     ├── GraphError             what the user wrote is wrong; holds one or more `Problem`s (a ValueError)
     │   ├── SpecError          a file or a field is wrong (reading, YAML, pydantic field checks)
     │   └── PlanError          the graph as a whole is wrong (references, shape, policies, inputs)
@@ -19,7 +20,8 @@
     ├── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
     └── RequestRefused         the server refuses an HTTP request: status, code, message, fix
 
-The ValueError / RuntimeError / ImportError bases are kept so callers that caught those before
+`node_failed(node, edge)` is the one way a layer turns an error inside a node's work into
+NodeFailed. The ValueError / RuntimeError / ImportError bases are kept so callers that caught those before
 still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tools), `message`
 (what is wrong), `fix` (what to change), `path` (the field path inside the graph, e.g.
 ("edges", 2, "policy", "ratio")) and `location` (file, line, column) when the graph came from
@@ -30,9 +32,10 @@ shows the same table, and tests/unit/test_graph_errors.py keeps the two equal.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 
 class ErrorCode(str, Enum):
@@ -56,7 +59,7 @@ class ErrorCode(str, Enum):
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(f"code: {value!r} is not a documented error code (see rclc_graph.errors.ErrorCode)") from None
+            raise UsageError(f"code: {value!r} is not a documented error code (see rclc_graph.errors.ErrorCode)") from None
 
     E_FILE = "E_FILE", "A file is missing, unreadable or not a regular file."
     E_FILE_SIZE = "E_FILE_SIZE", "A file is larger than the size limit."
@@ -113,6 +116,19 @@ class ErrorCode(str, Enum):
         "the tokenizer before any model is loaded), an agent `context_limit` above its model's, a `full` edge "
         "whose senders cannot fit the receiver, or a receiver whose deliveries cannot fit with its prompt."
     )
+    # The server's own refusals (docs/serve.md#errors); a GraphError's problems keep the codes above.
+    E_REQUEST = "E_REQUEST", "An HTTP body or parameter that is not what the route takes (400)."
+    E_NOT_FOUND = "E_NOT_FOUND", "No such run, topology or route (404)."
+    E_STATE = "E_STATE", "The run is not in a state that allows the request, e.g. resuming a finished run (409)."
+    E_RESUME = "E_RESUME", "The run directory cannot be resumed to the uninterrupted run's outputs (409)."
+    E_BUSY = "E_BUSY", "Admission is full: retry after the Retry-After seconds (429)."
+    E_AUTH = "E_AUTH", "A missing or wrong bearer token (401)."
+    E_HOST = "E_HOST", "A Host header that is not this loopback server, as DNS rebinding sends (403)."
+    E_ORIGIN = "E_ORIGIN", "A state-changing request sent from another site's page (cross-site request forgery, 403)."
+    E_BODY_SIZE = "E_BODY_SIZE", "A request body over the server's limit (413)."
+    E_MEDIA_TYPE = "E_MEDIA_TYPE", "A POST body that is not application/json (415)."
+    E_UNAVAILABLE = "E_UNAVAILABLE", "A feature this installation does not have (501)."
+    E_INTERNAL = "E_INTERNAL", "A bug in the server: its log has the traceback (500)."
 
 
 FieldPath = tuple["str | int", ...]
@@ -181,6 +197,11 @@ class RclcGraphError(Exception):
     """Base of every exception the graph layer raises on purpose."""
 
 
+class UsageError(RclcGraphError, ValueError):
+    """A Python caller passed a wrong argument (a value, a type, a combination): the message
+    names the argument and the fix. A ValueError, so callers that caught ValueError still do."""
+
+
 class GraphError(RclcGraphError, ValueError):
     """What the user wrote is wrong; `problems` holds every problem found, the attributes
     `code`, `message`, `fix`, `path` and `location` describe the first. A ValueError, so
@@ -189,7 +210,7 @@ class GraphError(RclcGraphError, ValueError):
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
         if not self.problems:
-            raise ValueError("problems: a GraphError needs at least one Problem")
+            raise UsageError("problems: a GraphError needs at least one Problem")
         first = self.problems[0]
         self.code = first.code
         self.message = first.message
@@ -253,6 +274,20 @@ class NodeFailed(RclcGraphError):
         super().__init__(f"{where}: {type(cause).__name__}: {cause}")
 
 
+@contextmanager
+def node_failed(node: str, edge: Any = None) -> Iterator[None]:
+    """Inside: any error of a node's work becomes NodeFailed(node, error, edge), so every layer
+    reports a failed node the same way. Errors that already say what happened pass as they are
+    (NodeFailed from a deeper layer, an Interrupt asking a person), and so does cancellation
+    (not an Exception)."""
+    try:
+        yield
+    except (NodeFailed, Interrupt):
+        raise
+    except Exception as error:
+        raise NodeFailed(node, error, edge) from error
+
+
 class ObserverFailed(RclcGraphError):
     """The run's observer callback raised after a node finished (the node itself is done)."""
 
@@ -300,7 +335,7 @@ class Interrupt(RclcGraphError):
 
     def __init__(self, question: str) -> None:
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("question: an Interrupt asks a person something; pass the question as non-empty text")
+            raise UsageError("question: an Interrupt asks a person something; pass the question as non-empty text")
         super().__init__(question)
         self.question = question
 

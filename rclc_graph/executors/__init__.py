@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ..errors import ExecutorUnavailable
+from ..errors import ExecutorUnavailable, UsageError
 from .contract import DelegatingExecutor, Executor, Publish, RunContext
 from .loaded_model import LoadedModel, ModelKey, model_key
 from .local import LocalExecutor
@@ -45,7 +45,7 @@ def make_executor(
     replicas, `replicas` overrides models' replica counts; other keywords go to RayExecutor)."""
     if name == "local":
         if address is not None or pins or replicas:
-            raise ValueError("address, pins, replicas: they apply to executor ray only; drop them or choose ray")
+            raise UsageError("address, pins, replicas: they apply to executor ray only; drop them or choose ray")
         return LocalExecutor(pool if pool is not None else default_pool())
     if name == "ray":
         if not ray_available():
@@ -53,7 +53,7 @@ def make_executor(
         from .ray import RayExecutor  # lazy: Ray is an optional extra
 
         return RayExecutor(address=address, pins=pins, replicas=replicas, **options)
-    raise ValueError(f"executor: {name!r} is not one of {', '.join(EXECUTORS)}")
+    raise UsageError(f"executor: {name!r} is not one of {', '.join(EXECUTORS)}")
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
+from ..errors import UsageError
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """`await publish(kind, payload)`: emit one event of the run (kinds in results.events.KINDS)."""
@@ -103,7 +104,7 @@ class Executor(ABC):
 def require_executor(value: Any, field_name: str = "executor") -> Executor:
     """`value` when it implements the contract, else ValueError naming the field and the fix."""
     if not isinstance(value, Executor):
-        raise ValueError(
+        raise UsageError(
             f"{field_name}: {type(value).__name__} is not an executor; subclass rclc_graph.executors.Executor "
             "(or DelegatingExecutor to wrap one), or pass a name such as 'local'"
         )

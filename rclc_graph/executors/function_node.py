@@ -35,9 +35,7 @@ import json
 import time
 from typing import Any, Callable
 
-import anyio
-
-from ..errors import CallTimedOut, Interrupt, NodeFailed
+from ..errors import CallTimedOut, UsageError, node_failed
 from ..plan.dag import Plan, PlanNode
 from ..spec.models import DEFAULT_FUNCTION_TIMEOUT, NodeSpec
 from ..results.lineage import Lineage, compose_hop
@@ -51,7 +49,7 @@ from .user_threads import call_in_own_thread
 def function_of(plan: Plan, node: PlanNode) -> Callable[..., Any]:
     """The callable that runs `node`: handed over in Python, else imported (trust_code)."""
     if node.call is None:
-        raise ValueError(f"node: {node.name!r} is not a function node")
+        raise UsageError(f"node: {node.name!r} is not a function node")
     given = plan.functions.get(node.call)
     if given is not None:
         return given
@@ -86,9 +84,9 @@ def canonical_text(value: Any, node: str) -> str:
         try:
             return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as error:
-            raise ValueError(f"function node {node!r} returned data that is not JSON ({error}); return text, or "
+            raise UsageError(f"function node {node!r} returned data that is not JSON ({error}); return text, or "
                              "dicts/lists of strings, numbers, booleans and null") from None
-    raise ValueError(f"function node {node!r} returned {type(value).__name__}; return text (str) or JSON data "
+    raise UsageError(f"function node {node!r} returned {type(value).__name__}; return text (str) or JSON data "
                      "(dict, list, number, boolean)")
 
 
@@ -97,10 +95,8 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
     senders' texts; Interrupt passes through (the scheduler makes the node wait); any other
     error becomes NodeFailed naming the node."""
     started = time.time()
-    try:
+    with node_failed(node.name):  # an import runs the module's code, which may raise anything
         function = function_of(ctx.plan, node)
-    except Exception as error:  # an import runs the module's code, which may raise anything
-        raise NodeFailed(node.name, error) from error
     inputs = function_inputs(ctx.plan, node)
     senders = {edge.source: result.effective_text for edge, result in inbound}
     call = functools.partial(function, inputs, senders)
@@ -114,19 +110,14 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
         await ctx.publish("hop", hop_payload(hop))
     hops = [hop.record for hop in delivered]
     timeout = _declared(ctx.plan, node).timeout or DEFAULT_FUNCTION_TIMEOUT
-    try:
-        value = await call_in_own_thread(call, timeout=timeout, name=f"function node {node.name!r}",
-                                         is_async=inspect.iscoroutinefunction(function))
+    with node_failed(node.name):  # an Interrupt passes: the scheduler makes the node wait
+        try:
+            value = await call_in_own_thread(call, timeout=timeout, name=f"function node {node.name!r}",
+                                             is_async=inspect.iscoroutinefunction(function))
+        except CallTimedOut as error:
+            raise TimeoutError(f"{error}; raise the node's timeout: (seconds), or make the "
+                               "function return sooner") from None
         text = canonical_text(value, node.name)
-    except Interrupt:
-        raise
-    except anyio.get_cancelled_exc_class():
-        raise
-    except CallTimedOut as error:
-        raise NodeFailed(node.name, TimeoutError(f"{error}; raise the node's timeout: (seconds), or make the "
-                                                 "function return sooner")) from None
-    except Exception as error:
-        raise NodeFailed(node.name, error) from error
     return NodeResult(
         node=node.name,
         text=text,

@@ -29,7 +29,7 @@ import anyio.from_thread
 
 import rclc
 
-from ..errors import NodeFailed, RunStopped
+from ..errors import NodeFailed, RunStopped, node_failed
 from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
 from ..results.run_events import hop_payload
@@ -160,12 +160,10 @@ class LocalExecutor(Executor):
         content = compose_content(node, inbound)
         tools: tuple[Toolbox, ToolConversation] | None = None
         if node.agent.tools:
-            try:
+            with node_failed(node.name):
                 toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
                 text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
                 prompt = encode_tool_prompt(tokenizer, text, conversation)
-            except Exception as error:
-                raise NodeFailed(node.name, error) from error
             tools = (toolbox, conversation)
         else:
             prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
@@ -188,12 +186,10 @@ class LocalExecutor(Executor):
             labels = [sender_roles(senders[edge.id], senders[edge.id].positions) for edge in group]
             starts = [sender_span_starts(senders[edge.id], senders[edge.id].positions) for edge in group]
             began = time.perf_counter()
-            try:
+            with node_failed(node.name, lead):
                 extra = await self._deliver_group(
                     ctx, node, agent, group, request, known=known, roles=labels, span_starts=starts
                 )
-            except Exception as error:
-                raise NodeFailed(node.name, error, lead) from error
             seconds = time.perf_counter() - began + extra
             delivery, _ = agent.peek(deliveries)
             deliveries += 1
@@ -311,13 +307,11 @@ class LocalExecutor(Executor):
         literal: prompts.py); returns what the node produced."""
         prompt = _ids_tensor(prompt_ids)
         if not node.generate:
-            try:
+            with node_failed(node.name):
                 if deliveries:
                     await agent.absorb(prompt=prompt, deliveries=deliveries)
                 else:
                     await rclc.run_in_worker(functools.partial(agent.update, prompt))
-            except Exception as error:
-                raise NodeFailed(node.name, error) from error
             return _Finished()
         if ctx.stop.is_set():  # the run was stopped before this node generated: start no model work
             raise anyio.get_cancelled_exc_class()()
@@ -334,17 +328,13 @@ class LocalExecutor(Executor):
             result = await generate(prompt, deliveries=deliveries, refresh=refresh)
             return _Finished(result.tokens, result.seconds, result.text)
         toolbox, conversation = tools
-        try:
+        with node_failed(node.name):
             loop = await run_tool_loop(
                 node=node.name, agent_spec=spec, toolbox=toolbox, conversation=conversation, agent=agent,
                 generate=generate, publish=ctx.publish, prompt=prompt, deliveries=deliveries,
             )
             if refresh:  # as above, once the loop's last turn is known
                 await agent.refresh()
-        except (NodeFailed, anyio.get_cancelled_exc_class()):
-            raise
-        except Exception as error:
-            raise NodeFailed(node.name, error) from error
         return _Finished(loop.generated_tokens, loop.generation_seconds, loop.text, loop.tail,
                          [call.to_dict() for call in loop.calls])
 
@@ -353,22 +343,19 @@ class LocalExecutor(Executor):
         prompt: Any = None, *, deliveries: int = 0, from_state: bool = False, refresh: bool = False,
     ) -> Any:
         """One `Agent.generate` of a node, its stop and errors turned into the run's terms."""
-        try:
-            result = await agent.generate(
-                prompt,
-                deliveries=None if from_state else deliveries,
-                sampling=sampling,
-                on_token=tokens,
-                stop=ctx.stop,
-                refresh=refresh,
-                from_state=from_state,
-            )
-        except RunStopped:
-            raise anyio.get_cancelled_exc_class()() from None
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as error:
-            raise NodeFailed(node.name, error) from error
+        with node_failed(node.name):
+            try:
+                result = await agent.generate(
+                    prompt,
+                    deliveries=None if from_state else deliveries,
+                    sampling=sampling,
+                    on_token=tokens,
+                    stop=ctx.stop,
+                    refresh=refresh,
+                    from_state=from_state,
+                )
+            except RunStopped:  # the run's stop, seen by generation: the run's cancellation
+                raise anyio.get_cancelled_exc_class()() from None
         if ctx.stop.is_set():  # stopped during the last step: the run records nothing of this node
             raise anyio.get_cancelled_exc_class()()
         await tokens.publish_held()

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from ..spec.models import ModelSpec
 from .loaded_model import model_key
+from ..errors import UsageError
 
 RESOURCE_DEFAULT: dict[str, float] = {"CPU": 1.0}
 
@@ -79,14 +80,14 @@ def check_pins(pins: Mapping[str, int], plan: Any, sizes: Mapping[str, int]) -> 
     names = {node.name for node in plan.nodes} | {node.declared for node in plan.nodes}
     for name, index in pins.items():
         if name not in names:
-            raise ValueError(f"pins: {name!r} is not a node of plan {plan.name!r}; known: {', '.join(sorted(names))}")
+            raise UsageError(f"pins: {name!r} is not a node of plan {plan.name!r}; known: {', '.join(sorted(names))}")
         if type(index) is not int or index < 0:
-            raise ValueError(f"pins: {name}={index!r} is not a replica index; use an int >= 0")
+            raise UsageError(f"pins: {name}={index!r} is not a replica index; use an int >= 0")
         for node in plan.nodes:
             if name in (node.name, node.declared) and node.model is None:
-                raise ValueError(f"pins: {name!r} is a function node, which runs where the scheduler runs; drop the pin")
+                raise UsageError(f"pins: {name!r} is a function node, which runs where the scheduler runs; drop the pin")
             if name in (node.name, node.declared) and index >= sizes[node.model.name]:
-                raise ValueError(
+                raise UsageError(
                     f"pins: {name}={index} but model {node.model.name!r} has {sizes[node.model.name]} replica(s) "
                     f"(indices 0..{sizes[node.model.name] - 1}); raise its replicas or pin to an existing one"
                 )
@@ -98,7 +99,7 @@ def parse_assignments(items: list[str] | tuple[str, ...], option: str, example: 
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip().isdigit():
-            raise ValueError(f"{option}: {item!r} is not NAME=NUMBER; write e.g. {option} {example}")
+            raise UsageError(f"{option}: {item!r} is not NAME=NUMBER; write e.g. {option} {example}")
         values[name.strip()] = int(value)
     return values
 

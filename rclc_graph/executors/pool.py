@@ -22,6 +22,7 @@ from rclc.models import EMBEDDED_NAME, load, local_dir, transformers_names
 from ..spec.models import ModelSpec
 from . import openai_model, vllm_engine
 from .loaded_model import LoadedModel, ModelKey, model_key
+from ..errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +76,13 @@ class ModelPool:
             tokenizer = AutoTokenizer.from_pretrained(path)
             config = AutoConfig.from_pretrained(path)
         except (OSError, ValueError) as error:
-            raise ValueError(
+            raise UsageError(
                 f"model source {key.source!r}: cannot read its tokenizer and config ({error}); "
                 "give a local checkpoint directory or 'embedded'"
             ) from None
         limit = getattr(config, "max_position_embeddings", None)
         if not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"model source {key.source!r}: its config has no max_position_embeddings")
+            raise UsageError(f"model source {key.source!r}: its config has no max_position_embeddings")
         return ModelProfile(tokenizer, limit)
 
     def get(self, spec: ModelSpec, base_dir: Path | None = None) -> LoadedModel:
@@ -100,7 +101,7 @@ class ModelPool:
         """Decode at most `max_batch` sequences together on every model of this pool (None:
         each declaration's own `batching.max_batch`, else rclc's default)."""
         if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
-            raise ValueError(f"max_batch: expected an int >= 1 or None, got {max_batch!r}")
+            raise UsageError(f"max_batch: expected an int >= 1 or None, got {max_batch!r}")
         with self._lock:
             self.max_batch = max_batch
             self._batching.clear()  # re-applied on the next get of each model

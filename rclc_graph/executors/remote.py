@@ -31,7 +31,7 @@ import anyio
 
 from rclc.files import write_atomic
 
-from ..errors import HostDied, NodeFailed, RemoteNodeFailure
+from ..errors import HostDied, NodeFailed, RemoteNodeFailure, UsageError, node_failed
 from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult
@@ -93,7 +93,7 @@ class RemoteAgent:
     async def save(self, path: Any) -> None:
         """Write the node's snapshot (bytes fetched from its replica) to `path`, atomically."""
         if self.host is None:
-            raise ValueError(f"agent: node {self.node.name!r} holds no state yet")
+            raise UsageError(f"agent: node {self.node.name!r} holds no state yet")
         data = await self.executor._guard(self.host, self.node.name, self.host.call("snapshot", self.run_id, self.node.name))
         await anyio.to_thread.run_sync(write_atomic, path, data)
 
@@ -118,7 +118,7 @@ class RemoteExecutor(Executor):
         self.replicas = dict(replicas or {})  # model name -> replicas, overriding the topology's
         for name, count in self.replicas.items():
             if type(count) is not int or count < 1:
-                raise ValueError(f"replicas: {name}={count!r} is not a replica count; use an int >= 1")
+                raise UsageError(f"replicas: {name}={count!r} is not a replica count; use an int >= 1")
         self._groups: dict[tuple[Any, ...], ReplicaGroup] = {}
         self._hosts: dict[tuple[tuple[Any, ...], int], ReplicaHandle] = {}
         self._runs: dict[str, _Run] = {}
@@ -239,14 +239,10 @@ class RemoteExecutor(Executor):
             labels = [sender_roles(results[edge.id], results[edge.id].positions) for edge in group]
             starts = [sender_span_starts(results[edge.id], results[edge.id].positions) for edge in group]
             known = (node.agent.system, content)
-            try:
+            with node_failed(node.name, lead):
                 handles = await self._select(
                     run, ctx, host, node, group, senders, group_request(lead, content), known, labels, starts
                 )
-            except NodeFailed:
-                raise
-            except Exception as error:
-                raise NodeFailed(node.name, error, lead) from error
             handoffs[lead.id] = handles
             for edge, handle in zip(group, handles):
                 crossing[edge.id] = handle.transport
@@ -358,7 +354,7 @@ class RemoteExecutor(Executor):
 
     def adopt(self, run_id: str, node: str, agent: RemoteAgent) -> None:
         if not isinstance(agent, RemoteAgent) or agent.host is None or agent.shape is None:
-            raise ValueError(
+            raise UsageError(
                 f"agent: {self.name} executors adopt agents from their own bind() + load(); got {type(agent).__name__}"
             )
         run = self._runs[run_id]

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..plan.dag import PlanEdge, PlanNode
 from ..results.run_result import NodeResult
+from ..errors import UsageError
 
 MATERIAL, INSTRUCTION, TEMPLATE = "material", "instruction", "template"
 Runs = tuple[tuple[str, int], ...]
@@ -41,7 +42,7 @@ def expand(runs: Runs | None, length: int) -> list[str]:
         return [MATERIAL] * length
     labels = [role for role, count in runs for _ in range(count)]
     if len(labels) != length:
-        raise ValueError(f"roles: {len(labels)} labels for a state of {length} positions")
+        raise UsageError(f"roles: {len(labels)} labels for a state of {length} positions")
     return labels
 
 

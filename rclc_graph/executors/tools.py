@@ -37,7 +37,7 @@ import anyio
 
 import rclc
 
-from ..errors import CallTimedOut
+from ..errors import CallTimedOut, UsageError
 from ..spec.models import AgentSpec, tool_name
 from .tool_calls import ToolCall, parse_tool_calls
 from .trusted_code import import_callable
@@ -98,7 +98,7 @@ def describe_function(function: Callable[..., Any], reference: str) -> dict[str,
     try:
         schema = get_json_schema(function)
     except Exception as error:  # transformers raises its own parsing exceptions
-        raise ValueError(
+        raise UsageError(
             f"tools: {reference!r} cannot be described to the model ({error}); give every parameter a type hint and "
             "the function a docstring with an Args: section describing each parameter"
         ) from None
@@ -222,7 +222,7 @@ def tool_turn(
         if end_token and closing.startswith(end_token):
             closing = closing[len(end_token):]
         return closing + after[len(before):]
-    raise ValueError(f"tools: cannot render tool results for this model ({problem})")
+    raise UsageError(f"tools: cannot render tool results for this model ({problem})")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from ..errors import PlanError
+from ..errors import PlanError, UsageError
 
 
 def import_callable(reference: str, *, trust_code: bool, field_name: str) -> Callable[..., Any]:
@@ -29,12 +29,12 @@ def import_callable(reference: str, *, trust_code: bool, field_name: str) -> Cal
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"{field_name}: cannot import module {module_name!r} ({error})") from None
+        raise UsageError(f"{field_name}: cannot import module {module_name!r} ({error})") from None
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ValueError(f"{field_name}: module {module_name!r} has no attribute {attribute!r}") from None
+            raise UsageError(f"{field_name}: module {module_name!r} has no attribute {attribute!r}") from None
     if not callable(target):
-        raise ValueError(f"{field_name}: {reference!r} is not callable")
+        raise UsageError(f"{field_name}: {reference!r} is not callable")
     return target

@@ -21,6 +21,7 @@ import rclc
 from rclc.models import EMBEDDED_NAME, local_dir, transformers_names
 
 from .loaded_model import LoadedModel, ModelKey
+from ..errors import UsageError
 
 MULTIPROCESSING_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
 MINIMUM_KV_CACHE_BYTES = 64 * 2**20
@@ -69,7 +70,7 @@ def engine_arguments(path: str, dtype: str) -> dict[str, Any]:
 def _require_in_process() -> None:
     setting = os.environ.setdefault(MULTIPROCESSING_VARIABLE, "0")
     if setting != "0":
-        raise ValueError(
+        raise UsageError(
             f"backend: vllm needs the engine in this process, but {MULTIPROCESSING_VARIABLE}={setting!r}; "
             f"unset it or export {MULTIPROCESSING_VARIABLE}=0"
         )
@@ -94,7 +95,7 @@ def load_model(key: ModelKey) -> VLLMLoadedModel:
     path = str(local_dir(EMBEDDED_NAME)) if key.source == EMBEDDED_NAME else key.source
     with _engine_lock:
         if _engine is not None and _engine[1]() is not None:
-            raise ValueError(
+            raise UsageError(
                 f"backend: vllm: an engine for {_engine[0].source!r} is already running in this process and vLLM "
                 "allows one capture engine per process; give every vllm model in the graph the same source and "
                 "dtype, or use backend: hf for the others"

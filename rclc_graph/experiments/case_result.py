@@ -21,6 +21,7 @@ from ..run.scheduler import run_plan_sync
 from ..spec.models import GraphSpec
 from .datasets import Case
 from .evidence import evidence_survival
+from ..errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,9 @@ class CaseResult:
 
     def __post_init__(self) -> None:
         if self.status not in ("finished", "failed", "cancelled"):
-            raise ValueError(f"status: expected finished, failed or cancelled, got {self.status!r}")
+            raise UsageError(f"status: expected finished, failed or cancelled, got {self.status!r}")
         if self.status == "finished" and not isinstance(self.answer, str):
-            raise ValueError("answer: a finished run needs its answer text")
+            raise UsageError("answer: a finished run needs its answer text")
 
 
 RunCase = Callable[[GraphSpec, Mapping[str, Any], Case], CaseResult]
@@ -97,7 +98,7 @@ def case_result_from_run(run: Any, plan: Plan, case: Case, *, model_fingerprints
     """Convert the scheduler's RunResult of `plan` on `case` into the recorded figures."""
     output = plan.outputs[0] if len(plan.outputs) == 1 else None
     if output is None:
-        raise ValueError(f"plan {plan.name!r}: an experiment scores one answer, the plan has {len(plan.outputs)} outputs")
+        raise UsageError(f"plan {plan.name!r}: an experiment scores one answer, the plan has {len(plan.outputs)} outputs")
     nodes: Mapping[str, Any] = run.nodes
     answer = run.outputs.get(output) if run.status == "finished" else None
     evidence = None

@@ -26,7 +26,7 @@ import typer.core
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..errors import GraphError
+from ..errors import GraphError, UsageError
 from ..render.consoles import command_console
 from ..render.terminal_text import printable
 from . import runner
@@ -102,13 +102,13 @@ def experiment(
         if arm:
             arms += parse_arms(arm)
         if not arms:
-            raise ValueError("no arms given: pass --arm NAME=POLICY (e.g. --arm r4=state:ratio=4) or --arms-file")
+            raise UsageError("no arms given: pass --arm NAME=POLICY (e.g. --arm r4=state:ratio=4) or --arms-file")
         names = [a.name for a in arms]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ValueError(f"arm names given twice (command line and --arms-file?): {', '.join(duplicates)}")
+            raise UsageError(f"arm names given twice (command line and --arms-file?): {', '.join(duplicates)}")
         if compare_to is not None and compare_to not in names:
-            raise ValueError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
+            raise UsageError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
         mapping = parse_mapping(input_map)
     except (GraphError, ValueError) as exc:
         _fail(exc, as_json)
@@ -182,7 +182,7 @@ def _count_range(option: str, text: str, *, pair: bool = False) -> Any:
     """`N` (or `N-N` when `pair`) or `LOW-HIGH` -> an int or a (low, high) pair; ValueError naming the option."""
     match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", text)
     if match is None:
-        raise ValueError(f"{option}: expected a whole number N or a range LOW-HIGH, got {text!r}")
+        raise UsageError(f"{option}: expected a whole number N or a range LOW-HIGH, got {text!r}")
     low = int(match.group(1))
     high = int(match.group(2)) if match.group(2) is not None else None
     if high is None:

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rclc.files import write_atomic
 
-from ..errors import FieldPath, Location, Problem, SpecError
+from ..errors import FieldPath, Location, Problem, SpecError, UsageError
 from ..plan.text_checks import surrogate_paths
 from ..spec.bounded_json import JSONLimitError, loads
 from .scoring import normalise
@@ -120,7 +120,7 @@ def read_dataset(
 ) -> list[Case]:
     """The cases of a JSONL file, in file order (the first `limit` when given)."""
     if limit is not None and (type(limit) is not int or limit < 1):
-        raise ValueError(f"limit: expected a whole number >= 1 or None, got {limit!r}")
+        raise UsageError(f"limit: expected a whole number >= 1 or None, got {limit!r}")
     file = str(path)
     handle = _open(file, None if limit is not None else max_bytes)  # with a limit, only the head is read
     cases: list[Case] = []
@@ -178,7 +178,7 @@ def write_jsonl(path: str | os.PathLike[str], cases: Iterable[Case | Mapping[str
             try:
                 case = make_case(**dict(case))
             except TypeError as exc:
-                raise ValueError(f"cases[{index}]: {exc}") from None
+                raise UsageError(f"cases[{index}]: {exc}") from None
         rows.append(json.dumps(case.as_json(), ensure_ascii=False))
     write_atomic(target, "".join(row + "\n" for row in rows).encode("utf-8"))
     return len(rows)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..results.lineage import Lineage
+from ..errors import UsageError
 
 
 class NodeLike(Protocol):
@@ -132,7 +133,7 @@ def evidence_survival(
         for index in evidence_token_indices(node.prompt_offsets, spans[name]):
             position = node.prompt_start + index
             if position >= len(node.lineage):
-                raise ValueError(
+                raise UsageError(
                     f"node {name}: prompt token {index} sits at position {position}, past its lineage of "
                     f"{len(node.lineage)} positions (prompt_start or prompt_offsets disagree with lineage)"
                 )

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UsageError
+
 
 def locate_evidence(text: str, evidence: str) -> tuple[int, int]:
     """Character span `[start, stop)` of the single occurrence of `evidence` in `text`."""
     if not isinstance(text, str) or not isinstance(evidence, str):
-        raise ValueError("text, evidence: expected strings")
+        raise UsageError("text, evidence: expected strings")
     if not evidence.strip():
-        raise ValueError("evidence: expected a non-empty string to locate in the text")
+        raise UsageError("evidence: expected a non-empty string to locate in the text")
     start = text.find(evidence)
     if start < 0:
-        raise ValueError("evidence: not found in the text; pass the exact sentence as it appears in the document")
+        raise UsageError("evidence: not found in the text; pass the exact sentence as it appears in the document")
     if text.find(evidence, start + 1) >= 0:
-        raise ValueError("evidence: occurs more than once in the text; its positions would be ambiguous")
+        raise UsageError("evidence: occurs more than once in the text; its positions would be ambiguous")
     return start, start + len(evidence)
 
 
@@ -37,9 +39,9 @@ def evidence_positions(tokenizer: Any, text: str, evidence: str) -> list[int]:
     """
     start, stop = locate_evidence(text, evidence)
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("tokenizer: evidence positions need a fast tokenizer (offset mappings); load it with use_fast=True")
+        raise UsageError("tokenizer: evidence positions need a fast tokenizer (offset mappings); load it with use_fast=True")
     offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     positions = [index for index, (first, last) in enumerate(offsets) if first < stop and last > start]
     if not positions:
-        raise ValueError("evidence: no token overlaps it (the tokenizer returned empty offsets)")
+        raise UsageError("evidence: no token overlaps it (the tokenizer returned empty offsets)")
     return positions

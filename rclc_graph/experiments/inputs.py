@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from ..errors import PlanError, Problem
+from ..errors import PlanError, Problem, UsageError
 from ..spec import templates
 from ..spec.models import GraphSpec
 from .datasets import Case
@@ -51,11 +51,11 @@ def parse_mapping(items: Iterable[str]) -> dict[str, str]:
         field, sep, name = item.partition("=")
         field, name = field.strip(), name.strip()
         if not sep or not name:
-            raise ValueError(f"map: {item!r} is not FIELD=INPUT (e.g. documents=chunks)")
+            raise UsageError(f"map: {item!r} is not FIELD=INPUT (e.g. documents=chunks)")
         if field not in CASE_FIELDS:
-            raise ValueError(f"map: {field!r} is not a case field; map one of {', '.join(CASE_FIELDS)}")
+            raise UsageError(f"map: {field!r} is not a case field; map one of {', '.join(CASE_FIELDS)}")
         if field in mapping:
-            raise ValueError(f"map: {field!r} is mapped twice")
+            raise UsageError(f"map: {field!r} is mapped twice")
         mapping[field] = name
     return mapping
 
@@ -65,7 +65,7 @@ def resolve_mapping(spec: GraphSpec, explicit: Mapping[str, str] | None = None) 
     explicit = dict(explicit or {})
     for field in explicit:
         if field not in CASE_FIELDS:
-            raise ValueError(f"mapping: {field!r} is not a case field; map one of {', '.join(CASE_FIELDS)}")
+            raise UsageError(f"mapping: {field!r} is not a case field; map one of {', '.join(CASE_FIELDS)}")
     declared = spec.input_specs()
     problems: list[Problem] = []
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from .stats import PairedComparison, paired_comparison
 from .store import read_rows
+from ..errors import UsageError
 
 _SAME = ("arm_fingerprint", "case_fingerprint", "model_fingerprints", "seed")
 
@@ -66,7 +67,7 @@ def compare_runs(first_dir: str | os.PathLike[str], second_dir: str | os.PathLik
     """Compare the latest row of every (case, arm) found in both directories (ValueError when
     they are one directory: a run compared with itself proves nothing)."""
     if Path(first_dir).resolve() == Path(second_dir).resolve():
-        raise ValueError(
+        raise UsageError(
             f"compare-runs: {os.fspath(first_dir)!r} and {os.fspath(second_dir)!r} are the same directory; "
             "pass the directory of a rerun (the same command with another --out)"
         )

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from rclc.files import file_sha256, write_json_atomic
 
-from ..errors import GraphError, PlanError, Problem
+from ..errors import GraphError, PlanError, Problem, UsageError
 from ..plan.compile import expand
 from ..spec.load import read_graph
 from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
@@ -115,15 +115,15 @@ def run_experiment(
     scheduler only; None: the topology's `batching`, else rclc's default).
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
+        raise UsageError(f"concurrency: expected an int >= 1, got {concurrency!r}")
     arm_list = [parse_arm(arm) if isinstance(arm, str) else arm for arm in arms]
     if not arm_list:
-        raise ValueError("arms: give at least one arm, e.g. r4=state:ratio=4")
+        raise UsageError("arms: give at least one arm, e.g. r4=state:ratio=4")
     names = [arm.name for arm in arm_list]
     if len(set(names)) != len(names):
-        raise ValueError(f"arms: names must be unique, got {names}")
+        raise UsageError(f"arms: names must be unique, got {names}")
     if compare_to is not None and compare_to not in names:
-        raise ValueError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
+        raise UsageError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
     score = load_scorer(scorer, trust_code=trust_code)
     loaded = read_graph(topology_path, trusted=trust_code)
     spec = loaded.spec
@@ -307,12 +307,12 @@ def _refuse_stale(finished: Mapping[tuple[str, str], Mapping[str, Any]], cases: 
             if row is None:
                 continue
             if row.get("arm_fingerprint") != arm_fingerprints[arm.name]:
-                raise ValueError(
+                raise UsageError(
                     f"results.jsonl: arm {arm.name!r} was computed for a different graph (the topology or the arm's "
                     "policy changed); use a new --out, or give the changed arm a new name"
                 )
             if row.get("case_fingerprint") != case_fingerprint:
-                raise ValueError(
+                raise UsageError(
                     f"results.jsonl: case {case.id!r} has changed since its rows were computed; "
                     "use a new --out, or give the changed case a new id"
                 )

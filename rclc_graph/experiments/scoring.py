@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from ..executors.trusted_code import import_callable
 from ..spec.models import is_callable_ref
+from ..errors import UsageError
 
 DEFAULT_SCORER = "containment"
 _SPACES = re.compile(r"\s+")
@@ -63,5 +64,5 @@ def load_scorer(reference: str | None = None, *, trust_code: bool = False) -> Sc
     if reference is None or reference == DEFAULT_SCORER:
         return Scorer(DEFAULT_SCORER, containment)
     if not is_callable_ref(reference):
-        raise ValueError(f"scorer: {reference!r} is neither {DEFAULT_SCORER!r} nor package.module:callable")
+        raise UsageError(f"scorer: {reference!r} is neither {DEFAULT_SCORER!r} nor package.module:callable")
     return Scorer(reference, import_callable(reference, trust_code=trust_code, field_name="scorer"))

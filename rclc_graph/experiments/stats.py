@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Sequence
 
+from ..errors import UsageError
+
 DEFAULT_CONFIDENCE = 0.95
 
 
@@ -36,7 +38,7 @@ class Interval:
 
 def _check_confidence(confidence: float) -> None:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise ValueError(f"confidence: expected a number between 0 and 1, got {confidence!r}")
+        raise UsageError(f"confidence: expected a number between 0 and 1, got {confidence!r}")
 
 
 def wilson_interval(successes: int, n: int, *, confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
@@ -44,9 +46,9 @@ def wilson_interval(successes: int, n: int, *, confidence: float = DEFAULT_CONFI
     _check_confidence(confidence)
     for name, value in (("successes", successes), ("n", n)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")
+            raise UsageError(f"{name}: expected a whole number >= 0, got {value!r}")
     if successes > n:
-        raise ValueError(f"successes: {successes} is more than n = {n}")
+        raise UsageError(f"successes: {successes} is more than n = {n}")
     if n == 0:
         return None
     z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
@@ -75,7 +77,7 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
     """
     for name, value in (("only_first", only_first), ("only_second", only_second)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")
+            raise UsageError(f"{name}: expected a whole number >= 0, got {value!r}")
     n = only_first + only_second
     if n == 0:
         return 1.0

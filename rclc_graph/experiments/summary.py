@@ -34,6 +34,7 @@ from ..render.terminal_text import printable_line
 from ..render.units import format_bytes as _format_bytes
 from . import stats
 from .arms import Arm
+from ..errors import UsageError
 
 TABLE_WIDTH = 140
 MEASURES = ("accuracy", "accuracy_ci", "median_latency_s", "positions", "payload_bytes", "evidence_survival")
@@ -105,7 +106,7 @@ def summarise(
     if reference is None and names:
         reference = names[0]
     if reference is not None and reference not in names:
-        raise ValueError(f"compare_to: no arm named {reference!r}; the arms are {', '.join(names)}")
+        raise UsageError(f"compare_to: no arm named {reference!r}; the arms are {', '.join(names)}")
     wanted = set(case_ids)
     latest: dict[tuple[str, str], Mapping[str, Any]] = {}
     for row in rows:

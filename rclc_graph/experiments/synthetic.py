@@ -23,6 +23,7 @@ import random
 import re
 
 from .datasets import Case, write_jsonl
+from ..errors import UsageError
 
 ENTITIES = [
     "Cedar", "Birch", "Maple", "Willow", "Aspen", "Juniper", "Hazel", "Alder", "Rowan", "Laurel",
@@ -184,7 +185,7 @@ def _span(name: str, value: int | tuple[int, int], least: int) -> tuple[int, int
     """A whole number or a (low, high) range, checked."""
     low, high = (value, value) if type(value) is int else tuple(value) if isinstance(value, (tuple, list)) else (None, None)
     if type(low) is not int or type(high) is not int or low < least or high < low:
-        raise ValueError(f"{name}: expected a whole number >= {least} or a range LOW-HIGH with {least} <= LOW <= HIGH, got {value!r}")
+        raise UsageError(f"{name}: expected a whole number >= {least} or a range LOW-HIGH with {least} <= LOW <= HIGH, got {value!r}")
     return low, high
 
 
@@ -207,19 +208,19 @@ def make_dataset(
     for name, value, least in (("size", size, 1), ("seed", seed, 0),
                                ("facts_per_document", facts_per_document, 1), ("filler_per_document", filler_per_document, 0)):
         if type(value) is not int or value < least:
-            raise ValueError(f"{name}: expected a whole number >= {least}, got {value!r}")
+            raise UsageError(f"{name}: expected a whole number >= {least}, got {value!r}")
     low, high = _span("documents", documents, 1)
     rng = random.Random(seed)
     if document_tokens is not None:
         tokens = _span("document_tokens", document_tokens, 1)
         if high * facts_per_document > len(ENTITIES) + len(MORE_ENTITIES):
-            raise ValueError(
+            raise UsageError(
                 f"documents x facts_per_document: at most {len(ENTITIES) + len(MORE_ENTITIES)} distinct entities exist; "
                 "lower one of them"
             )
         needed = max(pieces(RELATIONS[r]["fact"].format(entity="Sequoia", value="Quentin Lindqvist")) for r in RELATIONS)
         if tokens[0] < facts_per_document * needed:
-            raise ValueError(
+            raise UsageError(
                 f"document_tokens: {tokens[0]} word pieces cannot hold {facts_per_document} facts; raise the range "
                 "or lower facts_per_document"
             )
@@ -228,11 +229,11 @@ def make_dataset(
             for i in range(size)
         ]
     if low != high:
-        raise ValueError("documents: a range of documents per case needs document_tokens too (long documents)")
+        raise UsageError("documents: a range of documents per case needs document_tokens too (long documents)")
     if filler_per_document > len(FILLER):
-        raise ValueError(f"filler_per_document: at most {len(FILLER)} distinct filler sentences exist")
+        raise UsageError(f"filler_per_document: at most {len(FILLER)} distinct filler sentences exist")
     if low * facts_per_document > len(ENTITIES):
-        raise ValueError(
+        raise UsageError(
             f"documents x facts_per_document: at most {len(ENTITIES)} distinct entities exist; lower one of them"
         )
     return [

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..errors import FieldPath, Problem, SpecError
+from ..errors import FieldPath, Problem, SpecError, UsageError
 from ..spec.load import problems_from_validation
 from ..spec.models import (
     AgentSpec,
@@ -354,7 +354,7 @@ def chain_of_agents(
     and a final agent answers. Workers only read (no decoding) unless the policy is text."""
     policy = policy or Policy()
     if n < 1:
-        raise ValueError("n: expected at least 1 worker")
+        raise UsageError("n: expected at least 1 worker")
     graph = _base(name, source, f"chain of {n} workers reading one chunk each, then a final answer")
     graph.input("chunks", "list[str]", description=f"the long text cut into {n} parts")
     graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
@@ -400,7 +400,7 @@ def fan_out(
         workers.append("worker")
     else:
         if n < 1:
-            raise ValueError("n: expected at least 1 worker, or None for one per document")
+            raise UsageError("n: expected at least 1 worker, or None for one per document")
         for index in range(n):
             workers.append(f"worker_{index + 1}")
             graph.node(workers[-1], agent="worker", prompt=f"Question: {{question}}\nDocument:\n{{documents[{index}]}}",
@@ -426,7 +426,7 @@ def hierarchical(
     policy = policy or Policy()
     manager_policy = manager_policy or policy
     if groups < 1 or per_group < 1:
-        raise ValueError("groups, per_group: expected at least 1 each")
+        raise UsageError("groups, per_group: expected at least 1 each")
     graph = _base(name, source, f"{groups} groups of {per_group} workers, group managers, one final answer")
     graph.input("documents", "list[str]", description=f"{groups * per_group} documents, group by group")
     graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
@@ -464,7 +464,7 @@ def debate(
     policy = policy or Policy(mode="text")
     names = [f"debater_{index + 1}" for index in range(agents)] if isinstance(agents, int) else list(agents)
     if len(names) < 2:
-        raise ValueError("agents: a debate needs at least 2 debaters")
+        raise UsageError("agents: a debate needs at least 2 debaters")
     graph = _base(name, source, f"{len(names)} debaters for {rounds} rounds, then a judge")
     for debater in names:
         graph.agent(debater, model="base", system=f"You are {debater} in a debate. Argue briefly and honestly.",

@@ -32,6 +32,8 @@ from typing import Any, Literal, Mapping
 
 import anyio
 
+from ..errors import UsageError
+
 EventKind = Literal["run", "node", "hop", "token", "error", "cancelled", "edge", "tool"]
 KINDS: tuple[str, ...] = ("run", "node", "hop", "token", "error", "cancelled", "edge", "tool")
 # What each kind's payload holds, and the typed event it becomes: run_events.py (docs/streaming.md).
@@ -120,9 +122,9 @@ class EventStream:
 
     def __init__(self, *, max_events: int = 1024, max_bytes: int = 1 << 20) -> None:
         if type(max_events) is not int or max_events < 1:
-            raise ValueError(f"max_events: expected an int >= 1, got {max_events!r}")
+            raise UsageError(f"max_events: expected an int >= 1, got {max_events!r}")
         if type(max_bytes) is not int or max_bytes < EVENT_OVERHEAD_BYTES:
-            raise ValueError(f"max_bytes: expected an int >= {EVENT_OVERHEAD_BYTES}, got {max_bytes!r}")
+            raise UsageError(f"max_bytes: expected an int >= {EVENT_OVERHEAD_BYTES}, got {max_bytes!r}")
         self.max_events = max_events
         self.max_bytes = max_bytes
         self._queue: deque[tuple[Event, bool]] = deque()  # (event, exempt from retirement)
@@ -256,11 +258,11 @@ class EventStream:
 
     def _prepare(self, kind: str, payload: Mapping[str, Any] | None, run_id: str, epoch: int, *, exempt: bool) -> _Waiter | None:
         if kind not in KINDS:
-            raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+            raise UsageError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
         if type(epoch) is not int:
-            raise ValueError(f"epoch: expected an int from open_epoch(), got {epoch!r}")
+            raise UsageError(f"epoch: expected an int from open_epoch(), got {epoch!r}")
         if not isinstance(run_id, str):
-            raise ValueError(f"run_id: expected a str, got {type(run_id).__name__}")
+            raise UsageError(f"run_id: expected a str, got {type(run_id).__name__}")
         if self._closed:
             raise anyio.ClosedResourceError
         frozen = MappingProxyType(dict(payload or {}))

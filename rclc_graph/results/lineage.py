@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
+from ..errors import UsageError
+
 Kind = Literal["prompt", "token", "latent", "continuous", "tool"]
 KINDS: tuple[str, ...] = ("prompt", "token", "latent", "continuous", "tool")
 
@@ -58,11 +60,11 @@ class Segment:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise UsageError(f"kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
         for name in ("hops", "start", "length"):
             value = getattr(self, name)
             if type(value) is not int or value < (1 if name == "length" else 0):
-                raise ValueError(f"{name}: expected an int >= {1 if name == 'length' else 0}, got {value!r}")
+                raise UsageError(f"{name}: expected an int >= {1 if name == 'length' else 0}, got {value!r}")
 
     def origin(self, offset: int) -> Origin:
         """The origin of the segment's `offset`-th position."""
@@ -89,7 +91,7 @@ class Lineage:
     def fresh(cls, node: str, length: int, kind: Kind = "prompt", *, start: int = 0) -> Lineage:
         """`length` new positions created by `node`, origin indices from `start`."""
         if type(length) is not int or length < 0:
-            raise ValueError(f"length: expected an int >= 0, got {length!r}")
+            raise UsageError(f"length: expected an int >= 0, got {length!r}")
         return cls(()) if length == 0 else cls((Segment(node, kind, 0, start, length),))
 
     @classmethod
@@ -180,7 +182,7 @@ class Lineage:
         """The inverse of `to_dict` (ValueError when the counts disagree)."""
         lineage = cls.join([cls((Segment(*entry),)) for entry in data["segments"]])
         if len(lineage) != data.get("positions", len(lineage)):
-            raise ValueError(f"positions: the record says {data['positions']} but its segments hold {len(lineage)}")
+            raise UsageError(f"positions: the record says {data['positions']} but its segments hold {len(lineage)}")
         return lineage
 
     def summary(self) -> dict[str, Any]:
@@ -273,15 +275,15 @@ def compose_hop(
     for name, value in (("inherited_positions", inherited_positions), ("budget", budget),
                         ("payload_bytes", payload_bytes), ("added_latent_positions", added_latent_positions)):
         if type(value) is not int or value < 0:
-            raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+            raise UsageError(f"{name}: expected an int >= 0, got {value!r}")
     if inherited_positions > total:
-        raise ValueError(f"inherited_positions: {inherited_positions} is more than the sender's {total} positions")
+        raise UsageError(f"inherited_positions: {inherited_positions} is more than the sender's {total} positions")
     delivered = sender_lineage.take(kept)
     if added_latent_positions:
         latent = Lineage.fresh(source, added_latent_positions, "latent", start=total)
         delivered = Lineage.join((delivered, latent))
     if len(delivered) > budget:
-        raise ValueError(
+        raise UsageError(
             f"kept: {len(delivered)} positions delivered but the budget is {budget}; the selector overran its budget"
         )
     delivered = delivered.hop()
@@ -342,11 +344,11 @@ def _as_positions(indices: Any, length: int) -> list[int]:
     previous = -1
     for value in values:
         if type(value) is not int:
-            raise ValueError(f"kept: indices must be ints, got {value!r}")
+            raise UsageError(f"kept: indices must be ints, got {value!r}")
         if not previous < value < length:
             if value >= length or value < 0:
-                raise ValueError(f"kept: index {value} is outside the sender's {length} positions")
-            raise ValueError("kept: indices must be strictly increasing (sort them and drop duplicates)")
+                raise UsageError(f"kept: index {value} is outside the sender's {length} positions")
+            raise UsageError("kept: indices must be strictly increasing (sort them and drop duplicates)")
         previous = value
     return values
 

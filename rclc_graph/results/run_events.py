@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Mapping
 from ..spec.bounded_json import plain
 from .events import Event
 from .lineage import Hop
+from ..errors import UsageError
 
 TERMINAL_TYPES = ("run.finished", "run.failed", "run.cancelled", "run.waiting")
 """Types after which a run (or this attempt of it) publishes nothing more."""
@@ -257,11 +258,11 @@ def type_of(kind: str, payload: Mapping[str, Any]) -> type[RunEvent]:
         return _BY_KIND[kind]
     choices = _BY_STATUS.get(kind)
     if choices is None:
-        raise ValueError(f"kind: {kind!r} is not a run event kind; expected one of {sorted({*_BY_KIND, *_BY_STATUS})}")
+        raise UsageError(f"kind: {kind!r} is not a run event kind; expected one of {sorted({*_BY_KIND, *_BY_STATUS})}")
     key = "phase" if kind == "tool" else "status"
     cls = choices.get(payload.get(key))  # type: ignore[arg-type]
     if cls is None:
-        raise ValueError(f"{kind} event: {key} {payload.get(key)!r} is not one of {sorted(choices)}")
+        raise UsageError(f"{kind} event: {key} {payload.get(key)!r} is not one of {sorted(choices)}")
     return cls
 
 
@@ -283,7 +284,7 @@ def event_from_dict(data: Mapping[str, Any]) -> RunEvent:
     kind = data.get("type")
     cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
     if cls is None:
-        raise ValueError(f"type: {kind!r} is not a run event type; expected one of {sorted(EVENT_TYPES)}")
+        raise UsageError(f"type: {kind!r} is not a run event type; expected one of {sorted(EVENT_TYPES)}")
     rest = {key: value for key, value in data.items() if key not in ("type", "run_id", "seq", "id")}
     return _build(cls, rest, run_id=str(data.get("run_id", "")), seq=int(data.get("seq", 0)))
 
@@ -307,7 +308,7 @@ def _build(cls: type[RunEvent], data: Mapping[str, Any], *, run_id: str, seq: in
         and item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
     )
     if missing:
-        raise ValueError(f"{cls.type} event: missing {', '.join(missing)}")
+        raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")
     return cls(run_id=run_id, seq=seq, extra=extra, **known)
 
 

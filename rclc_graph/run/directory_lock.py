@@ -16,6 +16,8 @@ import filelock
 
 from rclc.files import FILE_MODE, remove_interrupted_writes
 
+from ..errors import UsageError
+
 LOCK_FILE = ".lock"
 
 
@@ -66,7 +68,7 @@ class DirectoryLock:
             return
         lock_file = self.directory / LOCK_FILE
         if lock_file.is_symlink():  # opening it would truncate whatever it points to
-            raise ValueError(f"run_dir: {str(lock_file)!r} is a symbolic link; remove it (it is an empty lock file)")
+            raise UsageError(f"run_dir: {str(lock_file)!r} is a symbolic link; remove it (it is an empty lock file)")
         try:
             self._lock.acquire(blocking=False)
         except filelock.Timeout:

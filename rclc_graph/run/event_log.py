@@ -26,6 +26,7 @@ import anyio
 
 from ..results.run_events import RunEvent
 from ..spec import bounded_json
+from ..errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class EventLogWriter:
     async def append(self, event: RunEvent) -> int:
         """Write one event as one line; returns its id."""
         if self._fd is None:
-            raise ValueError("event log: open() it before appending")
+            raise UsageError("event log: open() it before appending")
         self.last_id += 1
         line = json.dumps({"id": self.last_id, **event.to_dict()}, ensure_ascii=False, separators=(",", ":"))
         data = (line + "\n").encode("utf-8")

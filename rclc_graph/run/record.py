@@ -44,6 +44,7 @@ from rclc.files import file_sha256
 from ..results.run_result import NodeResult
 from ..spec.bounded_json import loads
 from .run_files import member, read_json, regular
+from ..errors import UsageError
 
 RECORD_FORMAT = "rclc-graph-run"
 RECORD_VERSION = 1
@@ -139,21 +140,21 @@ def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     directory = Path(run_dir)
     path = directory / RECORD_FILE
     if not directory.is_dir():
-        raise ValueError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
+        raise UsageError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
     if not path.is_file() and not path.is_symlink():
-        raise ValueError(
+        raise UsageError(
             f"run_dir: {str(directory)!r} holds no {RECORD_FILE}; pass a directory written by `rclc-graph run`"
         )
     try:
         record = read_json(path, "run_dir")
     except json.JSONDecodeError as error:
-        raise ValueError(f"run_dir: {str(path)!r} is not valid JSON ({error}); the record is damaged") from None
+        raise UsageError(f"run_dir: {str(path)!r} is not valid JSON ({error}); the record is damaged") from None
     except ValueError as error:
-        raise ValueError(f"run_dir: {str(path)!r} cannot be read ({error}); the record is damaged") from None
+        raise UsageError(f"run_dir: {str(path)!r} cannot be read ({error}); the record is damaged") from None
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-        raise ValueError(f"run_dir: {str(path)!r} is not an rclc-graph run record")
+        raise UsageError(f"run_dir: {str(path)!r} is not an rclc-graph run record")
     if record.get("version") != RECORD_VERSION:
-        raise ValueError(
+        raise UsageError(
             f"run_dir: record version {record.get('version')!r}; this rclc-graph reads version {RECORD_VERSION} only"
         )
     return record
@@ -164,9 +165,9 @@ def read_node(path: str | os.PathLike[str]) -> tuple[NodeResult, dict[str, Any] 
     TypeError for wrongly typed fields) when it is not one; links and FIFOs are refused."""
     data = read_json(Path(path), "path")
     if not isinstance(data, dict) or data.get("format") != NODE_FORMAT:
-        raise ValueError(f"path: {os.fspath(path)!r} is not an rclc-graph node record")
+        raise UsageError(f"path: {os.fspath(path)!r} is not an rclc-graph node record")
     if data.get("version") != RECORD_VERSION:
-        raise ValueError(f"path: node record version {data.get('version')!r}; expected {RECORD_VERSION}")
+        raise UsageError(f"path: node record version {data.get('version')!r}; expected {RECORD_VERSION}")
     return NodeResult.from_dict(data), data.get("snapshot")
 
 

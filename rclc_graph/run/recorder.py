@@ -37,6 +37,7 @@ from .record import (
     snapshot_identity,
     versions,
 )
+from ..errors import UsageError
 
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class RunRecorder:
         try:
             self.run_dir.parent.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
         except (FileExistsError, NotADirectoryError):
-            raise ValueError(
+            raise UsageError(
                 f"out: {str(self.run_dir.parent)!r} is not a directory (a file, or a symbolic link to nothing); "
                 "pass a directory for the runs"
             ) from None
@@ -111,7 +112,7 @@ class RunRecorder:
             self.run_dir.mkdir(mode=DIRECTORY_MODE)
             (self.run_dir / NODES_DIR).mkdir(mode=DIRECTORY_MODE)
         except FileExistsError:
-            raise ValueError(
+            raise UsageError(
                 f"out: run directory {str(self.run_dir)!r} already exists; choose another --out or run id"
             ) from None
         self._created = True

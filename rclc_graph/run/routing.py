@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable
 
 import anyio.to_thread
 
-from ..errors import NodeFailed
+from ..errors import NodeFailed, UsageError, node_failed
 from ..executors.trusted_code import import_callable
 from ..plan.dag import Plan, PlanEdge
 from ..results.run_result import NodeResult
@@ -96,7 +96,7 @@ class Routing:
             answer = answers[reference]
             if until:
                 if not isinstance(answer, bool):
-                    raise ValueError(f"until router {reference!r} returned {type(answer).__name__} {answer!r}; "
+                    raise UsageError(f"until router {reference!r} returned {type(answer).__name__} {answer!r}; "
                                      "an until router returns True (stop) or False (go on)")
                 return answer
             return predicates.router_fires(answer, target, reference)
@@ -110,13 +110,9 @@ class Routing:
         key = (reference, reader)
         if key not in self._routed:
             field_name = f"edges[{edge.declared}] router"
-            try:
+            with node_failed(edge.target, edge):  # user code may raise anything: the edge's receiver fails
                 router = import_callable(reference, trust_code=self.plan.trust_code, field_name=field_name)
                 self._routed[key] = await anyio.to_thread.run_sync(functools.partial(router, text))
-            except anyio.get_cancelled_exc_class():
-                raise
-            except Exception as error:  # user code may raise anything: the edge's receiver fails
-                raise NodeFailed(edge.target, error, edge) from error
         return self._routed[key]
 
     async def _reason(self, incoming: tuple[PlanEdge, ...]) -> str:

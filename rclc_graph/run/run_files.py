@@ -23,24 +23,25 @@ from typing import Any
 from rclc.files import require_regular_file
 
 from ..spec.bounded_json import loads
+from ..errors import UsageError
 
 
 def check_tree(run_dir: Path, nodes_dir: str) -> None:
     """ValueError when the run directory's `nodes/` is a symbolic link or not a directory."""
     nodes = run_dir / nodes_dir
     if nodes.is_symlink():
-        raise ValueError(
+        raise UsageError(
             f"run_dir: {str(nodes)!r} is a symbolic link; a run directory holds its node files itself "
             "(replace the link by the directory it points to)"
         )
     if nodes.exists() and not nodes.is_dir():
-        raise ValueError(f"run_dir: {str(nodes)!r} is not a directory; the run directory is damaged")
+        raise UsageError(f"run_dir: {str(nodes)!r} is not a directory; the run directory is damaged")
 
 
 def member(directory: Path, name: Any, expected: str) -> Path:
     """`directory / name` when `name` is exactly `expected` (a plain file name), else ValueError."""
     if not isinstance(name, str) or name != expected or os.sep in name or "/" in name or name in (".", ".."):
-        raise ValueError(f"names file {name!r}, not {expected!r}: every file of a node lives next to its JSON")
+        raise UsageError(f"names file {name!r}, not {expected!r}: every file of a node lives next to its JSON")
     return directory / name
 
 
@@ -57,4 +58,4 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return loads(raw.decode("utf-8"))
     except UnicodeDecodeError as error:
-        raise ValueError(f"{what}: {str(path)!r} is not UTF-8 ({error.reason})") from None
+        raise UsageError(f"{what}: {str(path)!r} is not UTF-8 ({error.reason})") from None

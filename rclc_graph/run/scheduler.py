@@ -31,7 +31,7 @@ import anyio
 
 import rclc
 
-from ..errors import Interrupt, NodeFailed, ObserverFailed
+from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_failed
 from ..executors import make_executor
 from ..executors.contract import Executor, RunContext, require_executor
 from ..executors.local import LocalExecutor
@@ -249,14 +249,8 @@ class _Walk:
         ctx, node = self.ctx, self.plan.node(name)
         await ctx.publish("node", {"node": name, "status": "started"})
         hops = _HopTracker(ctx.publish)
-        try:
+        with node_failed(name):
             result = await self.executor.run_node(replace(ctx, publish=hops), node, inbound)
-        except (NodeFailed, Interrupt):
-            raise
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as error:
-            raise NodeFailed(name, error) from error
         self.results[name] = with_answers(self.plan, {name: result})[name]
         await hops.publish_missing(result.hops)
         await ctx.publish("node", _finished_payload(result))
@@ -343,7 +337,7 @@ def refuse_event_stream(function: str, options: dict[str, Any]) -> None:
     """A sync twin cannot hand an EventStream to its caller: the stream lives on the loop that
     runs the run, and the caller's code waits outside it. Says what to call instead."""
     if options.get("events") is not None:
-        raise ValueError(
+        raise UsageError(
             f"events: {function} waits for the whole run, so nothing could read the stream while it runs; "
             "iterate rclc_graph.stream(...) (sync) or rclc_graph.astream(...) (async) to watch a run's events"
         )

@@ -43,6 +43,7 @@ from ..spec.models import GraphSpec
 from .recorded import run_recorded
 from .resume import resume_run
 from .scheduler import run_plan
+from ..errors import UsageError
 
 Runnable = Plan | Graph | GraphSpec | str | os.PathLike[str]
 Start = Callable[[EventStream], Awaitable[Any]]
@@ -145,7 +146,7 @@ def plan_for(target: Runnable, inputs: Mapping[str, Any] | None, *, trust_code: 
     """The plan to run and, for a file, the file (so a record names it and profiles resolve)."""
     if isinstance(target, Plan):
         if inputs:
-            raise ValueError(
+            raise UsageError(
                 "inputs: a Plan is already compiled for its inputs; pass the Graph, GraphSpec or topology file "
                 "with these inputs, or drop inputs"
             )
@@ -156,7 +157,7 @@ def plan_for(target: Runnable, inputs: Mapping[str, Any] | None, *, trust_code: 
         return compile_plan(target, inputs or {}, trust_code=trust_code), None
     if isinstance(target, (str, os.PathLike)):
         return plan_file(target, inputs or {}, trust_code=trust_code), Path(target)
-    raise ValueError(
+    raise UsageError(
         f"target: expected a Plan, Graph, GraphSpec or topology file path, got {type(target).__name__}"
     )
 

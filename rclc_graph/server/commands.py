@@ -28,7 +28,7 @@ def serve(
         None, "--examples", help="directory of <topology>.json inputs the UI's form starts from "
         "(default: ../examples/inputs next to --topologies, when it exists)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind; anything but loopback needs --token"),
-    port: int = typer.Option(8000, "--port", "-p", help="port to listen on"),
+    port: int = typer.Option(8000, "--port", "-p", help="port to listen on (0: a free one, printed at start)"),
     token: Optional[str] = typer.Option(None, "--token", help=f"bearer token every API request must carry "
                                         f"(or set {TOKEN_ENV})", show_default=False),
     trust_code: bool = typer.Option(False, "--trust-code", help="let topologies (uploaded ones too) import "
@@ -62,7 +62,19 @@ def serve(
     app = create_app(settings)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=5, access_log=level == "DEBUG")
-    uvicorn.Server(config).run()
+    # Bound here, not inside uvicorn, so the address is known before serving: `--port 0` takes a
+    # free port and the line below says which (a script or test reads it instead of picking a
+    # port, closing it and hoping nobody takes it before the server binds it again).
+    try:
+        listening = config.bind_socket()
+    except SystemExit:  # uvicorn logged why (the port is taken, the address is not this host's)
+        _fail(f"--host/--port: cannot listen on {host}:{port}", "choose another --port (0 picks a free one)")
+    typer.echo(f"serving on {_url(host, listening.getsockname()[1])}", err=True)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _fail(message: str, fix: str | None = None) -> None:

@@ -4,7 +4,7 @@
                "problems": [{"code", "message", "fix", "path", "location"}, ...]}}
 
 A GraphError keeps every problem with its documented ErrorCode (yaml_reference.md); the
-server's own refusals use the codes of `ApiError` (docs/serve.md#errors).
+server's own refusals use the server codes of the same ErrorCode (docs/serve.md#errors).
 """
 
 from __future__ import annotations
@@ -13,25 +13,26 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from ..errors import GraphError, RequestRefused, ResumeError
+from ..errors import ErrorCode, GraphError, RequestRefused, ResumeError
 
 
 ApiError = RequestRefused  # what handlers raise for a refusal (defined with every other error, in errors.py)
 
 
-# The server's own codes (GraphError problems keep theirs: ErrorCode).
-E_REQUEST = "E_REQUEST"  # a body or parameter that is not what the route takes
-E_NOT_FOUND = "E_NOT_FOUND"  # no such run, topology or route
-E_STATE = "E_STATE"  # the run is not in a state that allows this (resume a finished run, ...)
-E_RESUME = "E_RESUME"  # the run directory cannot be resumed to the uninterrupted outputs (ResumeError)
-E_BUSY = "E_BUSY"  # admission is full: retry after Retry-After seconds
-E_AUTH = "E_AUTH"  # a missing or wrong bearer token
-E_HOST = "E_HOST"  # a Host header that is not this loopback server (DNS rebinding)
-E_ORIGIN = "E_ORIGIN"  # a state-changing request sent from another site's page (cross-site request forgery)
-E_BODY_SIZE = "E_BODY_SIZE"  # a request body over the limit
-E_MEDIA_TYPE = "E_MEDIA_TYPE"  # a POST body that is not application/json
-E_UNAVAILABLE = "E_UNAVAILABLE"  # a feature this build does not have
-E_INTERNAL = "E_INTERNAL"  # a bug: the server log has the traceback
+# The server's own codes, members of the one documented vocabulary (ErrorCode; GraphError
+# problems keep theirs). Compare equal to their plain strings and serialize as them.
+E_REQUEST = ErrorCode.E_REQUEST
+E_NOT_FOUND = ErrorCode.E_NOT_FOUND
+E_STATE = ErrorCode.E_STATE
+E_RESUME = ErrorCode.E_RESUME
+E_BUSY = ErrorCode.E_BUSY
+E_AUTH = ErrorCode.E_AUTH
+E_HOST = ErrorCode.E_HOST
+E_ORIGIN = ErrorCode.E_ORIGIN
+E_BODY_SIZE = ErrorCode.E_BODY_SIZE
+E_MEDIA_TYPE = ErrorCode.E_MEDIA_TYPE
+E_UNAVAILABLE = ErrorCode.E_UNAVAILABLE
+E_INTERNAL = ErrorCode.E_INTERNAL
 
 
 def error_body(status: int, code: str, message: str, fix: str = "", problems: list[dict[str, Any]] | None = None) -> dict[str, Any]:

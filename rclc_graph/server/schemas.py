@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..spec.models import MAX_NODE_TEXT_BYTES
 from ..spec.safe_yaml import has_surrogate
 from .errors import E_REQUEST, ApiError
+from ..errors import UsageError
 
 RunStatus = Literal["queued", "starting", "running", "finished", "failed", "cancelled", "waiting", "interrupted"]
 
@@ -30,7 +31,7 @@ class StartRun(_Body):
     @model_validator(mode="after")
     def _one_source(self) -> StartRun:
         if (self.topology is None) == (self.yaml is None):
-            raise ValueError("give exactly one of topology (a name) or yaml (a topology's text)")
+            raise UsageError("give exactly one of topology (a name) or yaml (a topology's text)")
         return self
 
 
@@ -48,11 +49,11 @@ class AnswerRun(_Body):
     def _carried(cls, answers: dict[str, str]) -> dict[str, str]:
         for node, text in answers.items():
             if has_surrogate(text):
-                raise ValueError(f"the answer for {node!r} holds a lone surrogate (half of a UTF-16 character); "
+                raise UsageError(f"the answer for {node!r} holds a lone surrogate (half of a UTF-16 character); "
                                  "send valid Unicode text")
             size = len(text.encode("utf-8"))
             if size > MAX_NODE_TEXT_BYTES:
-                raise ValueError(f"the answer for {node!r} is {size} bytes, more than the {MAX_NODE_TEXT_BYTES} "
+                raise UsageError(f"the answer for {node!r} is {size} bytes, more than the {MAX_NODE_TEXT_BYTES} "
                                  "an answer may hold; answer in fewer words")
         return answers
 

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UsageError
+
 TOKEN_ENV = "RCLC_GRAPH_TOKEN"
 LOOPBACK_NAMES = ("localhost",)
 MIN_TOKEN_CHARS = 16
@@ -54,16 +56,16 @@ class ServerSettings:
             value = getattr(self, name)
             low = 0 if name in ("port", "max_queue") else 1
             if type(value) is not int or value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+                raise UsageError(f"{name}: expected an int >= {low}, got {value!r}")
         if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
-            raise ValueError(f"token: use at least {MIN_TOKEN_CHARS} characters (e.g. `openssl rand -hex 24`)")
+            raise UsageError(f"token: use at least {MIN_TOKEN_CHARS} characters (e.g. `openssl rand -hex 24`)")
         if not is_loopback(self.host) and not self.token:
-            raise ValueError(
+            raise UsageError(
                 f"host: {self.host} accepts connections from other machines; start the server with --token "
                 f"(or {TOKEN_ENV}) so every request must carry it, or bind 127.0.0.1"
             )
         if not self.topologies_dir.is_dir():
-            raise ValueError(f"topologies: {str(self.topologies_dir)!r} is not a directory; pass --topologies DIR")
+            raise UsageError(f"topologies: {str(self.topologies_dir)!r} is not a directory; pass --topologies DIR")
 
     @property
     def loopback(self) -> bool:

@@ -57,6 +57,7 @@ from rclc.policy import (
 
 from . import templates
 from .predicates import Condition
+from ..errors import UsageError
 
 SCHEMA_VERSION = 1
 RESERVED_VARIABLES = ("index", "round")  # node variables the plan provides
@@ -699,5 +700,5 @@ def json_schema(kind: Literal["topology", "agent", "model"] = "topology") -> dic
         schema["required"] = [name for name in schema.get("required", []) if name != "name"]
         title = f"rclc-graph {kind} profile"
     else:
-        raise ValueError(f"kind: expected 'topology', 'agent' or 'model', got {kind!r}")
+        raise UsageError(f"kind: expected 'topology', 'agent' or 'model', got {kind!r}")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": title}

@@ -50,6 +50,7 @@ import re2
 
 from . import bounded_json
 from .safe_yaml import MAX_DEPTH
+from ..errors import UsageError
 
 MAX_PATTERN_CHARS = 200  # longer patterns are refused (a condition is a short test, not a parser)
 MAX_JSON_CHARS = 1 << 20  # texts longer than this are not read as JSON (they hold no routing field)
@@ -247,7 +248,7 @@ def holds(condition: Any, text: str, routed: Any = None) -> bool:
     and calls them (with trust_code) and passes `routed(reference) -> bool` here."""
     if isinstance(condition, str):
         if routed is None:
-            raise ValueError(f"condition {condition!r} is a router; the caller must decide it (routed=...)")
+            raise UsageError(f"condition {condition!r} is a router; the caller must decide it (routed=...)")
         return bool(routed(condition))
     if isinstance(condition, Contains):
         return _fold(condition.contains, condition.ignore_case) in _fold(text, condition.ignore_case)
@@ -359,7 +360,7 @@ def router_fires(answer: Any, target: str, reference: str) -> bool:
         return answer == target
     if isinstance(answer, (list, tuple)) and all(isinstance(item, str) for item in answer):
         return target in answer
-    raise ValueError(
+    raise UsageError(
         f"router {reference!r} returned {type(answer).__name__} {answer!r}; a router returns True/False, "
         "a node name, or a list of node names"
     )

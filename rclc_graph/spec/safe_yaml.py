@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import FieldPath, Location, Problem, SpecError
+from ..errors import FieldPath, Location, Problem, SpecError, UsageError
 
 _PLAIN_SCALARS = {
     "tag:yaml.org,2002:str",
@@ -69,11 +69,11 @@ def _core_scalar(tag: str, value: str) -> Any:
         return value
     if tag == "tag:yaml.org,2002:null":
         if value not in ("", "~", "null", "Null", "NULL"):
-            raise ValueError(f"{value!r} is not null")
+            raise UsageError(f"{value!r} is not null")
         return None
     if tag == "tag:yaml.org,2002:bool":
         if value not in ("true", "True", "TRUE", "false", "False", "FALSE"):
-            raise ValueError(f"{value!r} is not true or false")
+            raise UsageError(f"{value!r} is not true or false")
         return value.lower() == "true"
     if tag == "tag:yaml.org,2002:int":
         if value.startswith("0o"):

@@ -15,6 +15,8 @@ import string
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..errors import UsageError
+
 _FIELD = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<index>[0-9]+)\])?$")
 _FORMATTER = string.Formatter()
 
@@ -36,18 +38,18 @@ def fields(template: str) -> tuple[Field, ...]:
     try:
         parts = list(_FORMATTER.parse(template))
     except ValueError as exc:
-        raise ValueError(f"malformed template ({exc}); write literal braces as {{{{ and }}}}") from None
+        raise UsageError(f"malformed template ({exc}); write literal braces as {{{{ and }}}}") from None
     for _literal, field_name, format_spec, conversion in parts:
         if field_name is None:
             continue
         match = _FIELD.match(field_name)
         if match is None:
-            raise ValueError(
+            raise UsageError(
                 f"template field {{{field_name}}} is not allowed: use {{name}} or {{name[index]}}, "
                 "where name is an input or node variable"
             )
         if conversion is not None or format_spec:
-            raise ValueError(
+            raise UsageError(
                 f"template field {{{field_name}}} has a conversion or format spec; use plain {{{field_name}}}"
             )
         index = match.group("index")
@@ -86,7 +88,7 @@ def render_spans(template: str, values: Mapping[str, object]) -> tuple[str, tupl
             continue
         match = _FIELD.match(field_name)
         if match is None:
-            raise ValueError(f"template field {{{field_name}}} is not allowed")
+            raise UsageError(f"template field {{{field_name}}} is not allowed")
         value = values[match.group("name")]
         if match.group("index") is not None:
             if not isinstance(value, (list, tuple)):

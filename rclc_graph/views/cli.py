@@ -25,7 +25,7 @@ from rich.text import Text
 
 from rclc.files import write_atomic
 
-from ..errors import ExecutorUnavailable, GraphError
+from ..errors import ExecutorUnavailable, GraphError, UsageError
 from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
 from ..experiments import commands as experiment_commands
 from ..experiments.commands import UsageCommand
@@ -238,11 +238,11 @@ def run(
         pins = parse_pins(pin)
         counts = parse_replicas(replicas)
         if executor_name != "ray" and (address is not None or pins or counts):
-            raise ValueError(
+            raise UsageError(
                 "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
             )
         if executor_name != "local" and max_batch is not None:
-            raise ValueError(
+            raise UsageError(
                 "--max-batch: it applies to --executor local only; set models[].batching.max_batch in the topology "
                 "for replicas"
             )

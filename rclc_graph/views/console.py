@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ..errors import GraphError, format_path
+from ..errors import format_path, GraphError, UsageError
 from ..render.consoles import command_console
 from ..render.terminal_text import printable
 
@@ -76,9 +76,9 @@ def parse_answers(items: list[str]) -> dict[str, str]:
     for item in items:
         node, sep, text = item.partition("=")
         if not sep or not node.strip():
-            raise ValueError(f"--answer: {item!r} is not NODE=TEXT; write e.g. --answer final='approved'")
+            raise UsageError(f"--answer: {item!r} is not NODE=TEXT; write e.g. --answer final='approved'")
         if node.strip() in answers:
-            raise ValueError(f"--answer: node {node.strip()!r} is answered twice; give one answer per node")
+            raise UsageError(f"--answer: node {node.strip()!r} is answered twice; give one answer per node")
         answers[node.strip()] = text
     return answers
 

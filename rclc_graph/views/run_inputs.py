@@ -18,6 +18,7 @@ from typing import Any
 
 from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
 from ..spec.bounded_json import JSONLimitError, loads
+from ..errors import UsageError
 
 STDIN = "-"
 _ESCAPE_FACTOR = 6  # "\u00e9": the longest JSON spelling of one byte of text
@@ -30,16 +31,16 @@ def read_inputs(path: Path, *, max_input_bytes: int | None = DEFAULT_MAX_INPUT_B
     if str(path) == STDIN:
         return _read_stdin(ceiling)
     if not path.is_file():
-        raise ValueError(f"--input: {str(path)!r} is not a file; pass a .json or .jsonl file of run inputs, or - for stdin")
+        raise UsageError(f"--input: {str(path)!r} is not a file; pass a .json or .jsonl file of run inputs, or - for stdin")
     suffix = path.suffix.lower()
     if suffix not in (".json", ".jsonl"):
-        raise ValueError(f"--input: {str(path)!r} must end in .json (one run) or .jsonl (one run per line)")
+        raise UsageError(f"--input: {str(path)!r} must end in .json (one run) or .jsonl (one run per line)")
     if suffix == ".json" and ceiling is not None and path.stat().st_size > ceiling:
-        raise ValueError(_too_big(str(path), path.stat().st_size, max_input_bytes))
+        raise UsageError(_too_big(str(path), path.stat().st_size, max_input_bytes))
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
-        raise ValueError(f"--input: {str(path)!r} is not UTF-8 text") from None
+        raise UsageError(f"--input: {str(path)!r} is not UTF-8 text") from None
     if suffix == ".json":
         return [(str(path), _one_run(text, str(path)))]
     return _runs(text, str(path), ceiling, max_input_bytes)
@@ -48,13 +49,13 @@ def read_inputs(path: Path, *, max_input_bytes: int | None = DEFAULT_MAX_INPUT_B
 def _read_stdin(ceiling: int | None) -> list[tuple[str, dict[str, Any]]]:
     data = sys.stdin.buffer.read() if ceiling is None else sys.stdin.buffer.read(ceiling + 1)
     if ceiling is not None and len(data) > ceiling:
-        raise ValueError(_too_big("<stdin>", len(data), (ceiling - 1024) // _ESCAPE_FACTOR, at_least=True))
+        raise UsageError(_too_big("<stdin>", len(data), (ceiling - 1024) // _ESCAPE_FACTOR, at_least=True))
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise ValueError("--input: standard input is not UTF-8 text") from None
+        raise UsageError("--input: standard input is not UTF-8 text") from None
     if not text.strip():
-        raise ValueError("--input: standard input is empty; pipe in a JSON object of input values")
+        raise UsageError("--input: standard input is empty; pipe in a JSON object of input values")
     try:  # one object (possibly spread over lines) is one run ...
         loads(text)
     except json.JSONDecodeError as error:
@@ -68,7 +69,7 @@ def _read_stdin(ceiling: int | None) -> list[tuple[str, dict[str, Any]]]:
 def _one_run(text: str, where: str) -> dict[str, Any]:
     data = _parse(text, where, line=None)
     if not isinstance(data, dict):
-        raise ValueError(f"--input: {where} holds a {type(data).__name__}; it must be one JSON object of input values")
+        raise UsageError(f"--input: {where} holds a {type(data).__name__}; it must be one JSON object of input values")
     return data
 
 
@@ -78,13 +79,13 @@ def _runs(text: str, where: str, ceiling: int | None, limit: int | None) -> list
         if not line.strip():
             continue
         if ceiling is not None and len(line) > ceiling:
-            raise ValueError(_too_big(f"{where}:{number}", len(line.encode("utf-8")), limit))
+            raise UsageError(_too_big(f"{where}:{number}", len(line.encode("utf-8")), limit))
         data = _parse(line, where, line=number)
         if not isinstance(data, dict):
-            raise ValueError(f"--input: {where}:{number} is not a JSON object; each line holds one run's inputs")
+            raise UsageError(f"--input: {where}:{number} is not a JSON object; each line holds one run's inputs")
         runs.append((f"{where}:{number}", data))
     if not runs:
-        raise ValueError(f"--input: {where} holds no runs; write one JSON object per line")
+        raise UsageError(f"--input: {where} holds no runs; write one JSON object per line")
     return runs
 
 
@@ -102,7 +103,7 @@ def _parse(text: str, where: str, *, line: int | None) -> Any:
         return loads(text)
     except json.JSONDecodeError as error:
         row = error.lineno if line is None else line
-        raise ValueError(f"--input: {where}:{row}:{error.colno}: not valid JSON ({error.msg})") from None
+        raise UsageError(f"--input: {where}:{row}:{error.colno}: not valid JSON ({error.msg})") from None
     except JSONLimitError as error:
         at = where if line is None else f"{where}:{line}"
-        raise ValueError(f"--input: {at}: {error}; input values are strings or lists of strings") from None
+        raise UsageError(f"--input: {at}: {error}; input values are strings or lists of strings") from None

@@ -23,6 +23,7 @@ from ..render.html_report import hops_text
 from ..render.terminal_text import printable, printable_data
 from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream
+from ..errors import UsageError
 
 STATUS_STYLE = {
     "pending": ("·", "dim"),  # not started yet
@@ -342,7 +343,7 @@ def render_record(
     for name in chosen:
         if name not in nodes:
             known = ", ".join(nodes) or "none"
-            raise ValueError(f"node: {name!r} did not finish in this run; finished nodes: {known}")
+            raise UsageError(f"node: {name!r} did not finish in this run; finished nodes: {known}")
         data = nodes[name]
         console.print()
         console.print(Text(f"Lineage of {name}", style="bold underline"),

@@ -236,7 +236,8 @@ def test_cancelling_a_run_stops_generation_on_the_actor(cluster, tiny_dir):
         assert cancelled, "the run ended before it was cancelled; the test cancelled nothing"
         actor = executor.actor_of("base#0")
         while ray.get(actor.describe.remote())["running"]:  # the actor-side node ends at its next step
-            assert time.monotonic() - cancelled_at < 30, "generation went on after the run was cancelled"
+            # a hang guard, not a speed claim: the bounded token count below is what shows the stop
+            assert time.monotonic() - cancelled_at < 600, "generation went on after the run was cancelled"
             time.sleep(0.05)
         assert len(tokens) < 3000
 

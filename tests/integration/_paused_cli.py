@@ -12,7 +12,8 @@ send SIGKILL (or SIGINT) at exactly that point instead of racing a fast run:
 
 A pause waits at most --hold seconds (default: forever); it also ends as soon as the run is
 cancelled (Ctrl-C), inside a worker or in the model's batching engine (a prefill or decode
-step of a cancelled caller's sequence), so the cancellation is what the test observes.
+step of a cancelled caller's sequence), so the cancellation is what the test observes; it
+writes MARKER with the suffix .ended saying which of the two ended it.
 Nothing here is part of the package: the hooks wrap public methods from outside.
 """
 
@@ -46,8 +47,16 @@ def _pause(marker: Path, hold: float | None, model=None) -> None:
     deadline = None if hold is None else time.monotonic() + hold
     while deadline is None or time.monotonic() < deadline:
         if stop_requested() or _engine_cancelled(model):
+            _ended(marker, "cancelled")
             return
         time.sleep(0.01)
+    _ended(marker, "held")
+
+
+def _ended(marker: Path, how: str) -> None:
+    """Say how the pause ended (MARKER.ended: cancelled, or held to its end), so a test tells
+    a cancellation from a hold that ran out without timing anything."""
+    marker.with_suffix(".ended").write_text(how)
 
 
 def _install(point: str, marker: Path, hold: float | None) -> None:

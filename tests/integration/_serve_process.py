@@ -3,10 +3,11 @@ process (SIGKILL, restart, browsers, load)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,35 +19,37 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+_SERVERS = itertools.count()
 
 
 class ServeProcess:
     """One `python -m rclc_graph serve ...` process; `url` once it answers."""
 
-    def __init__(self, runs: Path, *, port: int | None = None, options: tuple[str, ...] = (),
+    def __init__(self, runs: Path, *, port: int = 0, options: tuple[str, ...] = (),
                  log: Path | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        """port 0 (the default): the server takes a free port itself and says which (`serving on
+        URL` in its log), so two test processes never race for a port picked in advance."""
+        self.port = port
+        self.url = ""
         self.command = [sys.executable, "-m", "rclc_graph", "serve", "--topologies", str(ROOT / "topologies"),
-                        "--runs", str(runs), "--port", str(self.port), "--log-level", "warning", *options]
-        self.log = log or runs.parent / f"serve-{self.port}.log"
+                        "--runs", str(runs), "--port", str(port), "--log-level", "warning", *options]
+        self.log = log or runs.parent / f"serve-{os.getpid()}-{next(_SERVERS)}.log"
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> ServeProcess:
         environment = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         self._log_handle = open(self.log, "ab")
+        start, self.url = self._log_handle.tell(), ""
         self.process = subprocess.Popen(self.command, cwd=ROOT, env=environment, stdout=self._log_handle,
                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
                 raise AssertionError(f"serve exited with {self.process.returncode}: {self.log.read_text()[-3000:]}")
+            if not self.url:
+                self._read_url(start)
             try:
-                if httpx.get(self.url + "/server", timeout=2).status_code == 200:
+                if self.url and httpx.get(self.url + "/server", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -54,6 +57,13 @@ class ServeProcess:
                 self.kill()
                 raise AssertionError(f"serve did not answer: {self.log.read_text()[-3000:]}")
             time.sleep(0.2)
+
+    def _read_url(self, start: int) -> None:
+        with open(self.log, "rb") as log:
+            log.seek(start)
+            found = re.search(rb"serving on (http://\S+):(\d+)", log.read())
+        if found:
+            self.url, self.port = f"{found[1].decode()}:{int(found[2])}", int(found[2])
 
     def kill(self) -> None:
         """SIGKILL: nothing gets to clean up."""

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -120,12 +119,13 @@ def test_resume_through_the_cli_after_sigkill(six, tmp_path):
 
 
 def test_ctrl_c_mid_generation_then_resume(six, tmp_path):
-    process = _run_until(six, "forward:4", tmp_path / "runs", tmp_path / "paused", hold=30)
-    began = time.monotonic()
+    process = _run_until(six, "forward:4", tmp_path / "runs", tmp_path / "paused", hold=600)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 130, stderr
-    assert time.monotonic() - began < 25  # the pause ended with the cancellation, not its 30 s hold
+    # issue 24 (load): the pause ended with the cancellation, not its hold (said by the pause itself,
+    # not read off a clock: under load the old 25 s bound could pass its 30 s hold)
+    assert (tmp_path / "paused.ended").read_text() == "cancelled"
     assert "Traceback" not in stderr
     run_dir = _only_run_dir(tmp_path / "runs")
     record = read_record(run_dir)

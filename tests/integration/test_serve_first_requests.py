@@ -21,15 +21,16 @@ SCRIPT = textwrap.dedent('''
     assert "transformers" not in sys.modules
     import httpx, uvicorn
     from rclc_graph.server import ServerSettings, create_app
-    from _server_helpers import PAIR_INPUTS, free_port, write_topologies
+    from _server_helpers import PAIR_INPUTS, listening_socket, write_topologies
     from pathlib import Path
     directory = Path({directory!r})
     write_topologies(directory)
     assert "transformers" not in sys.modules  # nothing imported it yet: the race is possible
-    port = free_port()
+    sock = listening_socket()
+    port = sock.getsockname()[1]
     settings = ServerSettings(runs_dir=directory / "runs", topologies_dir=directory / "topologies", port=port)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={{"sockets": [sock]}}, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.02)

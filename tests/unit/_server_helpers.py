@@ -40,10 +40,14 @@ edges:
 PAIR_INPUTS = {"question": "Who owns Cedar?", "document": "The Cedar project is owned by Alice Moreno. " * 3}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def listening_socket() -> socket.socket:
+    """A socket already bound to a free loopback port, for `uvicorn.Server.run(sockets=[...])`:
+    the port is held from the moment it is chosen (picking a free port, closing it and letting
+    the server bind it again leaves a window in which a parallel test can take it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def tiny_pool(tiny: tuple[Any, Any]) -> ModelPool:
@@ -65,13 +69,14 @@ def write_topologies(directory: Path) -> Path:
 @contextmanager
 def live_server(directory: Path, pool: ModelPool, **options: Any) -> Iterator[tuple[str, Any]]:
     """(base URL, app) of a server on a free loopback port; stopped (gracefully) on exit."""
-    port = free_port()
+    sock = listening_socket()
+    port = sock.getsockname()[1]
     settings = ServerSettings(runs_dir=directory / "runs", topologies_dir=directory / "topologies",
                               examples_dir=directory / "examples" / "inputs", port=port, **options)
     app = create_app(settings, pool=pool)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                            timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="test-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -83,6 +88,7 @@ def live_server(directory: Path, pool: ModelPool, **options: Any) -> Iterator[tu
     finally:
         server.should_exit = True
         thread.join(30)
+        sock.close()
 
 
 def read_sse(response: httpx.Response | Iterator[str]) -> list[dict[str, Any]]:

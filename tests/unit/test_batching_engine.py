@@ -288,33 +288,36 @@ def test_a_failing_generation_fails_alone(tiny):
 
 def test_tokens_reach_each_consumer_in_order_and_a_slow_one_holds_back_nobody(tiny):
     """Each sequence's tokens reach its own consumer, in order, from its own worker thread; a
-    consumer that takes 20 ms a token delays its own generation only."""
-    import time
-
+    consumer that blocks delays its own generation only: the slow consumer waits, at its first
+    token, until the other generation has finished (no clock: if the slow one held the other
+    back, the wait would run out and say so)."""
     model, tokenizer = tiny
     slow, fast, threads = [], [], set()
     done = {}
+    fast_finished = threading.Event()
+    waits = []
 
     def slow_consumer(index, text):
         threads.add(threading.current_thread().name)
-        threading.Event().wait(0.02)
-        slow.append((index, time.monotonic()))
+        if index == 0:
+            waits.append(fast_finished.wait(timeout=300))
+        slow.append(index)
 
     async def main():
         agents = [rclc.bind(model, tokenizer) for _ in range(2)]
         async with anyio.create_task_group() as group:
             async def one(name, agent, prompt, on_token):
                 done[name] = await agent.generate(prompt, max_new_tokens=12, on_token=on_token)
-                done[name + "_at"] = time.monotonic()
+                if name == "fast":
+                    fast_finished.set()
 
             group.start_soon(one, "slow", agents[0], PROMPTS[0], slow_consumer)
             group.start_soon(one, "fast", agents[1], PROMPTS[1], lambda i, t: fast.append(i))
 
     anyio.run(main)
-    assert [index for index, _ in slow] == list(range(done["slow"].tokens)) and fast == list(range(done["fast"].tokens))
+    assert slow == list(range(done["slow"].tokens)) and fast == list(range(done["fast"].tokens))
     assert not any(name.startswith("rclc-batching") for name in threads)  # from the caller's worker thread
-    if done["slow"].tokens > 3 and done["fast"].tokens > 3:
-        assert done["fast_at"] < slow[-1][1]  # the fast one finished while the slow consumer still read
+    assert waits == [True], "the fast generation did not finish while the slow consumer held its first token"
 
 
 def test_batching_off_decodes_one_at_a_time_with_the_same_tokens(tiny_tokenizer):

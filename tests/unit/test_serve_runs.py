@@ -13,6 +13,7 @@ import pytest
 
 from rclc_graph import read_record
 
+from _holding import held_forwards
 from _server_helpers import PAIR_INPUTS, live_server, read_sse, tiny_pool, wait_status, write_topologies
 
 START = {"topology": "pair", "inputs": PAIR_INPUTS}
@@ -177,13 +178,16 @@ def test_a_failed_attempts_error_goes_once_the_run_is_resumed_elsewhere(tmp_path
 def test_a_restarted_server_lists_every_run_and_starts_what_was_queued(tmp_path, slow):
     write_topologies(tmp_path)
     pool = tiny_pool(slow)
-    with live_server(tmp_path, pool, max_concurrent=1) as (url, _):
-        with httpx.Client(base_url=url, timeout=60) as client:
-            done = start(client).json()["run_id"]
-            wait_status(client, done, ("finished",))
-            running = start(client).json()["run_id"]
-            queued = start(client).json()["run_id"]
-            wait_status(client, running, ("running",))
+    with held_forwards(slow[0]) as holding:
+        with live_server(tmp_path, pool, max_concurrent=1) as (url, _):
+            with httpx.Client(base_url=url, timeout=60) as client:
+                done = start(client).json()["run_id"]
+                wait_status(client, done, ("finished",))
+                holding.set()  # the next run cannot finish before the server stops (no race with its end)
+                running = start(client).json()["run_id"]
+                queued = start(client).json()["run_id"]
+                wait_status(client, running, ("running",))
+        holding.clear()
     # the server stopped: the running run was cancelled (recorded), the queued one never started
     assert read_record(tmp_path / "runs" / running)["status"] == "cancelled"
     submission = json.loads((tmp_path / "runs" / ".serve" / "submissions" / f"{queued}.json").read_text())

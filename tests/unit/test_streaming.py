@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import anyio
 import pytest
@@ -112,9 +111,8 @@ def test_closing_the_sync_stream_early_stops_the_run_and_its_thread():
     for event in events:
         if event.type == "hop.delivered":
             break
-    began = time.perf_counter()
-    events.close()
-    assert time.perf_counter() - began < 5 and executor.running == 0
+    events.close()  # returns once the run's thread has ended (a hang fails on CI's timeout)
+    assert executor.running == 0  # the hung node (it sleeps forever) ended: only a cancellation ends it
     assert threading.active_count() <= before
 
 
