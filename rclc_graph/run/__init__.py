@@ -1,13 +1,13 @@
-"""Running a plan: the scheduler, the run-record format (record.py) with its writer
-(recorder.py), runs that leave a record (recorded.py), resuming from one, and the checks that
-run before any model loads (preflight.py).
+"""Running a plan: the scheduler, run records (the record/ package: format, reader, writer,
+recording, shape, view), resuming from one, and the checks that run before any model loads
+(preflight.py).
 """
 
-from .record import finished_nodes, read_node, read_record
-from .record_shape import check_record
-from .record_view import current_record
-from .recorded import RecordingExecutor, prepare_models, record_run, run_recorded, run_recorded_sync
-from .recorder import RunRecorder
+from .record.reader import finished_nodes, read_node, read_record
+from .record.recording import RecordingExecutor, prepare_models, record_run, run_recorded, run_recorded_sync
+from .record.shape import check_record
+from .record.view import current_record
+from .record.writer import RunRecorder
 from .resume import ResumePoint, read_resume_point, resume_run, resume_run_sync
 from .scheduler import RunObserver, new_run_id, run_plan, run_plan_sync
 from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream

@@ -1,6 +1,6 @@
 """Continue an interrupted run from its directory: finished nodes are kept, the rest runs.
 
-A run directory holds what a resume needs (record.py): the topology as JSON, the inputs,
+A run directory holds what a resume needs (record/format.py): the topology as JSON, the inputs,
 trust_code and the seed in record.json, and per finished node its result and a snapshot of
 its agent's state. Resuming rebuilds the plan from the record, restores the agents whose
 state an unfinished node will read, and hands the scheduler the finished results as
@@ -49,10 +49,11 @@ from ..results.events import EventStream
 from ..results.run_result import NodeResult, RunResult
 from ..spec.models import GraphSpec
 from .directory_lock import DirectoryLock
-from .record import NODES_DIR, code_fingerprint, read_node, read_record, safe_name, snapshot_identity, versions
-from .recorded import prepare_models, record_run
-from .record_shape import check_record
-from .recorder import RunRecorder
+from .record.format import NODES_DIR, code_fingerprint, safe_name, snapshot_identity, versions
+from .record.reader import read_node, read_record
+from .record.recording import prepare_models, record_run
+from .record.shape import check_record
+from .record.writer import RunRecorder
 from .run_files import check_tree, member, read_json, regular
 from .scheduler import refuse_event_stream
 

@@ -40,7 +40,7 @@ from ..results.events import EventStream, StreamStats
 from ..results.run_events import RunEvent, typed
 from ..results.run_result import RunResult
 from ..spec.models import GraphSpec
-from .recorded import run_recorded
+from .record.recording import run_recorded
 from .resume import resume_run
 from .scheduler import run_plan
 from ..errors import UsageError

@@ -13,7 +13,8 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 
 from ..errors import JSONLimitError
 from ..render.drawing import sketch_record, to_svg
-from ..run.record import NODES_DIR, REPORT_FILE, read_node, safe_name
+from ..run.record.format import NODES_DIR, REPORT_FILE, safe_name
+from ..run.record.reader import read_node
 from ..spec import bounded_json
 from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, ApiError
 from .runs import RunManager

@@ -19,7 +19,7 @@ from rclc._cache import backbone
 from rclc.selectors._attention_capture import reachable_configs
 from rclc_graph import LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text, resume_run_sync
 from rclc_graph.run.record import NODES_DIR, read_record, safe_name
-from rclc_graph.run.recorded import run_recorded_sync
+from rclc_graph.run import run_recorded_sync
 from rclc_graph.run.scheduler import run_plan_sync
 
 from _cancelling import busy_threads

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from rclc_graph import Graph, GraphError, Policy, Reasoning, load_graph_text, plan_file
 from rclc_graph.plan.builder import chain_of_agents, fan_out
-from rclc_graph.errors import ErrorCode
+from rclc_graph.errors import ErrorCode, UsageError
 
 CODES = {code.value for code in ErrorCode}
 
@@ -599,8 +599,8 @@ def test_nesting_at_any_depth_is_refused_with_its_line(workdir):
             inputs.write_text('{"question": ' + "[" * depth + "]" * depth + "}")
             try:
                 read_inputs(inputs)
-            except ValueError as error:
-                assert type(error) is ValueError and "--input" in str(error)
+            except ValueError as error:  # a usage error naming the option, never a RecursionError
+                assert isinstance(error, UsageError) and "--input" in str(error)
 
     check()
     assert ran["documents"] >= NESTED and ran["too deep"] > 0, ran

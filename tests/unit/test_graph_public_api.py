@@ -14,7 +14,7 @@ import rclc_graph
 from rclc_graph import errors, testing
 from rclc_graph.executors import DelegatingExecutor, Executor, LocalExecutor, ModelPool
 from rclc_graph.executors.remote import RemoteExecutor
-from rclc_graph.run.recorded import RecordingExecutor
+from rclc_graph.run import RecordingExecutor
 
 PACKAGE = pathlib.Path(rclc_graph.__file__).parent
 

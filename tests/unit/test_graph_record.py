@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from rclc_graph import ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
 from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_record, safe_name
-from rclc_graph.run.recorded import RecordingExecutor, run_recorded, run_recorded_sync
-from rclc_graph.run.recorder import RunRecorder
+from rclc_graph.run import RecordingExecutor, run_recorded, run_recorded_sync
+from rclc_graph.run import RunRecorder
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
 

@@ -7,8 +7,8 @@ import re
 import anyio
 
 from rclc_graph import compile_plan, load_graph_text, run_plan
-from rclc_graph.run.recorded import RecordingExecutor
-from rclc_graph.run.recorder import RunRecorder
+from rclc_graph.run import RecordingExecutor
+from rclc_graph.run import RunRecorder
 from rclc_graph.render.html_report import kept_prompt_tokens, marked_prompt, render_report
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor, tokens_of

@@ -30,6 +30,6 @@ def test_no_library_module_prints_or_writes_to_the_terminal():
 
 
 def test_modules_that_report_progress_have_module_loggers():
-    for relative in ("rclc_graph/run/scheduler.py", "rclc_graph/run/recorder.py", "rclc_graph/run/resume.py",
+    for relative in ("rclc_graph/run/scheduler.py", "rclc_graph/run/record/writer.py", "rclc_graph/run/resume.py",
                      "rclc_graph/executors/pool.py", "rclc_graph/server/runs.py", "rclc_graph/run/tracing.py"):
         assert "logger = logging.getLogger(__name__)" in (ROOT / relative).read_text(encoding="utf-8"), relative

@@ -14,8 +14,9 @@ over its destination (then the directory is fsynced), so a reader sees the old f
 new one, never half of one. Nothing executable is stored: JSON and safetensors only
 (and the empty lock file).
 
-This module is the format: names, versions, identities and the readers. recorder.py writes a
-directory while a run goes; recorded.py runs a plan with a recorder.
+This module is the format: names, versions and identities. reader.py reads a directory back,
+writer.py writes one while a run goes, recording.py runs a plan with a writer, shape.py checks
+a record's fields, view.py says what a directory holds now (a crashed run included).
 
 Node files are written as each node finishes, before any node that reads from it starts
 (the recording executor saves inside `run_node`), which is what crash-resume relies on. A
@@ -41,10 +42,8 @@ from typing import Any
 import rclc
 from rclc.files import file_sha256
 
-from ..results.run_result import NodeResult
-from ..spec.bounded_json import loads
-from .run_files import member, read_json, regular
-from ..errors import UsageError
+from ...spec.bounded_json import loads
+from ...errors import UsageError
 
 RECORD_FORMAT = "rclc-graph-run"
 RECORD_VERSION = 1
@@ -53,7 +52,7 @@ RECORD_FILE = "record.json"
 REPORT_FILE = "report.html"
 NODES_DIR = "nodes"
 _PLAN_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)(?:\[([0-9]+)\])?(?:@([0-9]+))?$")
-_PACKAGE = Path(__file__).resolve().parents[1]  # rclc_graph/
+_PACKAGE = Path(__file__).resolve().parents[2]  # rclc_graph/
 
 
 # -- names, versions, identities ---------------------------------------------------------------
@@ -129,71 +128,3 @@ def snapshot_identity(path: Path) -> dict[str, Any]:
         "model_identity": header.get("identity"),
         "inherited_positions": header.get("inherited_positions"),
     }
-
-
-
-# -- reading -----------------------------------------------------------------------------------
-
-
-def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The record of a run directory, checked to be one (ValueError naming the fix otherwise)."""
-    directory = Path(run_dir)
-    path = directory / RECORD_FILE
-    if not directory.is_dir():
-        raise UsageError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
-    if not path.is_file() and not path.is_symlink():
-        raise UsageError(
-            f"run_dir: {str(directory)!r} holds no {RECORD_FILE}; pass a directory written by `rclc-graph run`"
-        )
-    try:
-        record = read_json(path, "run_dir")
-    except json.JSONDecodeError as error:
-        raise UsageError(f"run_dir: {str(path)!r} is not valid JSON ({error}); the record is damaged") from None
-    except ValueError as error:
-        raise UsageError(f"run_dir: {str(path)!r} cannot be read ({error}); the record is damaged") from None
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-        raise UsageError(f"run_dir: {str(path)!r} is not an rclc-graph run record")
-    if record.get("version") != RECORD_VERSION:
-        raise UsageError(
-            f"run_dir: record version {record.get('version')!r}; this rclc-graph reads version {RECORD_VERSION} only"
-        )
-    return record
-
-
-def read_node(path: str | os.PathLike[str]) -> tuple[NodeResult, dict[str, Any] | None]:
-    """A node file: (its NodeResult, its snapshot info or None). ValueError (or KeyError,
-    TypeError for wrongly typed fields) when it is not one; links and FIFOs are refused."""
-    data = read_json(Path(path), "path")
-    if not isinstance(data, dict) or data.get("format") != NODE_FORMAT:
-        raise UsageError(f"path: {os.fspath(path)!r} is not an rclc-graph node record")
-    if data.get("version") != RECORD_VERSION:
-        raise UsageError(f"path: node record version {data.get('version')!r}; expected {RECORD_VERSION}")
-    return NodeResult.from_dict(data), data.get("snapshot")
-
-
-def finished_nodes(run_dir: str | os.PathLike[str]) -> dict[str, NodeResult]:
-    """Nodes finished on disk: node JSON present, snapshot present, and the snapshot's
-    SHA-256 equal to the one the JSON names. Anything else (missing, torn by a crash,
-    replaced) is left out, so a resume runs that node again."""
-    directory = Path(run_dir) / NODES_DIR
-    finished: dict[str, NodeResult] = {}
-    if not directory.is_dir() or directory.is_symlink():
-        return finished
-    for path in sorted(directory.glob("*.json")):
-        try:
-            result, snapshot = read_node(path)
-            if path.stem != safe_name(result.node):
-                continue
-            if snapshot is None and result.kind == "function":  # a function keeps no state: no snapshot
-                finished[result.node] = result
-                continue
-            if not isinstance(snapshot, dict):
-                continue
-            snapshot_path = member(directory, snapshot.get("file"), f"{path.stem}.safetensors")
-            regular(snapshot_path, "snapshot")
-        except (ValueError, KeyError, TypeError, OSError):
-            continue
-        if file_sha256(snapshot_path) != snapshot.get("sha256"):
-            continue
-        finished[result.node] = result
-    return finished

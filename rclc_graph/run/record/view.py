@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .directory_lock import DirectoryLock
-from .record import NODES_DIR, finished_nodes, read_record, safe_name
-from .record_shape import check_record
+from ..directory_lock import DirectoryLock
+from .format import NODES_DIR, safe_name
+from .reader import finished_nodes, read_record
+from .shape import check_record
 
 CRASHED = "crashed"
 

@@ -13,13 +13,13 @@ import anyio
 
 import rclc
 
-from ..executors import DelegatingExecutor, Executor, LocalExecutor, ModelPool, RunContext, default_pool, make_executor
-from ..plan.dag import Plan, PlanNode
-from ..results.events import EventStream
-from ..results.run_result import NodeResult, RunResult
-from .preflight import check_code, check_context
-from .recorder import RunRecorder
-from .scheduler import is_cancellation, new_run_id, refuse_event_stream, run_plan
+from ...executors import DelegatingExecutor, Executor, LocalExecutor, ModelPool, RunContext, default_pool, make_executor
+from ...plan.dag import Plan, PlanNode
+from ...results.events import EventStream
+from ...results.run_result import NodeResult, RunResult
+from ..preflight import check_code, check_context
+from .writer import RunRecorder
+from ..scheduler import is_cancellation, new_run_id, refuse_event_stream, run_plan
 
 
 class RecordingExecutor(DelegatingExecutor):

@@ -1,4 +1,4 @@
-"""Writing a run directory while the run goes (the format and its readers are in record.py).
+"""Writing a run directory while the run goes (the format is format.py, its readers reader.py).
 
 `RunRecorder` creates `runs/<run_id>/`, writes a "running" record.json at once, saves each
 finished node (snapshot first, node JSON second) and writes the final record.json and
@@ -18,14 +18,14 @@ import anyio
 
 from rclc.files import DIRECTORY_MODE, write_atomic, write_json_atomic
 
-from ..executors import model_key
-from ..plan.dag import Plan
-from ..render.html_report import render_report
-from ..results.lineage import HopRecord
-from ..results.run_result import NodeResult, RunResult
-from ..spec.bounded_json import plain
-from .directory_lock import DirectoryLock
-from .record import (
+from ...executors import model_key
+from ...plan.dag import Plan
+from ...render.html_report import render_report
+from ...results.lineage import HopRecord
+from ...results.run_result import NodeResult, RunResult
+from ...spec.bounded_json import plain
+from ..directory_lock import DirectoryLock
+from .format import (
     NODE_FORMAT,
     NODES_DIR,
     RECORD_FILE,
@@ -37,7 +37,7 @@ from .record import (
     snapshot_identity,
     versions,
 )
-from ..errors import UsageError
+from ...errors import UsageError
 
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 class RunRecorder:
     """Writes one run's directory while it runs; `finish` writes record.json and report.html.
 
-    Give the scheduler `RecordingExecutor(executor, recorder)` (recorded.py): after each node
+    Give the scheduler `RecordingExecutor(executor, recorder)` (recording.py): after each node
     it has the recorder save the node's result and agent snapshot (`save_node`), then lets
     the scheduler continue. `record.json` is written
     with status "running" by `start()` and replaced by `finish()`; a crashed run therefore
