@@ -60,7 +60,7 @@ def _ended(marker: Path, how: str) -> None:
 
 
 def _install(point: str, marker: Path, hold: float | None) -> None:
-    from rclc_graph.run import recorded, recorder
+    from rclc_graph.run.record import recording as recorded, writer as recorder
 
     kind, _, value = point.partition(":")
     if kind == "start":
