@@ -7,7 +7,7 @@ in spacing or split multi-byte characters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,16 @@ class Span:
     kind: str
     text: str | None
     excluded: str | None = None
+
+    def to_list(self) -> list[Any]:
+        """[start, stop, kept, kind, text, excluded]: the compact plain form `Selection.to_dict` uses."""
+        return [self.start, self.stop, self.kept, self.kind, self.text, self.excluded]
+
+    @classmethod
+    def from_list(cls, item: Sequence[Any]) -> Span:
+        """The inverse of `to_list`."""
+        start, stop, kept, kind, text, excluded = item
+        return cls(int(start), int(stop), bool(kept), str(kind), text, None if excluded is None else str(excluded))
 
     def inspect(self) -> dict[str, Any]:
         """A plain, JSON-serialisable copy."""
@@ -73,6 +83,32 @@ class Selection:
             if span.excluded is not None:
                 counts[span.excluded] = counts.get(span.excluded, 0) + span.stop - span.start
         return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data, every field as it is (`from_dict` reads it back equal): what
+        moves between processes. `inspect` is the reading for people."""
+        return {
+            "source_positions": self.source_positions,
+            "budget": self.budget,
+            "indices": list(self.indices),
+            "spans": [span.to_list() for span in self.spans],
+            "added_latent_positions": self.added_latent_positions,
+            "allocation": self.allocation,
+            "cap": self.cap,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Selection:
+        """The inverse of `to_dict`."""
+        return cls(
+            source_positions=int(data["source_positions"]),
+            budget=int(data["budget"]),
+            indices=tuple(int(index) for index in data["indices"]),
+            spans=tuple(Span.from_list(item) for item in data["spans"]),
+            added_latent_positions=int(data["added_latent_positions"]),
+            allocation=str(data["allocation"]),
+            cap=None if data["cap"] is None else int(data["cap"]),
+        )
 
     def inspect(self) -> dict[str, Any]:
         """A plain, JSON-serialisable copy."""

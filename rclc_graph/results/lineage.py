@@ -26,7 +26,7 @@ How a hop composes (the scheduler calls `compose_hop` once per delivered handoff
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from itertools import accumulate
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
@@ -197,7 +197,12 @@ class Lineage:
 
 @dataclass(frozen=True)
 class HopRecord:
-    """What one handoff moved: the figures a run record keeps per hop."""
+    """What one handoff moved: the figures a run record keeps per hop.
+
+    The one definition of a hop: the record's `hops` rows, node files, the `hop.delivered`
+    event (results/run_events.py) and the record's shape check (run/record/shape.py) are all
+    this class's fields, written by `to_dict` and read by `from_dict`. A field added here
+    appears in all of them."""
 
     edge: int | None  # Plan edge id
     source: str
@@ -213,7 +218,7 @@ class HopRecord:
     kept_by_kind: Mapping[str, int]
     payload_bytes: int
     selection_seconds: float
-    generation_seconds: float
+    generation_seconds: float = 0.0  # the receiver's; 0 until it generated (a hop.delivered event leaves it out)
     # Where the hop ran, for executors that place nodes apart (None in-process): the sender's
     # and receiver's host ({"replica", "actor", "node"}) and the transport that moved it.
     placement: Mapping[str, Any] | None = None
@@ -235,6 +240,23 @@ class HopRecord:
             data["placement"] = {key: dict(value) if isinstance(value, Mapping) else value
                                  for key, value in self.placement.items()}
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HopRecord:
+        """The inverse of `to_dict`; UsageError naming the fields it lacks or does not know."""
+        names = {item.name for item in fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted(name for name in required_fields(cls) if name not in data)
+        if unknown or missing:
+            raise UsageError("hop: " + "; ".join(part for part in (
+                f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(unknown)}" if unknown else "")
+                if part))
+        return cls(**data)
+
+
+def required_fields(cls: type) -> list[str]:
+    """The fields of dataclass `cls` that have no default."""
+    return [item.name for item in fields(cls) if item.default is MISSING and item.default_factory is MISSING]
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class NodeResult:
             generation_seconds=data.get("generation_seconds", 0.0),
             started_at=data.get("started_at", 0.0),
             finished_at=data.get("finished_at", 0.0),
-            hops=[HopRecord(**hop) for hop in data.get("hops", [])],
+            hops=[HopRecord.from_dict(hop) for hop in data.get("hops", [])],
             placement=data.get("placement"),
             tool_calls=[dict(call) for call in data.get("tool_calls", [])],
             kind=data.get("kind", "agent"),
