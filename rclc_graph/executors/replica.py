@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ class RunTicket:
     run_id: str
     seed: int
     base_dir: str | None
-    plan: Any
+    plan: Plan | Awaitable[Plan]
 
 
 async def _no_events(kind: str, payload: dict[str, Any]) -> None:

@@ -194,6 +194,7 @@ class HopDelivered(RunEvent):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The wire form, flat: {"type", "run_id", "seq", ...the hop's fields, "kept"}."""
         data: dict[str, Any] = {"type": self.type, "run_id": self.run_id, "seq": self.seq}
         hop = self.hop.to_dict()
         data.update((name, plain(hop[name])) for name in _HOP_FIELDS)
@@ -204,6 +205,7 @@ class HopDelivered(RunEvent):
 
     @classmethod
     def from_fields(cls, data: Mapping[str, Any], *, run_id: str, seq: int) -> HopDelivered:
+        """The event of a flat wire form: the hop's fields make its `HopRecord`, `kept` its segments."""
         missing = [name for name in required_fields(HopRecord) if name not in data and name in _HOP_FIELDS]
         if missing:
             raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from rclc.models import preload
 
 from ..errors import GraphError, RequestRefused, ResumeError
-from ..executors import default_pool
+from ..executors import ModelPool, default_pool
 from . import openapi
 from .errors import E_NOT_FOUND, E_REQUEST, error_body, json_error
 from .handlers import UI_DIR, Api
@@ -82,7 +82,7 @@ async def _internal_error(request: Request, error: Exception) -> Response:
     return json_error(error)
 
 
-def create_app(settings: ServerSettings, *, pool: Any = None) -> Starlette:
+def create_app(settings: ServerSettings, *, pool: ModelPool | None = None) -> Starlette:
     """The server's ASGI app. `pool` is the ModelPool runs share (the process's by default)."""
     pool = pool if pool is not None else default_pool()
     settings.runs_dir.mkdir(parents=True, exist_ok=True)

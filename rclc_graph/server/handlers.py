@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from ..errors import JSONLimitError
+from ..executors import ModelPool
 from ..render.drawing import sketch_record, to_svg
 from ..run.record.format import NODES_DIR, REPORT_FILE, safe_name
 from ..run.record.reader import read_node
@@ -51,7 +52,7 @@ async def json_body(request: Request) -> Any:
 class Api:
     """The handlers of one server (settings, run manager, topology catalog, model pool)."""
 
-    def __init__(self, settings: ServerSettings, manager: RunManager, catalog: TopologyCatalog, pool: Any) -> None:
+    def __init__(self, settings: ServerSettings, manager: RunManager, catalog: TopologyCatalog, pool: ModelPool) -> None:
         self.settings, self.manager, self.catalog, self.pool = settings, manager, catalog, pool
 
     # -- the web UI and the server --------------------------------------------------------------
