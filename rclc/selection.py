@@ -111,17 +111,13 @@ class Selection:
         )
 
     def inspect(self) -> dict[str, Any]:
-        """A plain, JSON-serialisable copy."""
-        return {
-            "source_positions": self.source_positions,
-            "budget": self.budget,
-            "indices": list(self.indices),
-            "spans": [span.inspect() for span in self.spans],
-            "added_latent_positions": self.added_latent_positions,
-            "allocation": self.allocation,
-            "cap": self.budget if self.cap is None else self.cap,
-            "excluded": self.excluded,
-        }
+        """A plain, JSON-serialisable copy for people: spans as mappings, `cap` filled in (the
+        budget when not pooled) and the positions passed over by reason."""
+        data = self.to_dict()
+        data["spans"] = [span.inspect() for span in self.spans]
+        data["cap"] = self.budget if self.cap is None else self.cap
+        data["excluded"] = self.excluded
+        return data
 
 
 def _kinds(total: int, latent_steps: int, token_ids: torch.Tensor | None) -> list[str]:

@@ -277,20 +277,15 @@ def compose_hop(
     budget: int,
     payload_bytes: int = 0,
     added_latent_positions: int = 0,
-    mode: str = "state",
-    policy: str = "",
-    edge: int | None = None,
-    selection_seconds: float = 0.0,
-    generation_seconds: float = 0.0,
-    excluded_by_reason: Mapping[str, int] | None = None,
-    allocation: str = "per_sender",
-    fitted_budget: int | None = None,
+    **figures: Any,
 ) -> Hop:
     """Compose one hop: the sender's lineage, the indices it kept and the latent rows it added
     after selection -> the receiver's inherited lineage plus the hop's record.
 
     `sender_lineage` describes exactly the state the selector saw (T positions). Latent rows
     added after selection have no source index; they are numbered after the sender's state.
+    `figures` are the record's other fields (`HopRecord`: mode (default "state"), policy,
+    edge, selection_seconds, generation_seconds, excluded_by_reason, allocation, fitted_budget).
     ValueError if the figures disagree (I > T, more kept than the budget, bad indices).
     """
     total = len(sender_lineage)
@@ -309,25 +304,15 @@ def compose_hop(
             f"kept: {len(delivered)} positions delivered but the budget is {budget}; the selector overran its budget"
         )
     delivered = delivered.hop()
+    figures = {"mode": "state", "policy": "", "edge": None, **figures}
+    for name in ("selection_seconds", "generation_seconds"):
+        figures[name] = float(figures.get(name, 0.0))
+    figures["excluded_by_reason"] = dict(figures.get("excluded_by_reason") or {})
     record = HopRecord(
-        edge=edge,
-        source=source,
-        target=target,
-        mode=mode,
-        policy=policy,
-        total_positions=total,
-        inherited_positions=inherited_positions,
-        budget=budget,
-        kept_positions=len(delivered),
-        added_latent_positions=added_latent_positions,
-        kept_by_origin=delivered.counts_by_node(),
-        kept_by_kind=delivered.counts_by_kind(),
-        payload_bytes=payload_bytes,
-        selection_seconds=float(selection_seconds),
-        generation_seconds=float(generation_seconds),
-        excluded_by_reason=dict(excluded_by_reason or {}),
-        allocation=allocation,
-        fitted_budget=fitted_budget,
+        source=source, target=target, total_positions=total, inherited_positions=inherited_positions, budget=budget,
+        kept_positions=len(delivered), added_latent_positions=added_latent_positions,
+        kept_by_origin=delivered.counts_by_node(), kept_by_kind=delivered.counts_by_kind(), payload_bytes=payload_bytes,
+        **figures,
     )
     return Hop(delivered, record)
 

@@ -265,6 +265,10 @@ EVENT_TYPES: dict[str, type[RunEvent]] = {
 }
 """Wire type -> class, for every event a run publishes."""
 
+__all__ = ["EVENT_TYPES", "RunEvent", *sorted(cls.__name__ for cls in EVENT_TYPES.values()), "event_from_dict", "typed"]
+"""What `rclc_graph.results` re-exports: the event classes (each listed once, in EVENT_TYPES) and
+the ways to read them."""
+
 
 # -- the one mapping from published (kind, payload) to a type -----------------------------------
 

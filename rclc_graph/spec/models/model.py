@@ -4,9 +4,9 @@ how concurrent generations share them."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from rclc.policy import BACKENDS, DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS, DEFAULT_WORKER_FORWARDS
 
@@ -23,6 +23,17 @@ API_BACKEND = "openai"
 MODEL_BACKENDS = (*BACKENDS, API_BACKEND)
 _API_FIELDS = ("base_url", "model", "api_key_env", "timeout", "max_retries")
 _LOCAL_FIELDS = ("source", "dtype", "device", "batching")
+
+
+_TEXT_CHECKS: dict[str, tuple[Callable[[str], object], str, str]] = {
+    "source": (lambda value: source_kind(value) is not None, "source {value!r} is neither 'embedded', a path nor a hub id",
+               "write 'embedded', a path starting with ./, ../, / or ~, or a hub id such as owner/name"),
+    "device": (_DEVICE.match, "device {value!r} is not recognised", "use auto, cpu, mps, cuda or cuda:N"),
+    "base_url": (_HTTP_URL.match, "base_url {value!r} is not an http(s) URL", "write e.g. http://127.0.0.1:8000/v1"),
+    "api_key_env": (_ENV_NAME.match, "api_key_env {value!r} is not an environment variable name",
+                    "name the variable that holds the key (e.g. OPENAI_API_KEY); never write the key itself in a file"),
+}
+"""The text fields of a model checked one by one: field -> (accepts, message, fix)."""
 
 
 class BatchingSpec(SpecBase):
@@ -76,22 +87,12 @@ class ModelSpec(SpecBase):
         "omitted: rclc's defaults, or what the process configured",
     )
 
-    @field_validator("source")
+    @field_validator(*_TEXT_CHECKS)
     @classmethod
-    def _source(cls, value: str) -> str:
-        if source_kind(value) is None:
-            raise spec_error(
-                "E_FIELD",
-                f"source {value!r} is neither 'embedded', a path nor a hub id",
-                "write 'embedded', a path starting with ./, ../, / or ~, or a hub id such as owner/name",
-            )
-        return value
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, value: str) -> str:
-        if not _DEVICE.match(value):
-            raise spec_error("E_FIELD", f"device {value!r} is not recognised", "use auto, cpu, mps, cuda or cuda:N")
+    def _text_fields(cls, value: str | None, info: ValidationInfo) -> str | None:
+        accepts, message, fix = _TEXT_CHECKS[str(info.field_name)]
+        if value is not None and not accepts(value):
+            raise spec_error("E_FIELD", message.format(value=value), fix)
         return value
 
     @field_validator("resources")
@@ -100,24 +101,6 @@ class ModelSpec(SpecBase):
         for key, amount in value.items():
             if amount < 0:
                 raise spec_error("E_FIELD", f"resources.{key} is negative ({amount})", "use an amount >= 0")
-        return value
-
-    @field_validator("base_url")
-    @classmethod
-    def _base_url(cls, value: str | None) -> str | None:
-        if value is not None and not _HTTP_URL.match(value):
-            raise spec_error("E_FIELD", f"base_url {value!r} is not an http(s) URL", "write e.g. http://127.0.0.1:8000/v1")
-        return value
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _api_key_env(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
-            raise spec_error(
-                "E_FIELD",
-                f"api_key_env {value!r} is not an environment variable name",
-                "name the variable that holds the key (e.g. OPENAI_API_KEY); never write the key itself in a file",
-            )
         return value
 
     @model_validator(mode="after")
