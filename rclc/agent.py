@@ -50,7 +50,7 @@ class Agent(HFReceiver):
     receives. Its position in `transfer` decides whether it sends or receives.
     """
 
-    def __init__(
+    def __init__(  # rclc.bind's public signature (api.md): one keyword per way to start an agent, so 11 parameters
         self,
         model: Any,
         tokenizer: Any = None,

@@ -193,7 +193,7 @@ def _count(number: int, word: str) -> str:
 
 
 @app.command(cls=UsageCommand)
-def run(
+def run(  # a typer command: each option is a parameter (docs/cli.md lists them)
     topology: Path = typer.Argument(..., help="topology YAML file", show_default=False, metavar="TOPOLOGY"),
     input: Path = typer.Option(..., "--input", "-i", metavar="FILE",
                                help=".json (one run) or .jsonl (one run per line) of inputs; - reads stdin"),
