@@ -116,20 +116,12 @@ def _loop_edges(spec: GraphSpec, component_of: Mapping[str, int], problems: list
         if edge.rounds is None:
             continue
         if component_of[edge.source] != component_of[edge.target]:
-            problems.append(Problem(
-                "E_LOOP",
-                f"edge {edge.source} -> {edge.target} has rounds but closes no loop",
-                "drop rounds (a plain edge), or add the edge that leads back",
-                ("edges", index, "rounds"),
-            ))
+            problems.append(_loop_problem(f"edge {edge.source} -> {edge.target} has rounds but closes no loop",
+                                          "drop rounds (a plain edge), or add the edge that leads back", index))
             continue
         if edge.rounds > spec.rounds.limit:
-            problems.append(Problem(
-                "E_LOOP",
-                f"rounds {edge.rounds} is above the limit of {spec.rounds.limit}",
-                "lower rounds, or raise rounds.limit in the graph",
-                ("edges", index, "rounds"),
-            ))
+            problems.append(_loop_problem(f"rounds {edge.rounds} is above the limit of {spec.rounds.limit}",
+                                          "lower rounds, or raise rounds.limit in the graph", index))
         loop_edges.setdefault(component_of[edge.source], []).append(index)
     return loop_edges
 
@@ -138,25 +130,24 @@ def _loop(spec: GraphSpec, members: list[str], indices: list[int], problems: lis
     """The loop of one component from its loop edges, or None with a problem appended when they
     disagree on rounds or more than one carries `until`."""
     counts = {spec.edges[index].rounds for index in indices}
+    stops = [index for index in indices if spec.edges[index].until is not None]
     if len(counts) > 1:
         listed = ", ".join(f"edges[{index}]: {spec.edges[index].rounds}" for index in indices)
-        problems.append(Problem(
-            "E_LOOP",
-            f"loop edges of one loop disagree on rounds ({listed}); nested loops are not supported",
-            "give every loop edge of this loop the same rounds",
-            ("edges", indices[-1], "rounds"),
-        ))
-        return None
-    stops = [index for index in indices if spec.edges[index].until is not None]
-    if len(stops) > 1:
-        problems.append(Problem(
-            "E_LOOP",
+        problems.append(_loop_problem(f"loop edges of one loop disagree on rounds ({listed}); nested loops are not "
+                                      "supported", "give every loop edge of this loop the same rounds", indices[-1]))
+    elif len(stops) > 1:
+        problems.append(_loop_problem(
             f"loop edges {', '.join(f'edges[{index}]' for index in stops)} of one loop all carry until",
-            "keep until on one loop edge: its source's output decides after each round",
-            ("edges", stops[-1], "until"),
+            "keep until on one loop edge: its source's output decides after each round", stops[-1], "until",
         ))
-        return None
-    return Loop(tuple(members), counts.pop(), tuple(indices), stops[0] if stops else None)
+    else:
+        return Loop(tuple(members), counts.pop(), tuple(indices), stops[0] if stops else None)
+    return None
+
+
+def _loop_problem(message: str, fix: str, edge: int, field_name: str = "rounds") -> Problem:
+    """An E_LOOP problem located at a field of edge `edge`."""
+    return Problem("E_LOOP", message, fix, ("edges", edge, field_name))
 
 
 def unroll(
