@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._arguments import is_exact_int, require_int
+from .._arguments import is_exact_int, require_entries, require_int
 from ..errors import ContextLimitError, RclcError
 from ..models import context_limit_of
 from ..state import SenderState
@@ -98,13 +98,8 @@ def check_exclude(exclude: Any, total: int) -> list[str | None] | None:
     and the reason (a non-empty string) where something does (`rclc.Exclusion` builds them)."""
     if exclude is None:
         return None
-    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Sequence):
-        raise RclcError(
-            "exclude: expected one entry per sender position (None, or the reason it is passed over), "
-            f"got {type(exclude).__name__}"
-        )
-    if len(exclude) != total:
-        raise RclcError(f"exclude: {len(exclude)} entries for a sender of {total} positions; give one per position")
+    require_entries("exclude", exclude, total, expected="one entry per sender position (None, or the reason it is "
+                    "passed over)", wrong_count=f"a sender of {total} positions; give one per position")
     for reason in exclude:
         if reason is not None and (not isinstance(reason, str) or not reason):
             raise RclcError(f"exclude: entries must be None or a non-empty reason string, got {reason!r}")

@@ -118,17 +118,4 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
             raise TimeoutError(f"{error}; raise the node's timeout: (seconds), or make the "
                                "function return sooner") from None
         text = canonical_text(value, node.name)
-    return NodeResult(
-        node=node.name,
-        text=text,
-        positions=0,
-        inherited_positions=0,
-        lineage=Lineage(),
-        prompt_text="",
-        prompt_start=0,
-        prompt_offsets=[],
-        started_at=started,
-        finished_at=time.time(),
-        hops=hops,
-        kind="function",
-    )
+    return NodeResult.stateless(node.name, text, started_at=started, hops=hops, kind="function")

@@ -30,18 +30,17 @@ import anyio.from_thread
 import rclc
 
 from ..errors import NodeFailed, RunStopped, node_failed
-from ..plan.dag import Plan, PlanEdge, PlanNode
-from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
-from ..results.run_events import hop_payload
+from ..plan.dag import Plan, PlanNode
+from ..results.lineage import Lineage
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
+from .delivery import Deliver, Received, receive, transfer_group
 from .function_node import run_function_node
 from .openai_model import run_api_node
 from .pool import ModelPool
-from .prompts import compose_content, group_request, render_prompt
-from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles, sender_span_starts
+from .prompts import compose_content, render_prompt
+from .roles import MATERIAL, compress, prompt_roles
 from .tools import ToolConversation, Toolbox, encode_tool_prompt, load_toolbox, run_tool_loop, tool_prompt
-from .transfer_options import state_groups, transfer_options
 
 
 @dataclass
@@ -95,9 +94,20 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool, *, deliver: Deliver = transfer_group) -> None:
+        """`deliver` is how a transfer group reaches a receiver (delivery.py): by default
+        `rclc.transfer` from the senders' agents held here; a replica injects its own."""
         self.pool = pool
+        self._deliver = deliver
         self._agents: dict[tuple[str, str], Any] = {}
+
+    @classmethod
+    def from_options(cls, pool: ModelPool, *, max_batch: int | None = None) -> LocalExecutor:
+        """The executor `make_executor("local", ...)` makes: on `pool`, whose models decode at
+        most `max_batch` sequences together when it is given (registry.py)."""
+        if max_batch is not None:
+            pool.set_max_batch(max_batch)
+        return cls(pool)
 
     def agent(self, run_id: str, node: str) -> Any:
         """The bound agent node `node` left in run `run_id` (KeyError if it holds none)."""
@@ -153,146 +163,31 @@ class LocalExecutor(Executor):
             return result
         started = time.time()
         agent = self.bind(ctx, node)
-        tokenizer = agent.tokenizer
-        senders = {edge.id: result for edge, result in inbound}
-        text_edges = [edge for edge, _ in inbound if edge.policy.mode == "text"]
-        state_edges = [edge for edge, _ in inbound if edge.policy.mode != "text"]
         content = compose_content(node, inbound)
-        tools: tuple[Toolbox, ToolConversation] | None = None
-        if node.agent.tools:
-            with node_failed(node.name):
-                toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
-                text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
-                prompt = encode_tool_prompt(tokenizer, text, conversation)
-            tools = (toolbox, conversation)
-        else:
-            prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
-        prompt_text = prompt.text
-        hops: list[Hop] = []
-        for edge in text_edges:  # a text handoff is delivered with the prompt: at once
-            sender = senders[edge.id]
-            payload = len(sender.effective_text.encode("utf-8"))
-            hops.append(
-                compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
-                            payload_bytes=payload, mode="text", policy="text", edge=edge.id)
-            )
-            await ctx.publish("hop", hop_payload(hops[-1]))
-        deliveries = 0
-        received_roles: list[str] = []
-        known = (node.agent.system, content)  # what this node holds besides its handoffs
-        for group in state_groups(state_edges):
-            lead = group[0]
-            request = group_request(lead, content)
-            labels = [sender_roles(senders[edge.id], senders[edge.id].positions) for edge in group]
-            starts = [sender_span_starts(senders[edge.id], senders[edge.id].positions) for edge in group]
-            began = time.perf_counter()
-            with node_failed(node.name, lead):
-                extra = await self._deliver_group(
-                    ctx, node, agent, group, request, known=known, roles=labels, span_starts=starts
-                )
-            seconds = time.perf_counter() - began + extra
-            delivery, _ = agent.peek(deliveries)
-            deliveries += 1
-            for edge, message in zip(group, delivery.messages):
-                hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
-                selection = message.selection
-                received_roles += delivered_roles(
-                    senders[edge.id], selection.indices, selection.source_positions, selection.added_latent_positions
-                )
-                await ctx.publish("hop", hop_payload(hops[-1]))  # the receiver holds it; it has not generated
-        inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
-        finished = await self._finish_state(ctx, node, agent, prompt.ids, deliveries, tools)
-        generated, generation_seconds, text = finished.generated, finished.seconds, finished.text
+        prompt, tools = self._prompt(ctx, node, agent, content)
+        received = await receive(
+            ctx, node, agent, inbound, content, self._deliver, lambda source: self.agent(ctx.run_id, source)
+        )
+        finished = await self._finish_state(ctx, node, agent, prompt.ids, received.deliveries, tools)
         # In a worker: sender_state takes the preparation lock, which another run's selection
         # may hold for a while; the event loop must never block on it (it publishes tokens).
         state = await rclc.run_in_worker(agent.sender_state)
-        lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
-        tail = finished.tail or [("token", generated)]
-        prompt_positions = state.positions - inherited - sum(length for _, length in tail)
-        lineage = lineage.extend(node.name, prompt_positions, "prompt")
-        for kind, length in tail:  # generated tokens, and a tool loop's results between its turns
-            lineage = lineage.extend(node.name, length, kind)  # type: ignore[arg-type]
-        if len(lineage) != state.positions:
-            raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {state.positions} positions"))
-        if prompt.offsets is None:
-            raise NodeFailed(node.name, ValueError("the model's tokenizer reports no offsets; load its fast tokenizer"))
-        offsets = [tuple(pair) for pair in prompt.offsets]
-        own = prompt_roles(tokenizer, node, inbound, prompt)
-        if len(own) != prompt_positions:  # the agent read other tokens than these: label nothing as instructions
-            own = [MATERIAL] * prompt_positions
-        roles = compress(received_roles + own + [MATERIAL] * sum(length for _, length in tail))
+        result = _node_result(node, inbound, agent.tokenizer, prompt, received, finished, state.positions, started)
         self._agents[(ctx.run_id, node.name)] = agent
-        records = [
-            hop.record if hop.record.mode == "text" else _with_generation(hop.record, generation_seconds) for hop in hops
-        ]
-        return NodeResult(
-            node=node.name,
-            text=text,
-            positions=state.positions,
-            inherited_positions=inherited,
-            lineage=lineage,
-            prompt_text=prompt_text,
-            prompt_start=inherited,
-            prompt_offsets=offsets,
-            generated_tokens=generated,
-            generation_seconds=generation_seconds,
-            started_at=started,
-            finished_at=time.time(),
-            hops=records,
-            tool_calls=finished.calls,
-            roles=roles,
-        )
-
-    async def _deliver_group(
-        self,
-        ctx: RunContext,
-        node: PlanNode,
-        agent: Any,
-        group: list[PlanEdge],
-        request: str,
-        *,
-        known: tuple[str, ...] = (),
-        roles: list[list[str]] | None = None,
-        span_starts: list[list[int]] | None = None,
-    ) -> float:
-        """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
-        budgets are fitted across the senders). `known` and `roles` feed the policy's
-        exclusion (what the receiver holds; each sender's position labels); `span_starts`
-        says where each sender's runs of rows begin (its lineage). Returns seconds
-        spent elsewhere on it (selection that ran before this call, e.g. on another replica);
-        0 here. Executors that place senders elsewhere override this."""
-        options = transfer_options(
-            group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=known, roles=roles,
-            span_starts=span_starts,
-        )
-        sending = [self.agent(ctx.run_id, edge.source) for edge in group]
-        await rclc.transfer(sending, agent, request, **options)
-        return 0.0
+        return result
 
     @staticmethod
-    def _state_hop(node: PlanNode, edge: PlanEdge, sender: NodeResult, message: Any, seconds: float) -> Hop:
-        selection = message.selection
-        seen = sender.lineage
-        extra = selection.source_positions - len(seen)  # rows full-context reasoning added before selection
-        if extra > 0:
-            seen = seen.extend(edge.source, extra, "latent")
-        return compose_hop(
-            seen,
-            list(selection.indices),
-            source=edge.source,
-            target=node.name,
-            inherited_positions=sender.inherited_positions,
-            budget=selection.budget,
-            payload_bytes=message.nbytes,
-            added_latent_positions=selection.added_latent_positions,
-            mode=edge.policy.mode,
-            policy=edge.policy.label,
-            edge=edge.id,
-            selection_seconds=seconds,
-            excluded_by_reason=selection.excluded,
-            allocation=selection.allocation,
-            fitted_budget=selection.cap if selection.allocation == "pooled" else None,
-        )
+    def _prompt(
+        ctx: RunContext, node: PlanNode, agent: Any, content: str
+    ) -> tuple[Any, tuple[Toolbox, ToolConversation] | None]:
+        """The node's prompt (its tokens and offsets), with the tool conversation of a tool-calling agent."""
+        tokenizer = agent.tokenizer
+        if not node.agent.tools:
+            return render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate), None
+        with node_failed(node.name):
+            toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
+            text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
+            return encode_tool_prompt(tokenizer, text, conversation), (toolbox, conversation)
 
     async def _finish_state(
         self,
@@ -375,5 +270,41 @@ def _ids_tensor(ids: tuple[int, ...]) -> Any:
     return torch.tensor([list(ids)], dtype=torch.int64)
 
 
-def _with_generation(record: HopRecord, seconds: float) -> HopRecord:
-    return replace(record, generation_seconds=float(seconds))
+def _node_result(
+    node: PlanNode, inbound: Inbound, tokenizer: Any, prompt: Any, received: Received, finished: _Finished,
+    positions: int, started: float,
+) -> NodeResult:
+    """What a node that ran here produced: its text and figures, the lineage of each of its
+    `positions` (handoffs, then its prompt, then what it generated) and their role labels."""
+    inherited = received.inherited
+    lineage = Lineage.join([hop.lineage for hop in received.hops if hop.record.mode != "text"])
+    tail = finished.tail or [("token", finished.generated)]
+    prompt_positions = positions - inherited - sum(length for _, length in tail)
+    lineage = lineage.extend(node.name, prompt_positions, "prompt")
+    for kind, length in tail:  # generated tokens, and a tool loop's results between its turns
+        lineage = lineage.extend(node.name, length, kind)  # type: ignore[arg-type]
+    if len(lineage) != positions:
+        raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {positions} positions"))
+    if prompt.offsets is None:
+        raise NodeFailed(node.name, ValueError("the model's tokenizer reports no offsets; load its fast tokenizer"))
+    own = prompt_roles(tokenizer, node, inbound, prompt)
+    if len(own) != prompt_positions:  # the agent read other tokens than these: label nothing as instructions
+        own = [MATERIAL] * prompt_positions
+    return NodeResult(
+        node=node.name,
+        text=finished.text,
+        positions=positions,
+        inherited_positions=inherited,
+        lineage=lineage,
+        prompt_text=prompt.text,
+        prompt_start=inherited,
+        prompt_offsets=[tuple(pair) for pair in prompt.offsets],
+        generated_tokens=finished.generated,
+        generation_seconds=finished.seconds,
+        started_at=started,
+        finished_at=time.time(),
+        hops=[hop.record if hop.record.mode == "text" else replace(hop.record, generation_seconds=float(finished.seconds))
+              for hop in received.hops],
+        tool_calls=finished.calls,
+        roles=compress(received.roles + own + [MATERIAL] * sum(length for _, length in tail)),
+    )

@@ -173,18 +173,8 @@ async def run_api_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -> Nod
         raise NodeFailed(node.name, error) from error
     seconds = time.perf_counter() - began
     text = "".join(pieces).strip()
-    return NodeResult(
-        node=node.name,
-        text=text,
-        positions=0,
-        inherited_positions=0,
-        lineage=Lineage(),
-        prompt_text=json.dumps(body["messages"], ensure_ascii=False),
-        prompt_start=0,
-        prompt_offsets=[],
+    return NodeResult.stateless(
+        node.name, text, prompt_text=json.dumps(body["messages"], ensure_ascii=False), started_at=started,
+        hops=[hop.record for hop in hops], generation_seconds=seconds,
         generated_tokens=completion_tokens if completion_tokens is not None else len(pieces),
-        generation_seconds=seconds,
-        started_at=started,
-        finished_at=time.time(),
-        hops=[hop.record for hop in hops],
     )

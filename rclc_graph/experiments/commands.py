@@ -69,7 +69,7 @@ def _fail(error: Exception, as_json: bool) -> None:
 
 
 @app.command("experiment", cls=UsageCommand)
-def experiment(
+def experiment(  # a typer command: each option is a parameter (docs/cli.md lists them)
     topology: Path = typer.Option(..., "--topology", "-t", metavar="FILE", help="topology YAML file"),
     data: Path = typer.Option(..., "--data", "-d", metavar="FILE", help="JSONL dataset"),
     arm: List[str] = typer.Option([], "--arm", "-a", metavar="NAME=POLICY", help="NAME=MODE[:key=value,...], e.g. r4=state:ratio=4; repeatable"),

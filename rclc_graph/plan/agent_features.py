@@ -17,18 +17,14 @@ from typing import Mapping
 
 from ..errors import Problem
 from ..spec.models import AgentSpec, GraphSpec, ModelSpec, NodeSpec
-from .policy import ResolvedPolicy
+from .spec_index import SpecIndex
 
 
-def check_agent_features(
-    spec: GraphSpec,
-    models: Mapping[str, ModelSpec],
-    agents: Mapping[str, AgentSpec],
-    nodes: Mapping[str, NodeSpec],
-    policies: tuple[ResolvedPolicy, ...],
-    trust_code: bool,
-) -> list[Problem]:
-    """Every problem of tools and API models in `spec` (names already resolve)."""
+def check_agent_features(index: SpecIndex) -> list[Problem]:
+    """Every problem of tools and API models in the indexed spec (names already resolve)."""
+    spec, models, agents, nodes, policies, trust_code = (
+        index.spec, index.models, index.agents, index.nodes, index.policies, index.trust_code
+    )
     problems: list[Problem] = []
     api_agents = {name for name, agent in agents.items() if models[agent.model].is_api}
     for index, agent in enumerate(spec.agents):

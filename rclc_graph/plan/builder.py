@@ -29,18 +29,8 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import FieldPath, Problem, SpecError, UsageError
 from ..spec.load import problems_from_validation
-from ..spec.models import (
-    AgentSpec,
-    EdgeSpec,
-    GraphSpec,
-    InputSpec,
-    ModelSpec,
-    NodeSpec,
-    ReasoningSpec,
-    RoundsSpec,
-    TransferPolicy,
-    is_callable_ref,
-)
+from ..spec.models import AgentSpec, EdgeSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, ReasoningSpec, RoundsSpec
+from ..spec.models import TransferPolicy, is_callable_ref
 from .compile import compile_plan
 from .dag import Plan
 from .validate import Blueprint, validate

@@ -16,6 +16,7 @@ fingerprint: the same run, answered later, is the same run.
 from __future__ import annotations
 
 from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..errors import PlanError, Problem
@@ -74,86 +75,16 @@ def expand(
     )
     if size:
         raise PlanError(size)
-
-    def name_of(step: Step, index: int | None) -> str:
-        base = step.node if index is None else f"{step.node}[{index}]"
-        return base if step.round is None else f"{base}@{step.round}"
-
-    def indices(step: Step) -> list[int | None]:
-        node = blueprint.nodes[step.node]
-        return [None] if node.foreach is None else list(range(copies[step.node]))
-
-    edges: list[PlanEdge] = []
-    for step_edge in blueprint.step_edges:
-        source_node, target_node = blueprint.nodes[step_edge.source.node], blueprint.nodes[step_edge.target.node]
-        if source_node.foreach is not None and target_node.foreach is not None:
-            pairs = [(i, i) for i in range(copies[source_node.name])]  # same list: validate checked
-        else:
-            pairs = [(i, j) for i in indices(step_edge.source) for j in indices(step_edge.target)]
-        policy = blueprint.policies[step_edge.edge]
-        stop = _loop_stop(blueprint, step_edge)
-        for source_index, target_index in pairs:
-            variables = _variables(blueprint, values, step_edge.target, target_index)
-            request = None if policy.request is None else templates.render(policy.request, variables)
-            edges.append(
-                PlanEdge(
-                    id=len(edges),
-                    source=name_of(step_edge.source, source_index),
-                    target=name_of(step_edge.target, target_index),
-                    declared=step_edge.edge,
-                    policy=policy,
-                    request=request,
-                    loop=step_edge.loop,
-                    when=blueprint.spec.edges[step_edge.edge].when,
-                    stop=stop,
-                )
-            )
+    expanding = _Expanding(blueprint, values, copies)
+    edges = expanding.edges()
     incoming: dict[str, list[int]] = {}
     outgoing: dict[str, list[int]] = {}
     for edge in edges:
         incoming.setdefault(edge.target, []).append(edge.id)
         outgoing.setdefault(edge.source, []).append(edge.id)
-
-    names = [name_of(step, index) for step in blueprint.steps for index in indices(step)]
-    given = _check_answers(blueprint, names, answers)
-    nodes: list[PlanNode] = []
-    for step in blueprint.steps:  # already topological; copies of one step are independent
-        spec_node = blueprint.nodes[step.node]
-        agent = None if spec_node.agent is None else blueprint.agents[spec_node.agent]
-        for index in indices(step):
-            name = name_of(step, index)
-            variables = _variables(blueprint, values, step, index)
-            answer = given.get(name)
-            question = None
-            if spec_node.question is not None:
-                question = templates.render(spec_node.question, variables)
-            elif spec_node.interrupt is not None:
-                question = DEFAULT_QUESTIONS[spec_node.interrupt].format(node=name)  # plain text, not a template
-            if answer_variable(spec_node):
-                variables[ANSWER_VARIABLE] = "" if answer is None else answer  # unanswered: the node waits
-            prompt, prompt_values = templates.render_spans(spec_node.prompt, variables)
-            nodes.append(
-                PlanNode(
-                    name=name,
-                    declared=step.node,
-                    agent=agent,
-                    model=None if agent is None else blueprint.models[agent.model],
-                    prompt=prompt,
-                    prompt_values=prompt_values,
-                    template=spec_node.prompt,
-                    generate=spec_node.generate,
-                    output=spec_node.output and _last_round(blueprint, step),
-                    index=index,
-                    round=step.round,
-                    item=None if index is None else values[spec_node.foreach][index],
-                    incoming=tuple(incoming.get(name, ())),
-                    outgoing=tuple(outgoing.get(name, ())),
-                    call=spec_node.call,
-                    interrupt=spec_node.interrupt,
-                    question=question,
-                    answer=answer,
-                )
-            )
+    steps = [(step, index) for step in blueprint.steps for index in expanding.indices(step)]  # topological
+    given = _check_answers(blueprint, [expanding.name_of(step, index) for step, index in steps], answers)
+    nodes = [expanding.node(step, index, incoming, outgoing, given) for step, index in steps]
     _check_blank_texts(blueprint, nodes, edges)
     position = {node.name: index for index, node in enumerate(nodes)}
     return Plan(
@@ -168,6 +99,74 @@ def expand(
         _levels=_levels(nodes, edges),
         functions=blueprint.functions,
     )
+
+
+@dataclass(frozen=True)
+class _Expanding:
+    """One blueprint over one run's checked inputs, with each foreach node's copy count: names,
+    edges and nodes of the plan it expands to."""
+
+    blueprint: Blueprint
+    values: dict[str, Any]
+    copies: Mapping[str, int]
+
+    def name_of(self, step: Step, index: int | None) -> str:
+        """A plan node's name: the declared name, [copy index], @round."""
+        base = step.node if index is None else f"{step.node}[{index}]"
+        return base if step.round is None else f"{base}@{step.round}"
+
+    def indices(self, step: Step) -> list[int | None]:
+        """The copy indices of a step: [None] unless its node is a foreach."""
+        node = self.blueprint.nodes[step.node]
+        return [None] if node.foreach is None else list(range(self.copies[step.node]))
+
+    def edges(self) -> list[PlanEdge]:
+        """Every plan edge, in step-edge order: copies paired within one list, else all pairs."""
+        blueprint = self.blueprint
+        edges: list[PlanEdge] = []
+        for step_edge in blueprint.step_edges:
+            source_node, target_node = blueprint.nodes[step_edge.source.node], blueprint.nodes[step_edge.target.node]
+            if source_node.foreach is not None and target_node.foreach is not None:
+                pairs = [(i, i) for i in range(self.copies[source_node.name])]  # same list: validate checked
+            else:
+                pairs = [(i, j) for i in self.indices(step_edge.source) for j in self.indices(step_edge.target)]
+            policy = blueprint.policies[step_edge.edge]
+            stop = _loop_stop(blueprint, step_edge)
+            for source_index, target_index in pairs:
+                variables = _variables(blueprint, self.values, step_edge.target, target_index)
+                request = None if policy.request is None else templates.render(policy.request, variables)
+                edges.append(PlanEdge(
+                    id=len(edges), source=self.name_of(step_edge.source, source_index),
+                    target=self.name_of(step_edge.target, target_index), declared=step_edge.edge, policy=policy,
+                    request=request, loop=step_edge.loop, when=blueprint.spec.edges[step_edge.edge].when, stop=stop,
+                ))
+        return edges
+
+    def node(self, step: Step, index: int | None, incoming: Mapping[str, list[int]],
+             outgoing: Mapping[str, list[int]], given: Mapping[str, str]) -> PlanNode:
+        """Copy `index` of `step` as a plan node: its rendered prompt, question and answer."""
+        blueprint = self.blueprint
+        spec_node = blueprint.nodes[step.node]
+        agent = None if spec_node.agent is None else blueprint.agents[spec_node.agent]
+        name = self.name_of(step, index)
+        variables = _variables(blueprint, self.values, step, index)
+        answer = given.get(name)
+        question = None
+        if spec_node.question is not None:
+            question = templates.render(spec_node.question, variables)
+        elif spec_node.interrupt is not None:
+            question = DEFAULT_QUESTIONS[spec_node.interrupt].format(node=name)  # plain text, not a template
+        if answer_variable(spec_node):
+            variables[ANSWER_VARIABLE] = "" if answer is None else answer  # unanswered: the node waits
+        prompt, prompt_values = templates.render_spans(spec_node.prompt, variables)
+        return PlanNode(
+            name=name, declared=step.node, agent=agent, model=None if agent is None else blueprint.models[agent.model],
+            prompt=prompt, prompt_values=prompt_values, template=spec_node.prompt, generate=spec_node.generate,
+            output=spec_node.output and _last_round(blueprint, step), index=index, round=step.round,
+            item=None if index is None else self.values[spec_node.foreach][index],
+            incoming=tuple(incoming.get(name, ())), outgoing=tuple(outgoing.get(name, ())), call=spec_node.call,
+            interrupt=spec_node.interrupt, question=question, answer=answer,
+        )
 
 
 def _loop_stop(blueprint: Blueprint, step_edge: Any) -> LoopStop | None:

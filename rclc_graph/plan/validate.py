@@ -23,6 +23,7 @@ from ..errors import FieldPath, PlanError, Problem
 from ..spec import templates
 from ..spec.models import ANSWER_VARIABLE, AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
 from .agent_features import api_edge, check_agent_features
+from .spec_index import SpecIndex
 from .control import answer_variable, check_control
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
@@ -81,9 +82,10 @@ def validate(
     nodes = {node.name: node for node in spec.nodes}
     inputs = spec.input_specs()
     policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
+    index = SpecIndex(spec, models, agents, nodes, policies, trust_code)
     _raise(
-        _check_policies(spec, models, agents, nodes, policies, trust_code)
-        + check_agent_features(spec, models, agents, nodes, policies, trust_code)
+        _check_policies(index)
+        + check_agent_features(index)
         + option_problems(spec)
         + text_problems(spec)
     )
@@ -202,14 +204,9 @@ def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
     return resolve_policy(spec.policies[policy], name=policy)
 
 
-def _check_policies(
-    spec: GraphSpec,
-    models: Mapping[str, ModelSpec],
-    agents: Mapping[str, AgentSpec],
-    nodes: Mapping[str, NodeSpec],
-    policies: tuple[ResolvedPolicy, ...],
-    trust_code: bool,
-) -> list[Problem]:
+def _check_policies(index: SpecIndex) -> list[Problem]:
+    spec, models, agents, nodes = index.spec, index.models, index.agents, index.nodes
+    policies, trust_code = index.policies, index.trust_code
     problems: list[Problem] = []
     if not trust_code:
         checked: list[tuple[FieldPath, ResolvedPolicy]] = [

@@ -102,7 +102,7 @@ def sketch_blueprint(blueprint: Any) -> Sketch:
     return Sketch(spec.name, nodes, edges)
 
 
-def sketch_plan(plan: Any) -> Sketch:
+def sketch_plan(plan: Any) -> Sketch:  # a plan.dag.Plan; Any because render imports no layer (its contract)
     """Every concrete node of a compiled plan."""
     nodes = [
         SketchNode(node.name, _node_detail(None if node.agent is None else node.agent.name, node.call, node.generate),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,16 @@ class NodeResult:
 
     def __post_init__(self) -> None:
         check_output_size(self.text)
+
+    @classmethod
+    def stateless(cls, node: str, text: str | None, *, prompt_text: str = "", started_at: float,
+                  hops: list[HopRecord], **figures: Any) -> NodeResult:
+        """The result of a node that holds no state here (a function node, a node on an API
+        model): no positions, no lineage, finished now. `figures` are other fields (tokens,
+        seconds, kind)."""
+        return cls(node=node, text=text, positions=0, inherited_positions=0, lineage=Lineage(), prompt_text=prompt_text,
+                   prompt_start=0, prompt_offsets=[], started_at=started_at, finished_at=time.time(), hops=hops,
+                   **figures)
 
     @property
     def effective_text(self) -> str:
@@ -100,7 +111,7 @@ class NodeResult:
             generation_seconds=data.get("generation_seconds", 0.0),
             started_at=data.get("started_at", 0.0),
             finished_at=data.get("finished_at", 0.0),
-            hops=[HopRecord(**hop) for hop in data.get("hops", [])],
+            hops=[HopRecord.from_dict(hop) for hop in data.get("hops", [])],
             placement=data.get("placement"),
             tool_calls=[dict(call) for call in data.get("tool_calls", [])],
             kind=data.get("kind", "agent"),

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from rclc.policy import ATTENTION_SELECTORS, DEFAULT_SELECTOR, floor
 
 from ..errors import Problem
+from ..executors.pool import ModelPool
 from ..executors.prompts import group_request, render_prompt
 from ..executors.transfer_options import state_groups
 from ..plan.dag import Plan, PlanEdge, PlanNode
@@ -112,7 +113,7 @@ def fan_in_problems(plan: Plan, limits: dict[str, int], tokens: Tokens) -> list[
     return problems
 
 
-def prompt_counter(pool: Any, base_dir: Path | None) -> Tokens:
+def prompt_counter(pool: ModelPool, base_dir: Path | None) -> Tokens:
     """`tokens` for `fan_in_problems` from each node's tokenizer (weights are not read)."""
 
     def count(node: PlanNode, content: str, generation: bool) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 import rclc
 
 from ..errors import PlanError, Problem
+from ..executors.pool import ModelPool
 from ..executors.prompts import render_prompt
 from ..executors.tools import encode_tool_prompt, load_toolbox, tool_prompt
 from ..executors.trusted_code import import_callable
@@ -68,7 +69,7 @@ def least_prompt_tokens(tokenizer: Any, text: str, limit: int) -> int | None:
     return None
 
 
-def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
+def check_context(plan: Plan, pool: ModelPool, base_dir: Path | None = None) -> None:
     """Raise PlanError (E_CONTEXT) for every node whose prompt and output cannot fit its context.
 
     Also refuses an agent `context_limit` above its model's own limit (the agent would

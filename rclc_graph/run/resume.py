@@ -41,7 +41,7 @@ import rclc
 from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
-from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
+from ..executors import Executor, ModelPool, RunContext
 from ..executors.trusted_code import import_callable
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
@@ -51,7 +51,8 @@ from ..spec.models import GraphSpec
 from .directory_lock import DirectoryLock
 from .record.format import NODES_DIR, code_fingerprint, safe_name, snapshot_identity, versions
 from .record.reader import read_node, read_record
-from .record.recording import prepare_models, record_run
+from .record.recording import record_run
+from .settings import RunSettings, prepare_run
 from .record.shape import check_record
 from .record.writer import RunRecorder
 from .run_files import check_tree, member, read_json, regular
@@ -370,31 +371,32 @@ async def resume_run(
         raise ResumeError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
     lock = DirectoryLock(directory)
     lock.acquire()  # before reading: nothing may change between the checks and the run
+    settings: RunSettings | None = None
     try:
         point = read_resume_point(directory, trust_code=trust_code, answers=answers, functions=functions)
-        pool = pool if pool is not None else default_pool()
-        inner = executor if executor is not None else LocalExecutor(pool)
-        if executor is None:
-            await prepare_models(point.plan, pool, point.base_dir)
-        await anyio.to_thread.run_sync(_check_models, point, pool)  # hashing weights takes a moment
-        ctx = RunContext(run_id=point.run_id, plan=point.plan, publish=_silent, seed=point.seed, base_dir=point.base_dir)
-        agents = {}
-        for name in point.restore:
-            agents[name] = await _restore(inner, ctx, point, name)
+        settings = RunSettings.build(pool=pool, executor=executor, base_dir=point.base_dir)
+        if settings.loads_models_here:
+            await prepare_run(point.plan, settings)
+        await anyio.to_thread.run_sync(_check_models, point, settings)  # hashing weights takes a moment
+        agents = {name: await _restore(settings, point, name) for name in point.restore}
         recorder = RunRecorder(directory.parent, point.plan, run_id=point.run_id, seed=point.seed,
-                               topology_file=(point.record.get("topology") or {}).get("file"), pool=pool,
+                               topology_file=(point.record.get("topology") or {}).get("file"), pool=settings.pool,
                                base_dir=point.base_dir)
         recorder.run_dir = directory  # the directory may have been moved or renamed since
         recorder.resume(point.record, point.finished, point.snapshots, restored=list(agents), lock=lock)
     except BaseException:
         lock.release()
+        if settings is not None:
+            settings.close()
         raise
-    for name, agent in agents.items():
-        inner.adopt(point.run_id, name, agent)
-    logger.info("resuming run %s: %d of %d nodes finished before, %d restored", point.run_id, len(point.finished),
-                len(point.plan.nodes), len(agents))
-    return await record_run(recorder, inner, pool=pool, events=events, base_dir=point.base_dir,
-                            completed=dict(point.finished))
+    try:
+        for name, agent in agents.items():
+            settings.executor.adopt(point.run_id, name, agent)
+        logger.info("resuming run %s: %d of %d nodes finished before, %d restored", point.run_id, len(point.finished),
+                    len(point.plan.nodes), len(agents))
+        return await record_run(recorder, settings, events=events, completed=dict(point.finished))
+    finally:
+        settings.close()  # only an executor made here (from a name, or the default local one)
 
 
 def resume_run_sync(run_dir: str | os.PathLike[str], **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
@@ -408,13 +410,13 @@ async def _silent(kind: str, payload: dict[str, Any]) -> None:
     return None
 
 
-def _check_models(point: ResumePoint, pool: ModelPool) -> None:
+def _check_models(point: ResumePoint, settings: RunSettings) -> None:
     """The loaded models must be the ones the run used: the record's fingerprints, and the
     identity each finished node's snapshot was written with."""
     recorded = {item.get("name"): item for item in point.record.get("models") or [] if isinstance(item, Mapping)}
     current: dict[str, str] = {}
     for spec in point.plan.models():
-        loaded = pool.get(spec, point.base_dir)
+        loaded = settings.pool.get(spec, settings.base_dir)
         fingerprint = loaded.fingerprint
         current[spec.name] = fingerprint
         expected = (recorded.get(spec.name) or {}).get("fingerprint")
@@ -434,8 +436,10 @@ def _check_models(point: ResumePoint, pool: ModelPool) -> None:
             )
 
 
-async def _restore(executor: Executor, ctx: RunContext, point: ResumePoint, name: str) -> Any:
+async def _restore(settings: RunSettings, point: ResumePoint, name: str) -> Any:
     """Bind the node's agent as the run did and load its snapshot (every check before use)."""
+    executor = settings.executor
+    ctx = RunContext(run_id=point.run_id, plan=point.plan, publish=_silent, seed=point.seed, base_dir=settings.base_dir)
     try:
         agent = executor.bind(ctx, point.plan.node(name))
     except NotImplementedError as error:

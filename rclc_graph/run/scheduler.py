@@ -32,16 +32,15 @@ import anyio
 import rclc
 
 from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_failed
-from ..executors import make_executor
-from ..executors.contract import Executor, RunContext, require_executor
-from ..executors.local import LocalExecutor
-from ..executors.pool import ModelPool, default_pool
+from ..executors.contract import Executor, RunContext
+from ..executors.pool import ModelPool
 from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
 from .interrupts import Waiting, with_answers
 from .routing import Routing
+from .settings import RunSettings
 from .tracing import run_tracer
 
 logger = logging.getLogger(__name__)
@@ -114,16 +113,27 @@ async def run_plan(
     `executor` is an executor object or a name ("local", "ray": see rclc_graph.executors);
     one made from a name here is closed when the run ends.
     """
-    if isinstance(executor, str):
-        owned = make_executor(executor, pool=pool)
-        try:
-            return await run_plan(plan, pool=pool, executor=owned, events=events, run_id=run_id, seed=seed,
-                                  base_dir=base_dir, completed=completed, observer=observer)
-        finally:
-            owned.close()
-    if executor is None:
-        executor = LocalExecutor(pool if pool is not None else default_pool())
-    require_executor(executor)
+    settings = RunSettings.build(pool=pool, executor=executor, base_dir=base_dir)
+    try:
+        return await run_with(settings, plan, events=events, run_id=run_id, seed=seed, completed=completed,
+                              observer=observer)
+    finally:
+        settings.close()
+
+
+async def run_with(
+    settings: RunSettings,
+    plan: Plan,
+    *,
+    events: EventStream | None = None,
+    run_id: str | None = None,
+    seed: int = 0,
+    completed: dict[str, NodeResult] | None = None,
+    observer: RunObserver | None = None,
+) -> RunResult:
+    """`run_plan` on settings a view built once (the pool, executor and base_dir of its runs)."""
+    executor = settings.executor
+    base_dir = settings.base_dir
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
     ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)

@@ -1,6 +1,6 @@
 """The HTTP handlers: each parses its request, calls what `rclc-graph` calls for the same job
 (planning, preflight, run_recorded / resume_run through the run manager, read_record, the
-renderers) and answers JSON. Routes are listed once, in app.py."""
+renderers) and answers JSON. Routes are listed once, in openapi.py's OPERATIONS (app.py routes them)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from ..errors import JSONLimitError
+from ..executors import ModelPool
 from ..render.drawing import sketch_record, to_svg
 from ..run.record.format import NODES_DIR, REPORT_FILE, safe_name
 from ..run.record.reader import read_node
 from ..spec import bounded_json
+from . import openapi
 from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, ApiError
 from .runs import RunManager
 from .schemas import AnswerRun, StartRun, parse_body, parse_count
@@ -51,8 +53,13 @@ async def json_body(request: Request) -> Any:
 class Api:
     """The handlers of one server (settings, run manager, topology catalog, model pool)."""
 
-    def __init__(self, settings: ServerSettings, manager: RunManager, catalog: TopologyCatalog, pool: Any) -> None:
+    def __init__(self, settings: ServerSettings, manager: RunManager, catalog: TopologyCatalog, pool: ModelPool) -> None:
         self.settings, self.manager, self.catalog, self.pool = settings, manager, catalog, pool
+        self.document = openapi.document(token=settings.token is not None)
+
+    async def openapi_json(self, request: Request) -> Response:
+        """This server's OpenAPI document (openapi.py)."""
+        return JSONResponse(self.document)
 
     # -- the web UI and the server --------------------------------------------------------------
 

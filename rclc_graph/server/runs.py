@@ -28,7 +28,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..plan.dag import Plan
-from ..run import new_run_id, read_record, read_resume_point, resume_run, run_recorded
+from ..executors import ModelPool
+from ..run import RunSettings, new_run_id, prepare_run, read_record, read_resume_point, record_with, resume_run
 from ..run.event_log import EventLogWriter
 from ..run.streaming import RunStream
 from .attempts import FailedAttempts
@@ -56,7 +57,7 @@ class ActiveRun:
 class RunManager:
     """Admits, runs, cancels and resumes runs; reads their state from the run directory."""
 
-    def __init__(self, settings: ServerSettings, pool: Any) -> None:
+    def __init__(self, settings: ServerSettings, pool: ModelPool) -> None:
         self.settings = settings
         self.pool = pool
         self.runs_dir = settings.runs_dir.resolve()
@@ -135,7 +136,7 @@ class RunManager:
         """Admit a new run of `plan`; its submission is on disk until the run has a directory."""
         base_dir = self.settings.topologies_dir.resolve() if topology_file is None else topology_file.resolve().parent
         submission = Submission(new_run_id(), "new", plan=plan, topology=topology, topology_file=topology_file,
-                                base_dir=base_dir, seed=seed)
+                                base_dir=base_dir, seed=seed, preflighted=True)  # the handler preflighted it
         if len(self.queue) >= self.settings.max_queue and len(self.active) >= self.settings.max_concurrent:
             return self.admit(submission)  # refused: nothing written
         self.submissions.write(submission, "queued")
@@ -230,10 +231,20 @@ class RunManager:
     def _starter(self, submission: Submission) -> Any:
         settings = self.settings
         if submission.kind == "new":
+            plan = submission.plan
+            assert plan is not None  # a new run's submission holds its plan (submissions.py)
+
             async def start(events: Any) -> Any:
-                return await run_recorded(submission.plan, self.runs_dir, seed=submission.seed, pool=self.pool,  # type: ignore[arg-type]
-                                          events=events, run_id=submission.run_id,
-                                          topology_file=submission.topology_file, base_dir=submission.base_dir)
+                run = RunSettings.build(pool=self.pool, base_dir=submission.base_dir)
+                try:
+                    if submission.preflighted:  # at admission: only the models are left to load
+                        await run.executor.prepare(plan, run.base_dir)
+                    else:  # queued again after a restart: check it again first
+                        await prepare_run(plan, run)
+                    return await record_with(run, plan, self.runs_dir, seed=submission.seed, events=events,
+                                             run_id=submission.run_id, topology_file=submission.topology_file)
+                finally:
+                    run.close()
             return start
         options: dict[str, Any] = {} if submission.answers is None else {"answers": submission.answers}
 

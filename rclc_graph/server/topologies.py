@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import GraphError, PlanError, SpecError
+from ..executors import ModelPool
 from ..plan import plan_file, validate_file
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..render.drawing import sketch_blueprint, sketch_plan, to_svg
-from ..run.preflight import check_code, check_context
+from ..run import preflight
 from ..spec import load_graph_text, read_graph
 from ..spec import safe_yaml
 from ..spec.load import DEFAULT_MAX_BYTES
@@ -117,12 +118,11 @@ class TopologyCatalog:
             sources.update(model.source for model in spec.models)
         return sources
 
-    def preflight(self, plan: Plan, pool: Any, topology: Path | None) -> None:
+    def preflight(self, plan: Plan, pool: ModelPool, topology: Path | None) -> None:
         """What `rclc-graph run` checks before any weights load: trusted code imports, and every
         prompt fits its context (tokenizers only). Problems of a file name its lines."""
         try:
-            check_code(plan)
-            check_context(plan, pool, self.directory if topology is None else topology.parent)
+            preflight(plan, pool, self.directory if topology is None else topology.parent)
         except GraphError as error:
             if topology is not None:
                 raise error.with_locations(read_graph(topology).locate) from None

@@ -43,3 +43,19 @@ def test_the_request_path_names_functions_that_exist():
         target = module
         for part in qualified.split("."):
             target = getattr(target, part)
+
+
+# issue 25: the five everyday changes, each as "files to touch", at most three files each
+def test_every_everyday_change_lists_at_most_three_files_that_exist():
+    section = _section("Files to touch")
+    changes = re.findall(r"^- \*\*(.+?)\*\*: (.*?)(?=^- \*\*|\Z)", section, re.M | re.S)
+    assert [name for name, _ in changes] == ["Add an edge policy option", "Add a selector", "Add an executor",
+                                            "Add an HTTP endpoint", "Change per-hop lineage"]
+    for name, text in changes:
+        files = re.findall(r"`((?:rclc|rclc_graph)/[\w/<>]+\.py)", text.split("Docs:")[0])
+        assert 1 <= len(files) <= 3, (name, files)
+        for file in files:
+            if "<name>" in file:  # the new module itself: its folder exists
+                assert (ROOT / file).parent.is_dir(), (name, file)
+            else:
+                assert (ROOT / file).is_file(), (name, file)

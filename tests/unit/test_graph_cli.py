@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from rclc_graph import ModelPool, ModelSpec, compile_plan, json_schema, load_graph_text
 from rclc_graph.views.cli import app, execute, main
 from rclc_graph.views.run_inputs import read_inputs
+from rclc_graph.run import RunSettings
 from rclc_graph.run.record import read_record
 
 from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
@@ -194,6 +195,32 @@ def test_run_json_and_jsonl(small, tmp_path, tiny_pool):
         assert read_record(summary["run_dir"])["inputs"]["question"] in (CHAIN_INPUTS["question"], "another question")
 
 
+# issue 25 item 3: the command preflights each plan and loads its models once, not again in the recorded run
+def test_run_preflights_and_loads_once_per_plan(small, tmp_path, tiny_pool, monkeypatch):
+    from rclc_graph.executors import LocalExecutor
+    from rclc_graph.run import settings as run_settings
+
+    topology, _ = small
+    lines = tmp_path / "runs.jsonl"
+    lines.write_text(json.dumps(CHAIN_INPUTS) + "\n" + json.dumps(dict(CHAIN_INPUTS, question="another")) + "\n")
+    calls = {"check_context": 0, "prepare": 0}
+    check_context, prepare = run_settings.check_context, LocalExecutor.prepare
+
+    def counted_check(*args, **kwargs):
+        calls["check_context"] += 1
+        return check_context(*args, **kwargs)
+
+    async def counted_prepare(self, *args, **kwargs):
+        calls["prepare"] += 1
+        return await prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(run_settings, "check_context", counted_check)
+    monkeypatch.setattr(LocalExecutor, "prepare", counted_prepare)
+    result = invoke("run", topology, "--input", lines, "--out", tmp_path / "runs", "--json")
+    assert result.exit_code == 0, result.output
+    assert calls == {"check_context": 2, "prepare": 1}  # one preflight per plan, one load for the command
+
+
 def test_a_failed_run_exits_1_and_is_recorded(small, tmp_path, tiny_pool):
     topology, inputs = small
     # a budget of 1 cannot hold the 2 latent rows reasoning adds: the transfer into final fails
@@ -227,8 +254,8 @@ def test_interrupting_a_run_cancels_it_and_records_what_finished(tmp_path):
 
     async def go(log):
         with anyio.fail_after(10):
-            return await execute(plan, out=tmp_path, seed=0, topology=None, pool=ModelPool(),
-                                 console=Console(file=log), quiet=False, executor=executor, run_id="ctrl-c")
+            return await execute(plan, RunSettings.build(pool=ModelPool(), executor=executor), out=tmp_path, seed=0,
+                                 topology=None, console=Console(file=log), quiet=False, run_id="ctrl-c")
 
     with open(tmp_path / "log.txt", "w") as log:
         record, run_dir, interrupted = anyio.run(go, log)
@@ -248,8 +275,8 @@ def test_inspect_text_json_and_node(tmp_path):
     async def go():
         from rich.console import Console
 
-        return await execute(plan, out=tmp_path, seed=0, topology=None, pool=ModelPool(), console=Console(),
-                             quiet=True, executor=FakeExecutor(), run_id="i1")
+        return await execute(plan, RunSettings.build(pool=ModelPool(), executor=FakeExecutor()), out=tmp_path, seed=0,
+                             topology=None, console=Console(), quiet=True, run_id="i1")
 
     record, run_dir, _ = anyio.run(go)
     result = invoke("inspect", run_dir)

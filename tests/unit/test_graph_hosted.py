@@ -223,7 +223,7 @@ def test_choosing_executors_by_name(pool, monkeypatch):
         make_executor("dask")
     with pytest.raises(ValueError, match="executor ray only"):
         make_executor("local", pins={"a": 1})
-    monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
+    monkeypatch.setattr("rclc_graph.executors.registry.ray_available", lambda: False)
     with pytest.raises(ExecutorUnavailable, match=r"pip install -e '\.\[ray\]'"):  # issue 16 item 18: not on PyPI
         make_executor("ray")
     with pytest.raises(ExecutorUnavailable):
@@ -240,7 +240,7 @@ def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
     root = Path(__file__).resolve().parents[2]
     run = ["run", str(root / "topologies" / "fanout_qa.yaml"), "--input", str(root / "examples" / "inputs" / "fanout_qa.json"),
            "--out", str(tmp_path)]
-    monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
+    monkeypatch.setattr("rclc_graph.executors.registry.ray_available", lambda: False)
     missing = CliRunner().invoke(app, [*run, "--executor", "ray"])
     assert missing.exit_code == 2 and "needs Ray" in missing.stderr
     assert "pip install -e '.[ray]'" in missing.stderr and "Traceback" not in missing.output
@@ -275,3 +275,23 @@ def test_nodes_never_take_the_preparation_lock_on_the_event_loop(pool, monkeypat
 
     loop_thread = anyio.run(main)
     assert threads and loop_thread not in threads
+
+
+# issue 25 item 4: executors register by name with the options they own
+def test_an_executor_registers_by_name_with_its_options(pool, monkeypatch):
+    from rclc_graph.executors import ExecutorKind, ExecutorOption, check_options, executor_names, register, registry
+
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))  # this test's registrations end with it
+    assert executor_names()[:2] == ("local", "ray")
+    register(ExecutorKind("here", "rclc_graph.executors.local:LocalExecutor", "a second in-process executor",
+                          options=(ExecutorOption("max_batch", "--max-batch"),)))
+    assert executor_names()[-1] == "here" and isinstance(make_executor("here", pool=pool), LocalExecutor)
+    with pytest.raises(ValueError, match="registered already"):
+        register(ExecutorKind("here", "x:y", "again"))
+    check_options("here", {"max_batch": 4, "pins": {}, "address": None})  # unset options are no one's
+    with pytest.raises(ValueError, match=r"--pin \(pins\): it applies to --executor ray only"):
+        check_options("here", {"pins": {"a": 1}})
+    with pytest.raises(ValueError, match=r"--max-batch \(max_batch\): it applies to --executor local only; set models"):
+        check_options("ray", {"max_batch": 4})
+    with pytest.raises(ValueError, match="colour: no executor takes this option"):
+        make_executor("here", pool=pool, colour="blue")

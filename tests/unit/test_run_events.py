@@ -169,3 +169,26 @@ def test_every_type_is_documented_in_streaming_md():
     text = (Path(__file__).resolve().parents[2] / "docs" / "streaming.md").read_text(encoding="utf-8")
     for name, cls in ev.EVENT_TYPES.items():
         assert f"`{name}`" in text and cls.__name__ in text, name
+
+
+# issue 25 item 2: one definition of a hop; the event, the record rows and the shape check are HopRecord's fields
+def test_a_hop_event_is_the_hop_record_and_nothing_lands_in_extra():
+    import dataclasses
+
+    from rclc_graph.results.lineage import HopRecord, Lineage, compose_hop
+    from rclc_graph.run.record.shape import check_record
+
+    hop = compose_hop(Lineage.fresh("a", 6), [0, 2, 3], source="a", target="b", inherited_positions=0, budget=3,
+                      policy="b3", edge=4, excluded_by_reason={"template": 2}, allocation="pooled", fitted_budget=2)
+    event = ev.typed_from("hop", ev.hop_payload(hop), run_id="r", seq=3)
+    assert isinstance(event, ev.HopDelivered) and event.extra == {} and event.hop == hop.record
+    assert (event.source, event.allocation, event.excluded_by_reason) == ("a", "pooled", {"template": 2})
+    wire = event.to_dict()
+    names = [item.name for item in dataclasses.fields(HopRecord) if item.name != "generation_seconds"]
+    assert list(wire) == ["type", "run_id", "seq", *names, "kept"] and ev.event_from_dict(wire) == event
+    assert HopRecord.from_dict(hop.record.to_dict()) == hop.record
+    with pytest.raises(ValueError, match="hop: missing budget; unknown budgett"):
+        HopRecord.from_dict({**{k: v for k, v in hop.record.to_dict().items() if k != "budget"}, "budgett": 3})
+    row = {**hop.record.to_dict(), "allocation": 7}  # a field the old shape check did not know is checked now
+    with pytest.raises(ValueError, match=r"hops\[0\]\.allocation is 7, expected text"):
+        check_record({"status": "finished", "run_id": "r", "graph": "g", "error": None, "hops": [row]})

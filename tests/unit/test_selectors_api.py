@@ -106,3 +106,16 @@ def test_random_selector_is_seeded_and_keeps_position_zero(tiny):
     assert random_selector(0)(sender, request(tokenizer), total) == list(range(total))
     with pytest.raises(ValueError, match="seed"):
         random_selector(-1)
+
+
+# issue 25 item 2: a Selection owns its plain-data form (what the replica transport moves)
+def test_selection_round_trips_through_plain_data():
+    import json
+
+    from rclc import Selection, Span
+
+    spans = (Span(0, 2, True, "token", "a b"), Span(2, 7, False, "token", None, "template"), Span(7, 9, True, "latent", None))
+    for selection in (Selection(9, 4, (0, 1, 7, 8), spans, 2), Selection(9, 3, (0, 7, 8), spans, 0, "pooled", 5)):
+        plain = json.loads(json.dumps(selection.to_dict()))
+        assert Selection.from_dict(plain) == selection
+        assert plain["cap"] == selection.cap and plain["spans"][1] == [2, 7, False, "token", None, "template"]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import platform
 import re
@@ -43,7 +42,6 @@ import rclc
 from rclc.files import file_sha256
 
 from ...spec.bounded_json import loads
-from ...errors import UsageError
 
 RECORD_FORMAT = "rclc-graph-run"
 RECORD_VERSION = 1

@@ -18,7 +18,7 @@ import anyio
 
 from rclc.files import DIRECTORY_MODE, write_atomic, write_json_atomic
 
-from ...executors import model_key
+from ...executors import ModelPool, model_key
 from ...plan.dag import Plan
 from ...render.html_report import render_report
 from ...results.lineage import HopRecord
@@ -68,7 +68,7 @@ class RunRecorder:
         run_id: str,
         seed: int = 0,
         topology_file: str | os.PathLike[str] | None = None,
-        pool: Any = None,
+        pool: ModelPool | None = None,
         base_dir: Path | None = None,
         snapshots: bool = True,
     ) -> None:
