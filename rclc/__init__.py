@@ -35,7 +35,7 @@ _LAZY: dict[str, str] = {
     "Agent": "agent",
     "bind": "agent",
     "HFReceiver": "receiver",
-    "sender_from_hf": "hf",
+    "sender_from_hf": "hf_senders",
     "transfer": "pipeline",
     "transfer_sync": "pipeline",
     "Delivery": "state",
@@ -131,7 +131,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from .doctor import check
     from .exclusion import Exclusion
     from .generation import Batching, GenerationResult, Sampling
-    from .hf import sender_from_hf
+    from .hf_senders import sender_from_hf
     from .literal import Encoding, encode_chat, encode_literal
     from .pipeline import transfer, transfer_sync
     from .reasoning import latent_mass, latent_mass_sync

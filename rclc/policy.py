@@ -25,6 +25,7 @@ __all__ = [
     "BUILTIN_REASONING",
     "BUILTIN_SELECTORS",
     "BudgetPolicy",
+    "BuiltinSelector",
     "DEFAULT_MAX_BATCH",
     "DEFAULT_RATIO",
     "DEFAULT_REPRESENTATION",
@@ -36,6 +37,7 @@ __all__ = [
     "POSITION_ROLES",
     "REASONING_CONTEXTS",
     "REPRESENTATIONS",
+    "SELECTORS",
     "SELECTOR_OPTIONS",
     "SPAN_KINDS",
     "check_caps",
@@ -47,14 +49,6 @@ __all__ = [
 
 DEFAULT_RATIO = 4
 """The relative budget when a transfer names neither `ratio` nor `budget` (r4)."""
-
-ATTENTION_SELECTORS = ("cacheback", "qsnap", "chunkkv")
-"""Built-in selectors that score with the model's attention and reserve protected positions."""
-BASELINE_SELECTORS = ("recent", "random")
-"""Built-in baselines for experiments; budget fitting treats them as custom selectors."""
-BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
-"""Every selector name a graph may use without importing code."""
-DEFAULT_SELECTOR = "cacheback"
 
 SPAN_KINDS = ("fixed", "sentence", "paragraph", "line")
 """How the attention selectors cut a sender into the spans they keep whole: the fixed
@@ -75,18 +69,48 @@ or the senders' total where the scores are highest across them."""
 _SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage"}
 """The span options every attention selector takes."""
 
-SELECTOR_OPTIONS: dict[str, dict[str, str]] = {
-    "cacheback": {"span_size": "positive_int", **_SPANS},
-    "qsnap": {"span_size": "positive_int", **_SPANS},
-    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", **_SPANS},
-    "recent": {"exclude": "edge_field"},
-    "random": {"seed": "seed"},
+
+@dataclass(frozen=True)
+class BuiltinSelector:
+    """One built-in selector as every layer knows it, without torch.
+
+    `function` is its name in `rclc.selectors` (`rclc.selectors.builtin` resolves it);
+    `attention`: it scores with the model's attention, keeps whole spans and reserves protected
+    positions (a baseline does none of these, and budget fitting treats it as custom code);
+    `seeded`: `function(seed)` makes the selector. `options` are the keyword options it takes
+    and what each must be (`selector_option_problems` checks them without torch, so a graph
+    refuses `span_size: 0` before any model loads; tests/unit/test_policy.py checks them against
+    the selectors' signatures). `exclude` and `span_starts` are keywords the transfer fills in
+    (from the edge's `exclude:` field and from lineage), so a graph may not set them."""
+
+    function: str
+    attention: bool
+    options: dict[str, str]
+    seeded: bool = False
+
+
+SELECTORS: dict[str, BuiltinSelector] = {
+    "cacheback": BuiltinSelector("cacheback", True, {"span_size": "positive_int", **_SPANS}),
+    "qsnap": BuiltinSelector("qsnap", True, {"span_size": "positive_int", **_SPANS}),
+    "chunkkv": BuiltinSelector(
+        "chunkkv", True, {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", **_SPANS}
+    ),
+    "recent": BuiltinSelector("recent", False, {"exclude": "edge_field"}),
+    "random": BuiltinSelector("random_selector", False, {"seed": "seed"}, seeded=True),
 }
-"""The keyword options each built-in selector takes, and what each must be (checked without
-torch by `selector_option_problems`, so a graph refuses `span_size: 0` before any model
-loads; tests/unit/test_policy.py checks the table against the selectors' signatures).
-`exclude` and `span_starts` are keywords the transfer fills in (from the edge's `exclude:`
-field and from lineage), so a graph may not set them as selector options."""
+"""The built-in selectors by the name a graph or `rclc.transfer` caller uses: the one place
+their names are kept (the tuples below, `rclc.selectors.BUILTIN` and the graph's checks are
+derived from it)."""
+
+ATTENTION_SELECTORS = tuple(name for name, selector in SELECTORS.items() if selector.attention)
+"""Built-in selectors that score with the model's attention and reserve protected positions."""
+BASELINE_SELECTORS = tuple(name for name, selector in SELECTORS.items() if not selector.attention)
+"""Built-in baselines for experiments; budget fitting treats them as custom selectors."""
+BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
+"""Every selector name a graph may use without importing code."""
+DEFAULT_SELECTOR = "cacheback"
+SELECTOR_OPTIONS: dict[str, dict[str, str]] = {name: selector.options for name, selector in SELECTORS.items()}
+"""The keyword options each built-in selector takes (`BuiltinSelector.options`), by name."""
 
 _OPTION_KINDS = {
     "positive_int": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),

@@ -19,7 +19,7 @@ from .._cache import cache_from_layers, cache_keyword, cache_layers, cache_lengt
 from .._worker import WorkCancelled, check_stop, current_stop
 from ..errors import IncompatibleStateError, RclcError
 from ..generation import Sampling
-from ..hf import generation_parts, complete_state, hf_generation_inputs, sender_from_hf
+from ..hf_senders import generation_parts, complete_state, hf_generation_inputs, sender_from_hf
 from ..models import check_model, context_window
 from ..snapshot import restore_state
 from ..state import SenderState, appended_rows, build_state

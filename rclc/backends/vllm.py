@@ -32,7 +32,7 @@ from .._arguments import is_exact_int, optional_int, require_bool
 from .._worker import WorkCancelled, current_stop
 from ..errors import ContextLimitError, IncompatibleStateError, RclcError, UnsupportedModelError
 from ..generation import Sampling
-from ..hf import prompt_ids
+from ..hf_senders import prompt_ids
 from ..models import context_limit_of
 from ..state import SenderState, appended_rows, checkpoint_vocabulary, embedding_weight
 from ..vllm.capture.engine_checks import check_version

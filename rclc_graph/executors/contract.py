@@ -90,6 +90,10 @@ class Executor(ABC):
         Called by the CLI and by benchmarks. Returns where each replica runs ({"replica",
         "node", ...}); [] when models live in this process."""
 
+    def preparing(self, plan: Plan) -> str:
+        """What `prepare` is about to do for `plan`, as a status line says it."""
+        return ", ".join(f"loading model {spec.name} ({spec.source})" for spec in plan.models())
+
     @abstractmethod
     async def fingerprints(self, plan: Plan, base_dir: Path | None = None) -> dict[str, str]:
         """Model name -> identity hash (weights, configuration, vocabulary) of each model the
@@ -135,6 +139,9 @@ class DelegatingExecutor(Executor):
 
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         return await self.inner.prepare(plan, base_dir)
+
+    def preparing(self, plan: Plan) -> str:
+        return self.inner.preparing(plan)
 
     async def fingerprints(self, plan: Plan, base_dir: Path | None = None) -> dict[str, str]:
         return await self.inner.fingerprints(plan, base_dir)

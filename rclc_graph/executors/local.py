@@ -99,6 +99,14 @@ class LocalExecutor(Executor):
         self.pool = pool
         self._agents: dict[tuple[str, str], Any] = {}
 
+    @classmethod
+    def from_options(cls, pool: ModelPool, *, max_batch: int | None = None) -> LocalExecutor:
+        """The executor `make_executor("local", ...)` makes: on `pool`, whose models decode at
+        most `max_batch` sequences together when it is given (registry.py)."""
+        if max_batch is not None:
+            pool.set_max_batch(max_batch)
+        return cls(pool)
+
     def agent(self, run_id: str, node: str) -> Any:
         """The bound agent node `node` left in run `run_id` (KeyError if it holds none)."""
         return self._agents[(run_id, node)]

@@ -229,6 +229,12 @@ class RayExecutor(RemoteExecutor):
         self._actor_class = ray.remote(RayReplica)
         self.started = 0  # actors started (fresh ones after deaths included)
 
+    @classmethod
+    def from_options(cls, pool: Any, **options: Any) -> RayExecutor:
+        """The executor `make_executor("ray", ...)` makes (registry.py): replicas load their own
+        models, so the scheduler's `pool` is not used; `options` are __init__'s."""
+        return cls(**options)
+
     def _start_host(self, group: ReplicaGroup, index: int) -> _RayHandle:
         resources = resources_of(group.spec)
         cpus = float(resources.pop("CPU", 0.0))

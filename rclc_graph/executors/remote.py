@@ -185,6 +185,9 @@ class RemoteExecutor(Executor):
             for key, index in run.replicas.items():
                 self._groups[key].active[index] -= 1
 
+    def preparing(self, plan: Plan) -> str:
+        return f"starting {self.name} replicas of {', '.join(spec.name for spec in plan.models())}"
+
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         """Start every replica the plan's models declare and load their models (before a run,
         so its timing shows the run, not the loading). Returns the hosts' placements."""

@@ -5,7 +5,7 @@ Loops are unrolled and foreach nodes copied before a run starts, so a 500-byte t
 and gigabytes to build. The sizes are plain arithmetic on the spec and the inputs, so we
 compute them first and refuse a plan above the guards (`rounds.max_nodes`, and
 `MAX_EDGES_PER_NODE` edges per allowed node) before building anything. A file may lower
-the guards freely but raise them only up to the hard caps of `spec/models.py`
+the guards freely but raise them only up to the hard caps of `spec/models/graph.py`
 (`RoundsSpec`), so no file can ask for an unbounded plan.
 """
 

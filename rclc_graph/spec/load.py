@@ -251,7 +251,7 @@ def problems_from_validation(
     problems = []
     for error in exc.errors():
         path = _data_path(error["loc"], data, error["type"] == "missing")
-        # our own checks raise their stable code as the pydantic error type (spec/models.py)
+        # our own checks raise their stable code as the pydantic error type (spec/models/fields.py:spec_error)
         code = ErrorCode(error["type"]) if error["type"] in ErrorCode.__members__ else ErrorCode.E_FIELD
         message, fix = _describe(error, path, root)
         problems.append(Problem(code, message, fix, path, locate(sources, path)))

@@ -25,8 +25,17 @@ from rich.text import Text
 
 from rclc.files import write_atomic
 
-from ..errors import ExecutorUnavailable, GraphError, UsageError
-from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
+from ..errors import ExecutorUnavailable, GraphError
+from ..executors import (
+    Executor,
+    check_options,
+    default_pool,
+    executor_kind,
+    executor_names,
+    make_executor,
+    parse_pins,
+    parse_replicas,
+)
 from ..experiments import commands as experiment_commands
 from ..experiments.commands import UsageCommand
 from ..plan import plan_file, validate_file
@@ -169,20 +178,6 @@ def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interr
     return 0 if record["status"] == "finished" else EXIT_FAILED
 
 
-def _load_models(plan: Any, pool: Any, base_dir: Path, console: Console, quiet: bool) -> None:
-    """Load the plan's models before the run starts, so progress shows the run, not the load."""
-    for spec in plan.models():
-        label = f"loading model {spec.name} ({spec.source})"
-        if quiet:
-            pool.get(spec, base_dir)
-        elif console.is_terminal:
-            with console.status(label + " …"):
-                pool.get(spec, base_dir)
-        else:
-            console.print(Text(label + " …", style="dim"))
-            pool.get(spec, base_dir)
-
-
 def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> None:
     plan = plans[0]
     head = Text(plan.name, style="bold")
@@ -212,7 +207,8 @@ def run(
         [], "--answer", "-a", metavar="NODE=TEXT", help="answer a node's interrupt up front (repeatable)"
     ),
     executor_name: str = typer.Option(
-        "local", "--executor", "-e", metavar="NAME", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
+        "local", "--executor", "-e", metavar="NAME",
+        help="where nodes run: " + ", ".join(f"{kind.name} ({kind.description})" for kind in map(executor_kind, executor_names())),
     ),
     address: Optional[str] = typer.Option(
         None, "--address", metavar="ADDR", help="Ray cluster to join: auto, or HOST:PORT of the head (default: a private local Ray)"
@@ -235,40 +231,28 @@ def run(
         check_out_dir(out)
         runs = read_inputs(input, max_input_bytes=max_input_bytes)
         plans = _plans(topology, runs, trust_code, max_input_bytes, parse_answers(answer))
-        pins = parse_pins(pin)
-        counts = parse_replicas(replicas)
-        if executor_name != "ray" and (address is not None or pins or counts):
-            raise UsageError(
-                "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
-            )
-        if executor_name != "local" and max_batch is not None:
-            raise UsageError(
-                "--max-batch: it applies to --executor local only; set models[].batching.max_batch in the topology "
-                "for replicas"
-            )
+        executor_options = {"address": address, "pins": parse_pins(pin), "replicas": parse_replicas(replicas),
+                            "max_batch": max_batch}
+        check_options(executor_name, executor_options)  # which executor takes which flag: the registry says
     except (GraphError, ValueError) as error:
         usage_error(error)
     pool = default_pool()
-    if max_batch is not None:
-        pool.set_max_batch(max_batch)
     base_dir = topology.resolve().parent
-    status = 0
     try:
         _preflight(topology, plans, pool, base_dir)
     except (GraphError, ValueError, OSError) as error:
         usage_error(error)
-    executor = None
     if not json_output:
         _introduce(console, plans, input, out)
     try:
-        if executor_name == "local":
-            _load_models(plans[0], pool, base_dir, console, json_output)
-        else:
-            try:
-                executor = make_executor(executor_name, pool=pool, address=address, pins=pins, replicas=counts)
-            except ExecutorUnavailable as error:
-                fail(error.reason, f"install it: {error.install}")
-            _start_hosts(executor, plans[0], base_dir, console, json_output)
+        executor = make_executor(executor_name, pool=pool, **executor_options)
+    except ExecutorUnavailable as error:
+        fail(error.reason, f"install it: {error.install}")
+    except ValueError as error:
+        usage_error(error)
+    status = 0
+    try:
+        _prepare(executor, plans[0], base_dir, console, json_output)
         for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
             if len(plans) > 1 and not json_output:
                 console.rule(Text(printable(f"run {index + 1} of {len(plans)}: {label}")))
@@ -278,6 +262,7 @@ def run(
                     executor=executor,
                 )
             )
+            executor.release(record["run_id"])  # recorded: its agents live on in snapshots
             status = max(status, _show_result(console, record, run_dir, interrupted, json_output))
     except KeyboardInterrupt:  # Ctrl-C outside a run (model loading): nothing to record
         stderr_console().print(Text("interrupted", style="yellow"))
@@ -285,15 +270,15 @@ def run(
     except (GraphError, ValueError, NotImplementedError, OSError) as error:
         usage_error(error)
     finally:
-        if executor is not None:
-            executor.close()
+        executor.close()
     if status:
         raise typer.Exit(status)
 
 
-def _start_hosts(executor: Executor, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
-    """Start the executor's replicas and load their models before the run (Ray actors)."""
-    label = f"starting {executor.name} replicas of {', '.join(spec.name for spec in plan.models())}"
+def _prepare(executor: Executor, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+    """Load the plan's models (start the executor's replicas) before the run starts, so
+    progress shows the run, not the load."""
+    label = executor.preparing(plan)
     if quiet:
         anyio.run(executor.prepare, plan, base_dir)
         return

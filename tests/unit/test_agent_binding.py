@@ -23,7 +23,7 @@ from _agent_helpers import (
 )
 from rclc import sender_from_hf, transfer_sync
 from rclc._cache import cache_layers, cache_length, prefill
-from rclc.hf import render_messages
+from rclc.hf_senders import render_messages
 from rclc.testing import tiny_model
 
 

@@ -26,7 +26,7 @@ from _agent_helpers import (
 )
 from rclc import transfer, transfer_sync
 from rclc._cache import cache_length, generation_cache, prefill
-from rclc.hf import render_messages
+from rclc.hf_senders import render_messages
 
 
 def _pair(model, tokenizer, **options):

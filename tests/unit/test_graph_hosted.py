@@ -223,7 +223,7 @@ def test_choosing_executors_by_name(pool, monkeypatch):
         make_executor("dask")
     with pytest.raises(ValueError, match="executor ray only"):
         make_executor("local", pins={"a": 1})
-    monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
+    monkeypatch.setattr("rclc_graph.executors.registry.ray_available", lambda: False)
     with pytest.raises(ExecutorUnavailable, match=r"pip install -e '\.\[ray\]'"):  # issue 16 item 18: not on PyPI
         make_executor("ray")
     with pytest.raises(ExecutorUnavailable):
@@ -240,7 +240,7 @@ def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
     root = Path(__file__).resolve().parents[2]
     run = ["run", str(root / "topologies" / "fanout_qa.yaml"), "--input", str(root / "examples" / "inputs" / "fanout_qa.json"),
            "--out", str(tmp_path)]
-    monkeypatch.setattr("rclc_graph.executors.ray_available", lambda: False)
+    monkeypatch.setattr("rclc_graph.executors.registry.ray_available", lambda: False)
     missing = CliRunner().invoke(app, [*run, "--executor", "ray"])
     assert missing.exit_code == 2 and "needs Ray" in missing.stderr
     assert "pip install -e '.[ray]'" in missing.stderr and "Traceback" not in missing.output

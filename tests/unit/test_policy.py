@@ -141,3 +141,19 @@ def test_selector_options_table_matches_the_selectors():
     assert [p[0] for p in policy.selector_option_problems("cacheback", {"span_size": 0, "x": 1, "span": True})] == [
         "span_size", "x", "span"]
     assert policy.selector_option_problems("pkg.mod:fn", {"anything": 1}) == []
+
+
+# issue 25 item 4: the built-in selectors' names are kept in one table, and everything else derives from it
+def test_one_table_names_every_builtin_selector():
+    from rclc import policy, selectors
+
+    assert tuple(policy.SELECTORS) == policy.BUILTIN_SELECTORS
+    for name, entry in policy.SELECTORS.items():
+        assert entry.function in selectors.__all__, name
+        made = selectors.builtin(name, {"seed": 3} if entry.seeded else {}, seed=1)
+        assert callable(made) and selectors.is_builtin(made) == entry.attention, name
+    assert selectors.builtin("recent", {"exclude": None}).keywords == {"exclude": None}
+    assert selectors.builtin("random", seed=7).__name__ == "random_seed7"
+    assert selectors.builtin("random", {"seed": 2}, seed=7).__name__ == "random_seed2"
+    with pytest.raises(RclcError, match="not a built-in"):
+        selectors.builtin("pkg.mod:fn")

@@ -1,0 +1,71 @@
+"""Agent profiles: which model, what system prompt, how it generates, which tools it may call."""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from .fields import Name, SpecBase, changed_fields, is_callable_ref, spec_error, tool_name
+
+MAX_TOOL_CALLS = 32  # a tool loop is bounded; this caps what a file may ask for
+
+
+class AgentSpec(SpecBase):
+    """An agent profile: which model, what system prompt, how it generates.
+
+    Generation is greedy unless `temperature` is set; `top_p` needs a temperature.
+    """
+
+    name: Name
+    model: Name
+    description: str = ""
+    system: str = Field("", description="system prompt; empty means none")
+    max_new_tokens: PositiveInt = 128
+    temperature: float | None = Field(None, gt=0, description="set to sample; absent means greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: NonNegativeInt | None = Field(None, le=2**64 - 1, description="sampling seed (torch takes up to 2**64 - 1)")
+    context_limit: PositiveInt | None = Field(None, description="positions; default: the model's own limit")
+    tools: list[str] = Field(
+        default_factory=list,
+        description="package.module:callable functions the agent may call (needs trust_code); see max_tool_calls",
+    )
+    max_tool_calls: PositiveInt = Field(
+        4, le=MAX_TOOL_CALLS, description="the most tool calls one node makes before its answer (needs tools)"
+    )
+    tool_timeout: PositiveFloat = Field(
+        30.0, description="seconds one tool call may take; a slower call becomes an error result (needs tools)"
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str]) -> list[str]:
+        for reference in value:
+            if not is_callable_ref(reference):
+                raise spec_error(
+                    "E_FIELD",
+                    f"tool {reference!r} is not a package.module:callable reference",
+                    "name an importable function, e.g. shop_tools:lookup_order",
+                )
+        if len(set(value)) != len(value):
+            raise spec_error("E_FIELD", "a tool is listed twice", "list each tool once")
+        names = [tool_name(reference) for reference in value]
+        if len(set(names)) != len(names):
+            raise spec_error(
+                "E_FIELD",
+                "two tools share a function name (the model calls tools by name)",
+                "give each tool function its own name",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _sampling(self) -> AgentSpec:
+        if self.top_p is not None and self.temperature is None:
+            raise spec_error("E_FIELD", "top_p is set but generation is greedy", "set temperature as well, or drop top_p")
+        loop = changed_fields(self, ("max_tool_calls", "tool_timeout"))
+        if loop and not self.tools:
+            raise spec_error("E_FIELD", f"{', '.join(loop)} set without tools", f"add tools, or remove {', '.join(loop)}")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the agent decodes greedily (no temperature): reruns give the same text."""
+        return self.temperature is None

@@ -1,0 +1,190 @@
+"""Edges and the policies on them: how state moves from a sender to a receiver (mode, budget,
+selector and its options, reasoning rows, representation, the request).
+
+Mode-specific policy options default to None, meaning "the default for this mode"; the plan
+resolves them (plan/policy.py). Keeping None here lets the spec refuse options that make no
+sense for a mode (a `selector` on a `text` edge) and keeps dumped YAML minimal.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, NonNegativeInt, PositiveInt, Tag, field_validator, model_validator
+
+from rclc.policy import (
+    ALLOCATIONS,
+    ATTENTION_SELECTORS,
+    BASELINE_SELECTORS,
+    BUILTIN_REASONING,
+    BUILTIN_SELECTORS,
+    EXCLUSION_REASONS,
+    MODES,
+    REASONING_CONTEXTS,
+    REPRESENTATIONS,
+    SPAN_KINDS,
+)
+
+from ..predicates import Condition
+from .fields import Name, OptionValue, SpecBase, Template, builtin_or_callable, spec_error
+
+
+class ReasoningSpec(SpecBase):
+    """Latent reasoning rows a sender appends before it transmits (see the core's `reasoning`)."""
+
+    method: str = Field("latent_mass", description="'latent_mass' or module:callable (needs trust_code)")
+    steps: NonNegativeInt = 40
+    context: Literal[REASONING_CONTEXTS] = "full"  # type: ignore[valid-type]
+    budget: PositiveInt | None = Field(None, description="rows reserved; required for selected contexts")
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        return builtin_or_callable(value, "reasoning method", BUILTIN_REASONING)
+
+    @model_validator(mode="after")
+    def _budget(self) -> ReasoningSpec:
+        if self.context.startswith("selected") and self.budget is None:
+            raise spec_error(
+                "E_POLICY",
+                f"reasoning context {self.context!r} runs after selection and needs a budget",
+                "set reasoning.budget to the rows to reserve (e.g. the number of steps)",
+            )
+        return self
+
+
+_STATE_ONLY = ("ratio", "budget", "selector", "selector_options", "span", "max_span", "exclude", "allocation")
+_SPAN_FIELDS = ("span", "max_span")
+_NOT_TEXT = _STATE_ONLY + ("reasoning", "representation", "request")
+
+
+class TransferPolicy(SpecBase):
+    """How state moves along an edge.
+
+    mode `state`: the core's receiver-conditioned compressed handoff (ratio xor budget,
+    selector, reasoning, representation, request). `full`: the sender's whole state
+    (reasoning and representation apply). `text`: the sender generates text that the
+    receiver reads in its prompt (no state options).
+    """
+
+    mode: Literal[MODES] = "state"  # type: ignore[valid-type]
+    ratio: PositiveInt | None = Field(None, description="relative budget rX: keep I + ceil((T - I) / X)")
+    budget: PositiveInt | None = Field(None, description="bounded budget B: keep min(B, T)")
+    selector: str | None = Field(None, description=f"{', '.join(BUILTIN_SELECTORS)} or module:callable")
+    selector_options: dict[str, OptionValue] = Field(default_factory=dict, description="e.g. span_size: 4")
+    span: Literal[SPAN_KINDS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="how cacheback, qsnap and chunkkv cut the sender into spans they keep whole: fixed (the "
+        "span_size grid), sentence, paragraph or line; default: the graph's default (docs/yaml_reference.md)",
+    )
+    max_span: PositiveInt | None = Field(
+        None, description="split spans longer than this many positions into near-equal pieces; default: the graph's"
+    )
+    exclude: list[Literal[EXCLUSION_REASONS]] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="what selection passes over: template (chat markup), instruction (the sender's system prompt and "
+        "template text), known (text the receiver holds); [] passes nothing over; default: the graph's default",
+    )
+    allocation: Literal[ALLOCATIONS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="per_sender: each sender keeps its own budget; pooled: a transfer group's total goes to the best "
+        "spans across its senders (cacheback, qsnap, chunkkv); default: the graph's default",
+    )
+    reasoning: ReasoningSpec | None = None
+    representation: Literal[REPRESENTATIONS] | None = None  # type: ignore[valid-type]
+    request: Template | None = Field(
+        None, description="what the receiver needs (conditions selection); default: the receiver's prompt"
+    )
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str | None) -> str | None:
+        return None if value is None else builtin_or_callable(value, "selector", BUILTIN_SELECTORS)
+
+    @field_validator("exclude")
+    @classmethod
+    def _exclude(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise spec_error("E_FIELD", f"exclude lists a reason twice: {value}", "name each reason once")
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_mode(self) -> TransferPolicy:
+        if self.ratio is not None and self.budget is not None:
+            raise spec_error(
+                "E_POLICY",
+                "ratio and budget are both set",
+                "keep one: ratio is relative (rX), budget is bounded (B positions)",
+            )
+        refused = _NOT_TEXT if self.mode == "text" else _STATE_ONLY if self.mode == "full" else ()
+        present = [name for name in refused if getattr(self, name) not in (None, {})]
+        if present:
+            raise spec_error(
+                "E_POLICY",
+                f"mode {self.mode!r} does not use {', '.join(present)}",
+                f"remove {', '.join(present)}, or use mode: state",
+            )
+        self._check_selection_fields()
+        return self
+
+    def _check_selection_fields(self) -> None:
+        """span, max_span and allocation need a selector that has spans and scores."""
+        twice = [name for name in _SPAN_FIELDS if getattr(self, name) is not None and name in self.selector_options]
+        if twice:
+            raise spec_error(
+                "E_POLICY",
+                f"{', '.join(twice)} is set both as a policy field and in selector_options",
+                f"keep one: the policy field {twice[0]}: ..., or selector_options.{twice[0]}",
+            )
+        selector = self.selector
+        if selector in BASELINE_SELECTORS:
+            spans = [name for name in _SPAN_FIELDS if getattr(self, name) is not None]
+            if spans:
+                raise spec_error(
+                    "E_POLICY",
+                    f"selector {selector!r} keeps no spans, so {', '.join(spans)} does not apply",
+                    f"remove {', '.join(spans)}, or use one of {', '.join(ATTENTION_SELECTORS)}",
+                )
+        if self.allocation == "pooled" and selector is not None and selector not in ATTENTION_SELECTORS:
+            raise spec_error(
+                "E_POLICY",
+                f"allocation 'pooled' ranks every sender's positions by the selector's scores; selector {selector!r} has none",
+                f"use one of {', '.join(ATTENTION_SELECTORS)}, or allocation: per_sender",
+            )
+
+
+def _policy_kind(value: Any) -> str:
+    return "named" if isinstance(value, str) else "inline"
+
+
+PolicyRef = Annotated[
+    Union[Annotated[TransferPolicy, Tag("inline")], Annotated[Name, Tag("named")]],
+    Discriminator(_policy_kind),
+]
+
+class EdgeSpec(SpecBase):
+    """A handoff from `source` to `target`. `policy` is inline or the name of a graph policy.
+
+    `rounds: k` marks a loop edge: it feeds round r of its loop into round r + 1, and the
+    loop is unrolled k times at compile time. Every cycle must pass through a loop edge.
+    `when` makes the edge conditional on the sender's output; `until` (on a loop edge)
+    stops the loop after the first round whose sender output satisfies it
+    (spec/predicates.py is the condition language).
+    """
+
+    source: Name
+    target: Name
+    description: str = ""
+    policy: PolicyRef = Field(default_factory=TransferPolicy)
+    rounds: PositiveInt | None = None
+    when: Condition | None = Field(None, description="fire only when the sender's output satisfies this condition")
+    until: Condition | None = Field(
+        None, description="on a loop edge: stop the loop after the first round whose sender output satisfies this"
+    )
+
+    @model_validator(mode="after")
+    def _until_needs_rounds(self) -> EdgeSpec:
+        if self.until is not None and self.rounds is None:
+            raise spec_error("E_LOOP", "until is set on an edge without rounds",
+                         "put until on the loop edge that leads back (the one with rounds: k)")
+        return self
