@@ -8,7 +8,8 @@ This is where the graph meets the transfer core, through rclc's public API only:
 - a `generate: true` node generates with `Agent.generate` from all its deliveries plus its
   prompt (HF or vLLM: the agent's backend decides how), which records the continuation; a
   `generate: false` node absorbs them without decoding;
-- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py), and a node
+- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py; an MCP
+  server's tools come from the run's `ctx.tool_servers`, mcp_servers.py), and a node
   on a `backend: openai` model asks its server (openai_model.py) and holds no state.
 The executor keeps each run's bound agents so later nodes can send from them.
 
@@ -36,11 +37,12 @@ from ..results.run_events import hop_payload
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
 from .function_node import run_function_node
+from .mcp_servers import McpServers, uses_mcp
 from .openai_model import run_api_node
 from .pool import ModelPool
 from .prompts import compose_content, group_request, render_prompt
 from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles, sender_span_starts
-from .tools import ToolConversation, Toolbox, encode_tool_prompt, load_toolbox, run_tool_loop, tool_prompt
+from .tools import ToolConversation, Toolbox, encode_tool_prompt, open_toolbox, run_tool_loop, tool_prompt
 from .transfer_options import state_groups, transfer_options
 
 
@@ -159,6 +161,10 @@ class LocalExecutor(Executor):
             result = await run_api_node(ctx, node, inbound)
             self._agents[(ctx.run_id, node.name)] = None
             return result
+        if ctx.tool_servers is None and uses_mcp(node.agent):  # outside a run's scope (a replica): the node's own
+            async with McpServers(ctx.plan.spec.mcp_servers, trust_code=ctx.plan.trust_code,
+                                  base_dir=ctx.base_dir) as servers:
+                return await self.run_node(replace(ctx, tool_servers=servers), node, inbound)
         started = time.time()
         agent = self.bind(ctx, node)
         tokenizer = agent.tokenizer
@@ -169,7 +175,7 @@ class LocalExecutor(Executor):
         tools: tuple[Toolbox, ToolConversation] | None = None
         if node.agent.tools:
             with node_failed(node.name):
-                toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
+                toolbox = await open_toolbox(node.agent, trust_code=ctx.plan.trust_code, servers=ctx.tool_servers)
                 text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
                 prompt = encode_tool_prompt(tokenizer, text, conversation)
             tools = (toolbox, conversation)

@@ -19,6 +19,7 @@ running finish and are recorded, nothing new starts, and the run ends with statu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_fai
 from ..executors import make_executor
 from ..executors.contract import Executor, RunContext, require_executor
 from ..executors.local import LocalExecutor
+from ..executors.mcp_servers import servers_for
 from ..executors.pool import ModelPool, default_pool
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -126,7 +128,8 @@ async def run_plan(
     require_executor(executor)
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
-    ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)
+    servers = servers_for(plan, base_dir)  # MCP servers start on first use and stop when the run ends
+    ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir, tool_servers=servers)
     results: dict[str, NodeResult] = with_answers(plan, dict(completed or {}))
     walk = _Walk(plan, executor, ctx, results, observer)
     begun = time.perf_counter()
@@ -134,7 +137,8 @@ async def run_plan(
     await publish("run", {"status": "started", "plan": plan.name, "nodes": len(plan.nodes), "resumed": len(results)})
     failure: NodeFailed | None = None
     try:
-        await walk.drive()
+        async with servers if servers is not None else contextlib.nullcontext():
+            await walk.drive()
     except BaseException as error:
         ctx.stop.set()
         if is_cancellation(error):
