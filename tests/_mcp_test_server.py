@@ -7,7 +7,7 @@ an environment look-up, a tool that kills the server and one that sleeps.
     python tests/_mcp_test_server.py --silent         # starts, never speaks MCP (a server that hangs at start)
 
 Each process writes its PID to the file in $MCP_TEST_PID_FILE when that is set (one line per
-start), so a test can check the process is gone after the run.
+start), before it imports the SDK, so a test can check the process is gone after the run.
 """
 
 from __future__ import annotations
@@ -18,8 +18,24 @@ import socket
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+
+def _record_pid() -> None:
+    path = os.environ.get("MCP_TEST_PID_FILE")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n")
+
+
+if __name__ == "__main__":  # the failure modes come first: they need no SDK
+    _record_pid()
+    if "--exit-at-start" in sys.argv:
+        sys.stderr.write("arithmetic server: cannot open its database (a test of a server that never starts)\n")
+        sys.exit(3)
+    if "--silent" in sys.argv:
+        time.sleep(3600)
+
+from mcp.server.mcpserver import MCPServer  # noqa: E402
+from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 
 server = MCPServer("arithmetic", log_level="WARNING")
 
@@ -77,13 +93,6 @@ def pause(seconds: float) -> str:
     return f"slept {seconds:g} s"
 
 
-def _record_pid() -> None:
-    path = os.environ.get("MCP_TEST_PID_FILE")
-    if path:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(f"{os.getpid()}\n")
-
-
 def _serve_http(port: int) -> None:
     import anyio
     import uvicorn
@@ -99,15 +108,7 @@ def _serve_http(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT")
-    parser.add_argument("--exit-at-start", action="store_true")
-    parser.add_argument("--silent", action="store_true")
     arguments = parser.parse_args()
-    _record_pid()
-    if arguments.exit_at_start:
-        sys.stderr.write("arithmetic server: cannot open its database (a test of a server that never starts)\n")
-        sys.exit(3)
-    if arguments.silent:
-        time.sleep(3600)
     if arguments.http is None:
         server.run()
     else:

@@ -69,7 +69,7 @@ class McpTool:
         ToolServerFailed when the connection is gone (the server died); everything the
         server itself reports, and a call slower than `timeout`, are error results."""
         from mcp import MCPError  # lazy: the `mcp` extra, imported only by runs that use a server
-        from mcp_types import CONNECTION_CLOSED
+        from mcp_types import CONNECTION_CLOSED  # (installed with mcp)
 
         client = self.connection.live_client()
         try:

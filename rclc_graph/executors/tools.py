@@ -373,10 +373,12 @@ async def run_tool_loop(
         results = []
         for call in calls:
             call_id = f"{node}#{len(loop.calls) + 1}"
+            function = toolbox.functions.get(call.name)
             await publish("tool", {"node": node, "phase": "call", "call_id": call_id, "name": call.name,
-                                   "arguments": call.arguments})
+                                   "arguments": call.arguments,
+                                   **({"server": function.server} if isinstance(function, McpTool) else {})})
             began = time.perf_counter()
-            text, error = await call_tool(toolbox.functions.get(call.name), call, agent_spec.tool_timeout)
+            text, error = await call_tool(function, call, agent_spec.tool_timeout)
             run = ToolRun(call_id, call.name, dict(call.arguments), text, error, time.perf_counter() - began, call.form)
             loop.calls.append(run)
             await publish("tool", {"node": node, "phase": "result", "call_id": call_id, "name": call.name,
