@@ -161,10 +161,8 @@ class LocalExecutor(Executor):
             result = await run_api_node(ctx, node, inbound)
             self._agents[(ctx.run_id, node.name)] = None
             return result
-        if ctx.tool_servers is None and uses_mcp(node.agent):  # outside a run's scope (a replica): the node's own
-            async with McpServers(ctx.plan.spec.mcp_servers, trust_code=ctx.plan.trust_code,
-                                  base_dir=ctx.base_dir) as servers:
-                return await self.run_node(replace(ctx, tool_servers=servers), node, inbound)
+        if ctx.tool_servers is None and uses_mcp(node.agent):  # run outside a run's scope (a replica)
+            return await self._with_own_servers(ctx, node, inbound)
         started = time.time()
         agent = self.bind(ctx, node)
         tokenizer = agent.tokenizer
@@ -256,6 +254,13 @@ class LocalExecutor(Executor):
             tool_calls=finished.calls,
             roles=roles,
         )
+
+    async def _with_own_servers(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
+        """`run_node` with MCP servers of the node's own, for a node run outside a scheduler's run
+        scope (a replica): they start with the node and stop when it ends."""
+        async with McpServers(ctx.plan.spec.mcp_servers, trust_code=ctx.plan.trust_code,
+                              base_dir=ctx.base_dir) as servers:
+            return await self.run_node(replace(ctx, tool_servers=servers), node, inbound)
 
     async def _deliver_group(
         self,

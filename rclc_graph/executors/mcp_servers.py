@@ -169,7 +169,8 @@ class McpServers:
     async def tools(self, name: str) -> tuple[McpTool, ...]:
         """Server `name`'s tools (its `tools` allowlist applied), starting it if needed.
 
-        KeyError-free: an undeclared name is a UsageError; ToolServerFailed when it cannot start."""
+        UsageError for an undeclared name; ToolServerFailed when it cannot start (then, and for
+        every later call, without trying again)."""
         connection = self._connections.get(name)
         if connection is None:
             known = ", ".join(self._connections) or "none"
@@ -245,6 +246,8 @@ class McpServers:
         spec = connection.spec
         if spec.url is not None:
             return spec.url
+        if connection.stderr is not None:  # an earlier start's
+            connection.stderr.close()
         connection.stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         command = sys.executable if spec.command in _PYTHON_COMMANDS else spec.command
         cwd = Path(spec.cwd) if spec.cwd is not None else None

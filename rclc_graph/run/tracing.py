@@ -24,14 +24,22 @@ inputs come from the node's lineage (prompt, token, tool, token, ...). A hop spa
 selection (it ends when the receiver holds the delivery) and is written when its receiver
 finishes, so it can carry the receiver's generation seconds as the record does. A node that
 fails or is cancelled ends with an error status and `error.type`.
+
+An agent's span is the current span in its node's task while the node runs, and a tool's
+span while the tool runs, so spans others make meanwhile nest under them: the MCP SDK's client
+spans (its server's start under the agent that needed it, each `tools/call` under its tool),
+and whatever a tool traces itself.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import anyio
 
 from ..executors.prompts import compose_content
 from ..plan.dag import Plan, PlanNode
@@ -82,6 +90,7 @@ class _NodeTrace:
     turn_calls: list[list[str]] = field(default_factory=list)  # call ids of each closed generation's turn
     tokens: int = 0
     failed: bool = False  # an error event named this node (its error.type is set)
+    current: tuple[Any, Any] | None = None  # (context token, task) while its span is the current one
 
 
 class RunTracer:
@@ -206,7 +215,10 @@ class RunTracer:
                 attributes["rclc.node.agent"] = plan_node.agent.name  # type: ignore[union-attr]
             span = self.tracer.start_span(f"invoke_agent {name}", context=self._context(self.run_span),
                                           attributes=attributes)
-        self.nodes[name] = _NodeTrace(span, plan_node, _now())
+        # Current in the node's task (which publishes its start and finish), so spans made while
+        # it runs (an MCP server's start, a tool's own) nest under it.
+        current = (otel_context.attach(trace.set_span_in_context(span)), _task())  # type: ignore[union-attr]
+        self.nodes[name] = _NodeTrace(span, plan_node, _now(), current=current)
 
     def _not_run(self, payload: Mapping[str, Any]) -> None:
         name, status = payload["node"], payload.get("status")
@@ -224,6 +236,7 @@ class RunTracer:
         inbound, result = self.results.pop(name, (None, None))
         if node is None:
             return
+        _detach(node.current)
         span, finished = node.span, _now()
         generation = float(payload.get("generation_seconds") or 0.0)
         span.set_attributes(_attributes("rclc.node", {
@@ -319,8 +332,7 @@ class RunTracer:
                                       attributes=attributes, start_time=now)
         # Current while the tool runs (the node's task publishes its call and result), so spans a
         # tool or an MCP client makes nest under it, and an MCP call carries this trace onward.
-        token = otel_context.attach(trace.set_span_in_context(span))  # type: ignore[union-attr]
-        self.tools[call_id] = (span, token, _task())
+        self.tools[call_id] = (span, otel_context.attach(trace.set_span_in_context(span)), _task())  # type: ignore[union-attr]
 
     def _end_tool(self, payload: Mapping[str, Any]) -> None:
         entry = self.tools.pop(str(payload.get("call_id")), None)
@@ -330,8 +342,7 @@ class RunTracer:
         if entry is None:
             return
         span, token, task = entry
-        if task is not None and task == _task():
-            otel_context.detach(token)
+        _detach((token, task))
         if payload.get("error"):
             error = str(payload["error"])
             span.set_attribute("rclc.tool.error", error)
@@ -341,14 +352,19 @@ class RunTracer:
         span.end(end_time=now)
 
 
-def _task() -> Any:
-    """The running task's identity, to detach a tool span's context only where it was attached."""
-    try:
-        import anyio  # the event loop is anyio's everywhere a run publishes
+def _detach(current: tuple[Any, Any] | None) -> None:
+    """Undo a span's `attach`, in the task that attached it only (elsewhere it was never current)."""
+    if current is not None and current[1] == _task():
+        otel_context.detach(current[0])
 
-        return anyio.get_current_task().id
-    except Exception:  # no task (a tracer driven from synchronous code, in tests)
-        return None
+
+def _task() -> tuple[int, Any]:
+    """Where code runs: this thread, and its anyio task if it runs on an event loop."""
+    try:
+        task = anyio.get_current_task().id
+    except Exception:  # no event loop in this thread: synchronous code
+        task = None
+    return threading.get_ident(), task
 
 
 def _generation_usage(result: Any, payload: Mapping[str, Any]) -> list[tuple[int, int]]:

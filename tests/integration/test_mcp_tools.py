@@ -17,13 +17,15 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import pytest
 
 from _scripted_tools import TOOL_AGENT_REPLIES, install, uninstall
-from rclc_graph import EventStream, Graph, plan_file, run_recorded_sync
+from rclc_graph import (DelegatingExecutor, EventStream, Graph, LocalExecutor, default_pool, plan_file,
+                        run_recorded_sync)
 from rclc_graph.executors.tools import result_text
 from rclc_graph.run.record import read_record
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
@@ -116,7 +118,31 @@ def run_with_events(plan):
     return anyio.run(main), seen
 
 
-def test_a_stdio_server_s_tools_run_in_the_tool_loop_and_it_stops_with_the_run(scripted, pid_file):
+_EXPORTER: list = []
+
+
+@pytest.fixture
+def spans():
+    """The spans runs report (the process's tracer provider, also exporting to memory)."""
+    pytest.importorskip("opentelemetry.sdk")  # the `otel` extra; `make test` installs it
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    if not _EXPORTER:
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):
+            provider = TracerProvider()
+            trace.set_tracer_provider(provider)
+        _EXPORTER.append(InMemorySpanExporter())
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER[0]))
+    _EXPORTER[0].clear()
+    yield _EXPORTER[0]
+    _EXPORTER[0].clear()
+
+
+def test_a_stdio_server_s_tools_run_in_the_tool_loop_and_it_stops_with_the_run(scripted, pid_file, spans):
     fields = stdio(pid_file, tools=["add", "read_env"])
     fields["env"]["CALC_MODE"] = "exact"
     plan = solver_graph(fields).plan({"question": "What is 2 + 3?"}, trust_code=True)
@@ -134,6 +160,33 @@ def test_a_stdio_server_s_tools_run_in_the_tool_loop_and_it_stops_with_the_run(s
     assert [(payload["phase"], payload["name"]) for payload in tool_events] == [
         ("call", "add"), ("result", "add"), ("call", "read_env"), ("result", "read_env")]
     assert [segment.kind for segment in node.lineage.segments] == ["prompt", "token", "tool", "token", "tool", "token"]
+    assert {payload.get("server") for payload in tool_events if payload["phase"] == "call"} == {"calc"}
+    # The calls' spans: execute_tool under the agent, and the SDK's own client span under each.
+    exported = spans.get_finished_spans()
+    [agent] = [span for span in exported if span.name == "invoke_agent solver"]
+    tools = [span for span in exported if span.name.startswith("execute_tool ")]
+    assert [span.name for span in tools] == ["execute_tool add", "execute_tool read_env"]
+    for span in tools:
+        assert span.parent.span_id == agent.context.span_id and span.attributes["rclc.tool.server"] == "calc"
+        inner = [child for child in exported if child.parent is not None and child.parent.span_id == span.context.span_id]
+        assert [child.name for child in inner] == [f"MCP send tools/call {span.attributes['gen_ai.tool.name']}"]
+    assert len([span for span in exported if span.name.startswith("chat ")]) == 3  # call, call, answer
+    assert_gone(server_pids(pid_file))
+
+
+class _OutsideTheRunScope(DelegatingExecutor):
+    """Runs each node as a replica does: without the scheduler's MCP servers."""
+
+    async def run_node(self, ctx, node, inbound):
+        return await self.inner.run_node(replace(ctx, tool_servers=None), node, inbound)
+
+
+def test_a_node_run_outside_the_run_s_scope_starts_and_stops_its_own_server(scripted, pid_file):
+    plan = solver_graph(stdio(pid_file)).plan({"question": "What is 2 + 3?"}, trust_code=True)
+    scripted(call("add", a=2, b=3), ANSWER)
+    result = run_plan_sync(plan, executor=_OutsideTheRunScope(LocalExecutor(default_pool())))
+    assert result.status == "finished", result.error
+    assert result.nodes["solver"].tool_calls[0]["result"] == "5"
     assert_gone(server_pids(pid_file))
 
 

@@ -244,6 +244,7 @@ def test_a_tool_loop_gives_a_model_call_span_per_generation_around_its_tool_span
         "gen_ai.tool.call.id": "support#1", "gen_ai.tool.type": "function", "rclc.tool.call_id": "support#1"}
     assert "gen_ai.tool.call.arguments" not in tool.attributes and "gen_ai.tool.call.result" not in tool.attributes
     assert by_name(exported)["inside the tool"].parent.span_id == tool.context.span_id  # current while it runs
+    assert trace.get_current_span() is trace.INVALID_SPAN  # and only then: nothing stays attached
 
 
 def test_message_content_is_recorded_only_when_the_user_opts_in(spans, monkeypatch):
