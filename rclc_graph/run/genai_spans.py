@@ -101,15 +101,18 @@ def server_attributes(node: PlanNode) -> dict[str, Any]:
     return {"server.address": parts.hostname or "", "server.port": port}
 
 
-def chat_attributes(node: PlanNode, run_id: str, *, input_tokens: int, output_tokens: int, finish: str) -> dict[str, Any]:
-    """A `chat <model>` span's attributes: one generation of the node."""
+def chat_attributes(
+    node: PlanNode, run_id: str, *, input_tokens: int | None, output_tokens: int, finish: str
+) -> dict[str, Any]:
+    """A `chat <model>` span's attributes: one generation of the node (input tokens left out
+    when unknown: an API model's request is counted by its server)."""
     spec = node.model
     return {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": PROVIDERS.get(spec.backend, spec.backend) if spec is not None else "",
         "gen_ai.request.model": model_name(node),
         "gen_ai.conversation.id": run_id,
-        "gen_ai.usage.input_tokens": input_tokens,
+        **({"gen_ai.usage.input_tokens": input_tokens} if input_tokens is not None else {}),
         "gen_ai.usage.output_tokens": output_tokens,
         "gen_ai.response.finish_reasons": (finish,),
         **request_attributes(node),

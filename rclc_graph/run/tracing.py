@@ -300,8 +300,9 @@ class RunTracer:
             chat = self.tracer.start_span(f"chat {genai.model_name(plan_node)}", context=self._context(node.span),
                                           kind=kind, attributes=attributes, start_time=start)
             chat.end(end_time=end)
+        known = [inputs for inputs, _ in usage if inputs is not None]
         node.span.set_attributes({
-            "gen_ai.usage.input_tokens": sum(inputs for inputs, _ in usage),
+            **({"gen_ai.usage.input_tokens": sum(known)} if len(known) == len(usage) else {}),
             "gen_ai.usage.output_tokens": sum(tokens for _, tokens in usage),
             **({"gen_ai.response.finish_reasons": (reasons[-1],)} if reasons else {}),
             **genai.request_attributes(plan_node, self.seed),
@@ -367,19 +368,23 @@ def _task() -> tuple[int, Any]:
     return threading.get_ident(), task
 
 
-def _generation_usage(result: Any, payload: Mapping[str, Any]) -> list[tuple[int, int]]:
+def _generation_usage(result: Any, payload: Mapping[str, Any]) -> list[tuple[int | None, int]]:
     """(input tokens, output tokens) of each generation of a node: each token run of its own
-    lineage, with every position before it as its input; without a result, its one total."""
+    lineage, with every position before it as its input. A node whose lineage holds no tokens
+    (an API model keeps no state) or without a result: its one total, the input unknown when
+    it holds no positions."""
+    usage: list[tuple[int | None, int]] = []
     lineage = getattr(result, "lineage", None)
-    if lineage is None:
-        generated = int(payload.get("generated_tokens") or 0)
-        positions = int(payload.get("positions") or 0)
-        return [(positions - generated, generated)] if generated else []
-    usage, before = [], 0
-    for segment in lineage.segments:
-        if segment.kind == "token" and segment.node == result.node:
-            usage.append((before, segment.length))
-        before += segment.length
+    if lineage is not None:
+        before = 0
+        for segment in lineage.segments:
+            if segment.kind == "token" and segment.node == result.node:
+                usage.append((before, segment.length))
+            before += segment.length
+    generated = int(getattr(result, "generated_tokens", None) or payload.get("generated_tokens") or 0)
+    if not usage and generated:
+        positions = int(getattr(result, "positions", None) or payload.get("positions") or 0)
+        usage.append((positions - generated if positions else None, generated))
     return usage
 
 

@@ -278,3 +278,25 @@ def test_a_failed_tool_call_sets_error_type(spans):
     traced_tool_loop(tool_plan(), error="TimeoutError: project_owner took longer than 1 s")
     tool = by_name(spans.get_finished_spans())["execute_tool project_owner"]
     assert tool.attributes["error.type"] == "TimeoutError" and tool.status.status_code == trace.StatusCode.ERROR
+
+
+def test_an_api_model_s_call_is_a_client_span_on_its_server(spans):
+    graph = Graph("api").input("question")
+    graph.model("remote", backend="openai", base_url="http://127.0.0.1:8123/v1", model="qwen3-8b")
+    graph.agent("writer", model="remote", max_new_tokens=32).node("w", agent="writer", prompt="{question}", output=True)
+    tracer = RunTracer("r4", graph.plan({"question": "Hi?"}))
+    tracer.observe("run", {"status": "started", "plan": "api", "nodes": 1, "resumed": 0})
+    tracer.observe("node", {"node": "w", "status": "started"})
+    result = NodeResult(node="w", text="Hello.", positions=0, inherited_positions=0, lineage=Lineage(),
+                        prompt_text="[]", prompt_start=0, prompt_offsets=[], generated_tokens=4)
+    tracer.node_result("w", [], result)
+    tracer.observe("node", {"node": "w", "status": "finished", "positions": 0, "generated_tokens": 4, "text": "Hello."})
+    tracer.observe("run", {"status": "finished", "seconds": 1.0})
+    found = by_name(spans.get_finished_spans())
+    chat = found["chat qwen3-8b"]
+    assert chat.kind == trace.SpanKind.CLIENT
+    expected = {"gen_ai.provider.name": "openai", "gen_ai.request.model": "qwen3-8b", "server.address": "127.0.0.1",
+                "server.port": 8123, "gen_ai.usage.output_tokens": 4, "gen_ai.request.max_tokens": 32}
+    assert {key: chat.attributes[key] for key in expected} == expected
+    assert "gen_ai.usage.input_tokens" not in chat.attributes  # the server counts the request, not us
+    assert found["invoke_agent w"].attributes["gen_ai.provider.name"] == "openai"
