@@ -66,8 +66,11 @@ def children() -> set[int]:
     """This process's child processes (a stdio server the run left behind would be one)."""
     found: set[int] = set()
     for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        with open(path, encoding="ascii") as handle:
-            found |= {int(pid) for pid in handle.read().split()}
+        try:
+            with open(path, encoding="ascii") as handle:
+                found |= {int(pid) for pid in handle.read().split()}
+        except FileNotFoundError:  # the thread ended since the listing (its children were the process's)
+            continue
     return found
 
 
