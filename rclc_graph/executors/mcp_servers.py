@@ -69,16 +69,18 @@ class McpTool:
         ToolServerFailed when the connection is gone (the server died); everything the
         server itself reports, and a call slower than `timeout`, are error results."""
         from mcp import MCPError  # lazy: the `mcp` extra, imported only by runs that use a server
-        from mcp_types import CONNECTION_CLOSED  # (installed with mcp)
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT  # (installed with mcp)
 
         client = self.connection.live_client()
+        timed_out = f"TimeoutError: {self.name} took longer than {timeout:g} s"
         try:
-            with anyio.fail_after(timeout):
-                result = await client.call_tool(self.name, arguments, read_timeout_seconds=timeout)
+            with anyio.fail_after(timeout):  # the one deadline (the SDK's own read timeout stays off)
+                result = await client.call_tool(self.name, arguments)
         except TimeoutError:
-            message = f"TimeoutError: {self.name} took longer than {timeout:g} s"
-            return f"error: {message}", message
+            return f"error: {timed_out}", timed_out
         except MCPError as error:
+            if error.code == REQUEST_TIMEOUT:  # the server gave up on its own deadline: the same to the model
+                return f"error: {timed_out}", timed_out
             if error.code == CONNECTION_CLOSED:
                 raise self.connection.died(f"its connection closed during a call of {self.name}") from None
             message = f"MCPError {error.code}: {error.error.message}"
