@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # shop_tools sits besi
 
 import shop_tools  # noqa: E402  (after the path line above)
 from mcp.server.mcpserver import MCPServer  # noqa: E402
+from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 
-server = MCPServer("shop", instructions="Read-only look-ups of the orders of an online shop.")
+server = MCPServer("shop", instructions="Read-only look-ups of the orders of an online shop.", log_level="WARNING")
 
 
 @server.tool()
@@ -36,7 +37,10 @@ def lookup_order(order_id: str) -> dict[str, Any]:
     Args:
         order_id: The order number the customer quotes, for example A-1002.
     """
-    return shop_tools.lookup_order(order_id)
+    try:
+        return shop_tools.lookup_order(order_id)
+    except LookupError as error:  # the model reads what was wrong (the SDK hides other exceptions' text)
+        raise ToolError(f"LookupError: {error}") from None
 
 
 @server.tool()
@@ -46,7 +50,10 @@ def orders_of_customer(name: str) -> list[dict[str, str]]:
     Args:
         name: The customer's name or part of it (at least 3 characters), for example Jonas.
     """
-    return shop_tools.orders_of_customer(name)
+    try:
+        return shop_tools.orders_of_customer(name)
+    except LookupError as error:
+        raise ToolError(f"LookupError: {error}") from None
 
 
 def serve_http(port: int) -> None:

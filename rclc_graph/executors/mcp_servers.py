@@ -311,25 +311,28 @@ def _chosen_tools(connection: _Connection, listed: list[Any]) -> tuple[McpTool, 
 
 
 def _content_value(result: Any) -> Any:
-    """A tool result's content as the tool loop renders it: text blocks joined (a JSON text
-    parsed back, so it is shown compactly as a Python tool's value is), other blocks named."""
-    parts: list[str] = []
+    """A tool result's content as the tool loop renders it: JSON text parsed back (one block, or
+    a list of them: how the SDK returns a list), so it is shown compactly as a Python tool's
+    value is; other text joined; other blocks named by their kind."""
+    texts: list[str] = []
+    others: list[str] = []
     for block in result.content or []:
         kind = getattr(block, "type", "")
         if kind == "text":
-            parts.append(block.text)
+            texts.append(block.text)
         else:
             detail = getattr(block, "mime_type", None) or getattr(block, "uri", None) or ""
-            parts.append(f"[{kind} {detail}]".replace(" ]", "]"))
-    if not parts and result.structured_content is not None:
+            others.append(f"[{kind} {detail}]".replace(" ]", "]"))
+    if not texts and not others and result.structured_content is not None:
         return result.structured_content
-    text = "\n".join(parts)
-    if len(parts) == 1:
+    if texts and not others:
         try:
-            return json.loads(text)
+            parsed = [json.loads(text) for text in texts]
         except ValueError:
             pass
-    return text
+        else:
+            return parsed[0] if len(parsed) == 1 else parsed
+    return "\n".join(texts + others)
 
 
 def _target(spec: McpServerSpec) -> str:

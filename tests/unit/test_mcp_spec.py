@@ -1,6 +1,7 @@
 """MCP servers in a topology, without starting one: the `mcp_servers` fields, agents' `mcp:<server>`
 tool references, the whole-graph checks (declared servers, trust_code for commands), YAML
-locations, the builder and its YAML round trip, and the JSON Schema editors get."""
+locations, the builder and its YAML round trip, the JSON Schema editors get, and how a
+server's results read to the model."""
 
 from __future__ import annotations
 
@@ -165,3 +166,29 @@ def test_the_json_schema_describes_servers():
     assert "mcp_servers" in schema["properties"]
     fields = schema["$defs"]["McpServerSpec"]["properties"]
     assert {"command", "args", "env", "cwd", "url", "tools", "startup_timeout"} <= set(fields)
+
+
+# -- how a server's results read to the model (executors/mcp_servers.py) -------------------------
+
+
+def render(*blocks, structured=None):
+    from rclc_graph.executors.mcp_servers import _content_value
+    from rclc_graph.executors.tools import result_text
+
+    types = pytest.importorskip("mcp_types")  # the `mcp` extra; `make test` installs it
+    content = [types.TextContent(type="text", text=block) if isinstance(block, str) else block for block in blocks]
+    return result_text(_content_value(types.CallToolResult(content=content, structured_content=structured)))
+
+
+def test_json_results_read_as_a_python_tool_s_value_would():
+    assert render('{\n  "owner": "Alice",\n  "city": "Oslo"\n}') == '{"city": "Oslo", "owner": "Alice"}'
+    assert render('{"id": "A-1"}', '{"id": "A-2"}') == '[{"id": "A-1"}, {"id": "A-2"}]'  # a list, one block per item
+    assert render("5") == "5"
+
+
+def test_other_results_read_as_text_and_named_blocks():
+    types = pytest.importorskip("mcp_types")
+    assert render("Alice owns it.", "Since 2020.") == "Alice owns it.\nSince 2020."
+    image = types.ImageContent(type="image", data="AAAA", mime_type="image/png")
+    assert render("a chart:", image) == "a chart:\n[image image/png]"
+    assert render(structured={"total": 3}) == '{"total": 3}'  # structured content alone
