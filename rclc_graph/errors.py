@@ -15,6 +15,7 @@
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── ApiModelFailed         a request to a `backend: openai` model failed after its retries (a RuntimeError)
+    ├── ToolServerFailed       an MCP server an agent's tools come from did not start or died (a RuntimeError)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
     ├── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
     ├── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
@@ -319,6 +320,16 @@ class RemoteNodeFailure(RclcGraphError):
 class ApiModelFailed(RclcGraphError, RuntimeError):
     """A request to a `backend: openai` model failed for good (refused connection, timeout,
     an error status) after its retries; names the model, the server and what to check."""
+
+
+class ToolServerFailed(RclcGraphError, RuntimeError):
+    """An MCP server an agent's tools come from could not be started, stayed silent during
+    its start, or died while the run used it; names the server, what happened, its last
+    stderr lines and the fix (executors/mcp_servers.py). The node that needed it fails."""
+
+    def __init__(self, server: str, message: str, fix: str) -> None:
+        super().__init__(f"{message} (fix: {fix})")
+        self.server, self.fix = server, fix
 
 
 class HostDied(RclcGraphError, RuntimeError):

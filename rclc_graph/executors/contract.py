@@ -39,6 +39,9 @@ class RunContext:
     seed: int = 0
     base_dir: Path | None = None
     stop: threading.Event = field(default_factory=threading.Event)  # set when the run is cancelled
+    # the run's MCP servers (mcp_servers.McpServers), opened by the scheduler around the run;
+    # None where a node runs outside it (a replica opens its own around the node)
+    tool_servers: Any = None
 
 
 class Executor(ABC):

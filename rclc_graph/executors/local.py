@@ -8,7 +8,8 @@ This is where the graph meets the transfer core, through rclc's public API only:
 - a `generate: true` node generates with `Agent.generate` from all its deliveries plus its
   prompt (HF or vLLM: the agent's backend decides how), which records the continuation; a
   `generate: false` node absorbs them without decoding;
-- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py), and a node
+- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py; an MCP
+  server's tools come from the run's `ctx.tool_servers`, mcp_servers.py), and a node
   on a `backend: openai` model asks its server (openai_model.py) and holds no state.
 The executor keeps each run's bound agents so later nodes can send from them.
 
@@ -36,11 +37,12 @@ from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
 from .delivery import Deliver, Received, receive, transfer_group
 from .function_node import run_function_node
+from .mcp_servers import McpServers, uses_mcp
 from .openai_model import run_api_node
 from .pool import ModelPool
 from .prompts import compose_content, render_prompt
 from .roles import MATERIAL, compress, prompt_roles
-from .tools import ToolConversation, Toolbox, encode_tool_prompt, load_toolbox, run_tool_loop, tool_prompt
+from .tools import ToolConversation, Toolbox, encode_tool_prompt, open_toolbox, run_tool_loop, tool_prompt
 
 
 @dataclass
@@ -161,10 +163,12 @@ class LocalExecutor(Executor):
             result = await run_api_node(ctx, node, inbound)
             self._agents[(ctx.run_id, node.name)] = None
             return result
+        if ctx.tool_servers is None and uses_mcp(node.agent):  # run outside a run's scope (a replica)
+            return await self._with_own_servers(ctx, node, inbound)
         started = time.time()
         agent = self.bind(ctx, node)
         content = compose_content(node, inbound)
-        prompt, tools = self._prompt(ctx, node, agent, content)
+        prompt, tools = await self._prompt(ctx, node, agent, content)
         received = await receive(
             ctx, node, agent, inbound, content, self._deliver, lambda source: self.agent(ctx.run_id, source)
         )
@@ -176,16 +180,24 @@ class LocalExecutor(Executor):
         self._agents[(ctx.run_id, node.name)] = agent
         return result
 
+    async def _with_own_servers(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
+        """`run_node` with MCP servers of the node's own, for a node run outside a scheduler's run
+        scope (a replica): they start with the node and stop when it ends."""
+        async with McpServers(ctx.plan.spec.mcp_servers, trust_code=ctx.plan.trust_code,
+                              base_dir=ctx.base_dir) as servers:
+            return await self.run_node(replace(ctx, tool_servers=servers), node, inbound)
+
     @staticmethod
-    def _prompt(
+    async def _prompt(
         ctx: RunContext, node: PlanNode, agent: Any, content: str
     ) -> tuple[Any, tuple[Toolbox, ToolConversation] | None]:
-        """The node's prompt (its tokens and offsets), with the tool conversation of a tool-calling agent."""
+        """The node's prompt (its tokens and offsets), with the tool conversation of a tool-calling
+        agent (an MCP server's tools listed by the run's servers, `ctx.tool_servers`)."""
         tokenizer = agent.tokenizer
         if not node.agent.tools:
             return render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate), None
         with node_failed(node.name):
-            toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
+            toolbox = await open_toolbox(node.agent, trust_code=ctx.plan.trust_code, servers=ctx.tool_servers)
             text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
             return encode_tool_prompt(tokenizer, text, conversation), (toolbox, conversation)
 

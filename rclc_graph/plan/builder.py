@@ -29,8 +29,19 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import FieldPath, Problem, SpecError, UsageError
 from ..spec.load import problems_from_validation
-from ..spec.models import AgentSpec, EdgeSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, ReasoningSpec, RoundsSpec
-from ..spec.models import TransferPolicy, is_callable_ref
+from ..spec.models import (
+    AgentSpec,
+    EdgeSpec,
+    GraphSpec,
+    InputSpec,
+    McpServerSpec,
+    ModelSpec,
+    NodeSpec,
+    ReasoningSpec,
+    RoundsSpec,
+    TransferPolicy,
+    is_callable_ref,
+)
 from .compile import compile_plan
 from .dag import Plan
 from .validate import Blueprint, validate
@@ -78,6 +89,7 @@ class Graph:
         self.description = description
         self._inputs: dict[str, InputSpec] = {}
         self._models: list[ModelSpec] = []
+        self._mcp_servers: dict[str, McpServerSpec] = {}
         self._agents: list[AgentSpec] = []
         self._nodes: list[NodeSpec] = []
         self._edges: list[EdgeSpec] = []
@@ -91,6 +103,7 @@ class Graph:
         graph = cls(spec.name, description=spec.description)
         graph._inputs = spec.input_specs()
         graph._models = list(spec.models)
+        graph._mcp_servers = dict(spec.mcp_servers)
         graph._agents = list(spec.agents)
         graph._nodes = list(spec.nodes)
         graph._edges = list(spec.edges)
@@ -113,6 +126,19 @@ class Graph:
         """Declare a model (`source`: "embedded", a local path or a hub id; `options`: the
         other ModelSpec fields such as dtype, device, backend, replicas)."""
         self._add(self._models, "models", ModelSpec, {"name": name, "source": source, **options})
+        return self
+
+    def mcp_server(self, name: str, **fields: Any) -> Graph:
+        """Declare an MCP server agents may take tools from (`tools=["mcp:<name>"]`): `command`
+        (and `args`, `env`, `cwd`) to run it over stdio, or `url` to reach one on this machine;
+        `tools` (an allowlist) and `startup_timeout` as in YAML (docs/yaml_reference.md)."""
+        _check_key("mcp_servers", name)
+        spec = _build(McpServerSpec, ("mcp_servers", name), fields)
+        _build(GraphSpec, (), {"name": self.name, "mcp_servers": {name: spec}})  # checks the server name
+        if name in self._mcp_servers:
+            raise SpecError.one("E_DUPLICATE_NAME", f"MCP server {name!r} is declared twice",
+                                "declare each server once", ("mcp_servers", name))
+        self._mcp_servers[name] = spec
         return self
 
     def agent(self, name: str, *, model: str, system: str = "", **options: Any) -> Graph:
@@ -220,6 +246,7 @@ class Graph:
             description=self.description,
             inputs=dict(self._inputs),
             models=list(self._models),
+            mcp_servers=dict(self._mcp_servers),
             agents=list(self._agents),
             nodes=list(self._nodes),
             edges=list(self._edges),

@@ -247,8 +247,11 @@ class Plan:
     def fingerprint(self) -> str:
         """sha256 of the spec and the inputs: equal plans, equal fingerprints. A run record
         stores it so a resumed run can refuse a changed graph or changed inputs."""
+        spec = self.spec.model_dump(mode="json")
+        if not spec.get("mcp_servers"):  # a field added later: a graph without servers keeps its fingerprint
+            spec.pop("mcp_servers", None)
         data = {
-            "spec": self.spec.model_dump(mode="json"),
+            "spec": spec,
             "inputs": {key: list(value) if isinstance(value, tuple) else value for key, value in self.inputs.items()},
             "trust_code": self.trust_code,
         }

@@ -19,6 +19,7 @@ running finish and are recorded, nothing new starts, and the run ends with statu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ import rclc
 
 from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_failed
 from ..executors.contract import Executor, RunContext
+from ..executors.mcp_servers import servers_for
 from ..executors.pool import ModelPool
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -65,10 +67,10 @@ class _Publisher:
     """Publishes the run's events into an optional stream, under the run's epoch, and shows
     each to the run's tracer (OpenTelemetry spans, when the `otel` extra is installed)."""
 
-    def __init__(self, events: EventStream | None, run_id: str) -> None:
+    def __init__(self, events: EventStream | None, run_id: str, plan: Plan | None = None, seed: int = 0) -> None:
         self.events, self.run_id = events, run_id
         self.epoch = events.open_epoch() if events is not None else 0
-        self.tracer = run_tracer(run_id)
+        self.tracer = run_tracer(run_id, plan, seed)
 
     async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
         if self.tracer is not None:
@@ -76,6 +78,11 @@ class _Publisher:
         if self.events is None:
             return None
         return await self.events.publish(kind, payload, run_id=self.run_id, epoch=self.epoch)  # type: ignore[arg-type]
+
+    def node_result(self, name: str, inbound: list[tuple[Any, NodeResult]], result: NodeResult) -> None:
+        """Show a finished node's result to the tracer (its model calls' spans), before its event."""
+        if self.tracer is not None:
+            self.tracer.node_result(name, inbound, result)
 
     def trace(self, kind: str, payload: dict[str, Any]) -> None:
         """Show an event to the tracer only (the run ended without a stream event for it)."""
@@ -135,8 +142,9 @@ async def run_with(
     executor = settings.executor
     base_dir = settings.base_dir
     run_id = run_id or new_run_id()
-    publish = _Publisher(events, run_id)
-    ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)
+    publish = _Publisher(events, run_id, plan, seed)
+    servers = servers_for(plan, base_dir)  # MCP servers start on first use and stop when the run ends
+    ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir, tool_servers=servers)
     results: dict[str, NodeResult] = with_answers(plan, dict(completed or {}))
     walk = _Walk(plan, executor, ctx, results, observer)
     begun = time.perf_counter()
@@ -144,7 +152,8 @@ async def run_with(
     await publish("run", {"status": "started", "plan": plan.name, "nodes": len(plan.nodes), "resumed": len(results)})
     failure: NodeFailed | None = None
     try:
-        await walk.drive()
+        async with servers if servers is not None else contextlib.nullcontext():
+            await walk.drive()
     except BaseException as error:
         ctx.stop.set()
         if is_cancellation(error):
@@ -263,6 +272,8 @@ class _Walk:
             result = await self.executor.run_node(replace(ctx, publish=hops), node, inbound)
         self.results[name] = with_answers(self.plan, {name: result})[name]
         await hops.publish_missing(result.hops)
+        if isinstance(ctx.publish, _Publisher):
+            ctx.publish.node_result(name, inbound, result)
         await ctx.publish("node", _finished_payload(result))
         if self.observer is not None:
             try:

@@ -15,6 +15,7 @@ from .models import (
     EdgeSpec,
     GraphSpec,
     InputSpec,
+    McpServerSpec,
     ModelSpec,
     NodeSpec,
     ReasoningSpec,

@@ -1,7 +1,8 @@
 """What a user writes: pydantic models of a graph, one module per kind — `model` (models and
 their batching), `agent` (agent profiles), `node` (nodes), `edge` (edges and the transfer
-policies on them), `graph` (the topology, its inputs and size guards, the JSON Schema), and
-`fields` (the base, error and checked string types they share).
+policies on them), `graph` (the topology, its inputs and size guards, the JSON Schema), `mcp`
+(MCP servers agents call tools of), and `fields` (the base, error and checked string
+types they share).
 
 Every model forbids unknown fields (a typo is an error, not a silently ignored key) and is
 strict (`ratio: "4"` is refused rather than coerced) and frozen. Checks that need one object
@@ -29,6 +30,7 @@ from .fields import (
     is_callable_ref,
     tool_name,
 )
+from .mcp import MCP_PREFIX, McpServerSpec, mcp_server_name
 from .graph import MAX_NODES_LIMIT, MAX_ROUNDS_LIMIT, GraphSpec, InputRef, InputSpec, RoundsSpec, json_schema
 from .model import API_BACKEND, MODEL_BACKENDS, BatchingSpec, ModelSpec, source_kind
 from .node import NodeSpec
@@ -41,6 +43,7 @@ __all__ = [
     "MAX_NODE_TEXT_BYTES",
     "MAX_ROUNDS_LIMIT",
     "MAX_TOOL_CALLS",
+    "MCP_PREFIX",
     "MODEL_BACKENDS",
     "RESERVED_VARIABLES",
     "SCHEMA_VERSION",
@@ -52,6 +55,7 @@ __all__ = [
     "InputRef",
     "InputSpec",
     "InputType",
+    "McpServerSpec",
     "ModelSpec",
     "Name",
     "NodeSpec",
@@ -63,6 +67,7 @@ __all__ = [
     "TransferPolicy",
     "is_callable_ref",
     "json_schema",
+    "mcp_server_name",
     "source_kind",
     "tool_name",
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from .fields import Name, SpecBase, changed_fields, is_callable_ref, spec_error, tool_name
+from .fields import Name, SpecBase, changed_fields, is_callable_ref, is_name, spec_error, tool_name
+from .mcp import mcp_server_name
 
 MAX_TOOL_CALLS = 32  # a tool loop is bounded; this caps what a file may ask for
 
@@ -26,7 +27,8 @@ class AgentSpec(SpecBase):
     context_limit: PositiveInt | None = Field(None, description="positions; default: the model's own limit")
     tools: list[str] = Field(
         default_factory=list,
-        description="package.module:callable functions the agent may call (needs trust_code); see max_tool_calls",
+        description="package.module:callable functions the agent may call (needs trust_code), and mcp:<server> "
+        "for every tool of a server declared under mcp_servers; see max_tool_calls",
     )
     max_tool_calls: PositiveInt = Field(
         4, le=MAX_TOOL_CALLS, description="the most tool calls one node makes before its answer (needs tools)"
@@ -39,15 +41,23 @@ class AgentSpec(SpecBase):
     @classmethod
     def _tools(cls, value: list[str]) -> list[str]:
         for reference in value:
-            if not is_callable_ref(reference):
+            server = mcp_server_name(reference)
+            if server is not None and not is_name(server):
+                raise spec_error(
+                    "E_FIELD",
+                    f"tool {reference!r} does not name an MCP server",
+                    "write mcp:<name> with the name of a server declared under mcp_servers, e.g. mcp:shop",
+                )
+            if server is None and not is_callable_ref(reference):
                 raise spec_error(
                     "E_FIELD",
                     f"tool {reference!r} is not a package.module:callable reference",
-                    "name an importable function, e.g. shop_tools:lookup_order",
+                    "name an importable function, e.g. shop_tools:lookup_order, or an MCP server as mcp:<name>",
                 )
         if len(set(value)) != len(value):
             raise spec_error("E_FIELD", "a tool is listed twice", "list each tool once")
-        names = [tool_name(reference) for reference in value]
+        # MCP servers name their tools when they start; executors/tools.py refuses a clash then
+        names = [tool_name(reference) for reference in value if mcp_server_name(reference) is None]
         if len(set(names)) != len(names):
             raise spec_error(
                 "E_FIELD",

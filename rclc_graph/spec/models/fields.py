@@ -60,6 +60,11 @@ def _check_template(value: str) -> str:
     return value
 
 
+def is_name(value: str) -> bool:
+    """Whether `value` is usable as a name (of a model, agent, node, MCP server, ...)."""
+    return bool(_NAME.match(value))
+
+
 def is_callable_ref(value: str) -> bool:
     """True for "package.module:function" references (user code; needs trust_code)."""
     return bool(_CALLABLE_REF.match(value))

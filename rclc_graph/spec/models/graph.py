@@ -1,5 +1,5 @@
-"""The whole topology: declared inputs, models, agents, nodes, edges, named policies and the
-plan-size guards; and the JSON Schema of the files users write."""
+"""The whole topology: declared inputs, models, MCP servers, agents, nodes, edges, named
+policies and the plan-size guards; and the JSON Schema of the files users write."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ...errors import UsageError
 from .agent import AgentSpec
 from .edge import EdgeSpec, TransferPolicy
 from .fields import RESERVED_VARIABLES, SCHEMA_VERSION, Ident, InputType, Name, SpecBase, spec_error
+from .mcp import McpServerSpec
 from .model import ModelSpec
 from .node import NodeSpec
 
@@ -58,7 +59,7 @@ class RoundsSpec(SpecBase):
 
 
 class GraphSpec(SpecBase):
-    """A whole topology: declared inputs, models, agents, nodes, edges and named policies."""
+    """A whole topology: declared inputs, models, MCP servers, agents, nodes, edges and named policies."""
 
     version: Literal[1] = SCHEMA_VERSION
     name: Name
@@ -67,6 +68,9 @@ class GraphSpec(SpecBase):
         default_factory=dict, description="run inputs; `question: str` is short for `question: {type: str}`"
     )
     models: list[ModelSpec] = Field(default_factory=list)
+    mcp_servers: dict[Name, McpServerSpec] = Field(
+        default_factory=dict, description="MCP servers agents call tools of (tools: [mcp:<name>])"
+    )
     agents: list[AgentSpec] = Field(default_factory=list)
     nodes: list[NodeSpec] = Field(default_factory=list)
     edges: list[EdgeSpec] = Field(default_factory=list)
