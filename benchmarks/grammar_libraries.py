@@ -65,10 +65,10 @@ RECORD = {
     "required": ["category", "urgency", "items"],
     "additionalProperties": False,
 }
-DOCUMENTS = {
-    "tool_call": '{"name": "orders_of_customer", "arguments": {"name": "Maria Lopez"}}',
-    "record": '{"category": "shipping", "urgency": 4, "items": [{"sku": "D-17", "quantity": 2}, '
-              '{"sku": "M-3", "quantity": 1}], "note": "the parcel is late"}',
+DOCUMENTS = {  # compact JSON, as each library is asked to write it (no whitespace between tokens)
+    "tool_call": '{"name":"orders_of_customer","arguments":{"name":"Maria Lopez"}}',
+    "record": '{"category":"shipping","urgency":4,"items":[{"sku":"D-17","quantity":2},'
+              '{"sku":"M-3","quantity":1}],"note":"the parcel is late"}',
 }
 PROMPTS = [
     "Where is my order A-1002?", "Which orders does Jonas Berg have?", "My standing desk arrived broken, order A-1005.",
@@ -94,7 +94,7 @@ class XGrammar:
         self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab))
 
     def compile(self, schema: dict) -> Any:
-        return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
 
     def start(self, compiled: Any) -> Any:
         return [self.xgr.GrammarMatcher(compiled), self.xgr.allocate_token_bitmask(1, self.vocab)]
@@ -162,7 +162,7 @@ class OutlinesCore:
     def compile(self, schema: dict) -> Any:
         from outlines_core.json_schema import build_regex_from_schema
 
-        return self.core.Index(build_regex_from_schema(json.dumps(schema), r"[ ]?"), self.vocabulary)
+        return self.core.Index(build_regex_from_schema(json.dumps(schema), ""), self.vocabulary)
 
     def start(self, index: Any) -> Any:
         from outlines_core.kernels.torch import allocate_token_bitmask

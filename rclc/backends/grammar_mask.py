@@ -5,7 +5,8 @@ costs nobody else's step) and owned by the sequence's `TokenChooser`; the engine
 `apply` on the sequence's own row of logits before the token is chosen and `advance` after,
 so the constraint is per sequence: a batch decodes constrained and free sequences
 together, each with its own grammar. Once the grammar is complete the mask allows only the
-end-of-sequence token, and `stopped` ends the sequence even when the model names none.
+end-of-sequence token (so the turn ends as any turn does), and `exhausted` ends the sequence
+when the model names no end token.
 
 Why a mask per row and not llguidance's parallel batch fill: a mask costs tens of
 microseconds on the embedded model against milliseconds for the decode step
@@ -56,16 +57,18 @@ class GrammarMask:
     def __init__(self, constraint: Constraint, tokenizer: Any, vocab: int, eos: int | None) -> None:
         from llguidance import LLMatcher
 
-        self.vocab = vocab
+        self.vocab, self.eos = vocab, eos
         self.matcher = LLMatcher(llg_tokenizer(tokenizer, vocab, eos), constraint.grammar())
         if self.matcher.is_error():
             raise ConstraintError(f"constraint: the constrained decoder refused it: {self.matcher.get_error()}")
         self._bits = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
 
     @property
-    def stopped(self) -> bool:
-        """True once the grammar allows nothing more (the sequence must end)."""
-        return bool(self.matcher.is_stopped())
+    def exhausted(self) -> bool:
+        """True once the grammar is complete and there is no end token to write: the sequence
+        must end now. (With an end token the mask then allows only it, so the model writes
+        it as it would at the end of any turn.)"""
+        return self.eos is None and bool(self.matcher.is_stopped())
 
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
         """Set the scores of every disallowed token to -inf (in place; `scores` `[1, vocab]`)."""

@@ -96,7 +96,7 @@ class TokenChooser:
     @property
     def finished(self) -> bool:
         """True when the constraint allows nothing more: the sequence ends after this token."""
-        return self.mask is not None and self.mask.stopped
+        return self.mask is not None and self.mask.exhausted
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from this sequence's `[vocab]` float32 logits."""

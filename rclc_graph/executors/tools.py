@@ -40,6 +40,7 @@ import rclc
 from ..errors import CallTimedOut, UsageError
 from ..spec.models import AgentSpec, tool_name
 from .tool_calls import ToolCall, parse_tool_calls
+from .tool_grammar import CallForm, call_form, turn_constraint
 from .trusted_code import import_callable
 from .user_threads import call_in_own_thread
 
@@ -48,7 +49,7 @@ MAX_RESULT_CHARS = 4000
 _SENTINEL = "\u2063rclc-assistant-turn\u2063"  # stands for an assistant turn's content when rendering
 
 Generate = Callable[..., Awaitable[Any]]
-"""`await generate(prompt=None, *, deliveries=0, from_state=False)` -> rclc.GenerationResult."""
+"""`await generate(prompt=None, *, deliveries=0, from_state=False, constraint=None)` -> rclc.GenerationResult."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class ToolConversation:
     tokenizer: Any
     messages: list[dict[str, Any]]
     tools: tuple[dict[str, Any], ...] | None  # passed to the template; None: described in the system prompt
+    form: CallForm = "json"  # how the prompt asked for calls: the form constrained turns write (tool_grammar.py)
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
         options: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt,
@@ -162,6 +164,7 @@ def tool_prompt(tokenizer: Any, system: str, content: str, toolbox: Toolbox) -> 
         except Exception:  # a template that refuses the tools keyword
             with_tools = None
         if with_tools is not None and with_tools != plain.render(base, generation_prompt=True):
+            native.form = call_form(with_tools, native_tools=True)
             return with_tools, native
         described = (system + "\n\n" if system else "") + describe_tools(toolbox.schemas)
         messages = [{"role": "system", "content": described}, user]
@@ -304,11 +307,22 @@ async def run_tool_loop(
     publish: Callable[[str, dict[str, Any]], Awaitable[Any]],
     prompt: Any,
     deliveries: int,
+    answer_schema: dict[str, Any] | None = None,
 ) -> ToolLoopResult:
-    """The bounded loop (module docstring): generate, run the calls, append, generate again."""
+    """The bounded loop (module docstring): generate, run the calls, append, generate again.
+    With `constrain_tools` each turn is decoded under the tools' grammar (tool_grammar.py);
+    `answer_schema` (the node's output_schema) then shapes the answer turn too."""
     loop = ToolLoopResult(text="")
     eos_ids = _eos_ids(agent)
-    result = await generate(prompt, deliveries=deliveries)  # the first turn: the prompt as the agent takes it
+
+    def constraint(first: bool) -> Any:
+        if not agent_spec.constrain_tools:
+            return None
+        return turn_constraint(toolbox.schemas, form=conversation.form, may_call=len(loop.calls) < agent_spec.max_tool_calls,
+                               must_call=first and agent_spec.tool_choice == "required", answer_schema=answer_schema)
+
+    # the first turn: the prompt as the agent takes it
+    result = await generate(prompt, deliveries=deliveries, constraint=constraint(True))
     turns = 0
     while True:
         turns += 1
@@ -341,7 +355,7 @@ async def run_tool_loop(
         held = agent.inspect()["cached_positions"]
         await agent.append(turn)
         loop.tail.append(("tool", agent.inspect()["cached_positions"] - held))
-        result = await generate(from_state=True)
+        result = await generate(from_state=True, constraint=constraint(False))
     return loop
 
 

@@ -152,6 +152,7 @@ def expand(
                     interrupt=spec_node.interrupt,
                     question=question,
                     answer=answer,
+                    output_schema=spec_node.output_schema,
                 )
             )
     _check_blank_texts(blueprint, nodes, edges)

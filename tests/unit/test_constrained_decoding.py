@@ -69,7 +69,7 @@ def test_a_json_schema_constraint_gives_json_that_validates(tiny):
     result = generate_alone(model, tokenizer, PROMPTS[1], max_new_tokens=48, sampling=sampling)
     value = json.loads(result.text)  # a random model writes valid JSON only because it must
     jsonschema.validate(value, VERDICT)
-    assert " " not in result.text  # compact JSON: no whitespace for a small model to loop on
+    assert "\n" not in result.text and "  " not in result.text  # one line: no blank space for a small model to loop on
 
 
 def test_sampling_under_a_constraint_stays_inside_it(tiny):
@@ -86,6 +86,24 @@ def test_a_lark_grammar_constraint(tiny):
     result = generate_alone(model, tokenizer, PROMPTS[2], max_new_tokens=32,
                             sampling=rclc.Sampling(constraint=rclc.Constraint.lark(grammar)))
     assert result.text in ("Cedar is owned by Alice.", "Cedar is owned by Bob.")
+
+
+def test_a_format_tree_constraint(tiny):
+    """`Constraint.format`: a tagged JSON call or a plain answer, the tool loop's kind of turn."""
+    model, tokenizer = tiny
+    tree = {"type": "or", "elements": [
+        {"type": "sequence", "elements": [{"type": "const_string", "value": "<call>"},
+                                          {"type": "json_schema", "json_schema": OWNER},
+                                          {"type": "const_string", "value": "</call>"}]},
+        {"type": "regex", "pattern": "(yes|no)/maybe"},
+    ]}
+    result = generate_alone(model, tokenizer, PROMPTS[3], max_new_tokens=32,
+                            sampling=rclc.Sampling(constraint=rclc.Constraint.format(tree)))
+    if result.text.startswith("<call>"):
+        assert result.text.endswith("</call>")
+        jsonschema.validate(json.loads(result.text[len("<call>"):-len("</call>")]), OWNER)
+    else:
+        assert result.text in ("yes/maybe", "no/maybe")
 
 
 def test_a_batch_mixes_constrained_and_free_sequences_without_changing_either(tiny):
@@ -116,7 +134,7 @@ def test_a_constrained_sequence_ends_when_its_grammar_is_complete(tiny):
     model, tokenizer = tiny
     sampling = rclc.Sampling(constraint=rclc.Constraint.json_schema(OWNER))
     result = generate_alone(model, tokenizer, PROMPTS[0], max_new_tokens=200, sampling=sampling)
-    assert result.text in ('{"owner":"Alice"}', '{"owner":"Bob"}')
+    assert result.text in ('{"owner": "Alice"}', '{"owner": "Bob"}')
     assert result.tokens < 40
 
 
@@ -136,6 +154,8 @@ def test_a_schema_the_decoder_cannot_use_is_refused_with_its_reason(schema, says
 def test_bad_constraints_and_sampling_values_are_refused():
     with pytest.raises(rclc.ConstraintError, match="grammar"):
         rclc.Constraint.lark("start: undefined_rule\n")
+    with pytest.raises(rclc.ConstraintError, match="not a format node; use one of"):
+        rclc.Constraint.format({"type": "sequence", "elements": [{"type": "const_string"}]})
     with pytest.raises(rclc.ConstraintError, match="JSON Schema object"):
         rclc.Constraint.json_schema(["not", "a", "schema"])
     with pytest.raises(rclc.RclcError, match="constraint: expected rclc.Constraint"):
