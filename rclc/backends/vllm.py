@@ -340,11 +340,25 @@ def structured_outputs(constraint: Constraint, engine: Any = None) -> Any:
     if constraint.kind == "json_schema":
         return StructuredOutputsParams(json=constraint.schema, disable_any_whitespace=True)
     if constraint.kind == "format":
-        tag = {"type": "structural_tag", "format": json.loads(constraint.source)}
+        tag = {"type": "structural_tag", "format": _bounded_whitespace(json.loads(constraint.source))}
         return StructuredOutputsParams(structural_tag=json.dumps(tag))
     raise ConstraintError(
         "constraint: a Lark grammar runs on the HF backend only; on vLLM use Constraint.json_schema or Constraint.format"
     )
+
+
+def _bounded_whitespace(node: Any) -> Any:
+    """The format tree with at most one white-space character between a JSON document's tokens
+    (what the HF backend's one-line JSON allows, near enough): free white space lets a small
+    model spend its tokens on blank lines."""
+    if isinstance(node, dict):
+        node = {key: _bounded_whitespace(value) for key, value in node.items()}
+        if node.get("type") == "json_schema":
+            node.setdefault("max_whitespace_cnt", 1)
+        return node
+    if isinstance(node, list):
+        return [_bounded_whitespace(value) for value in node]
+    return node
 
 
 def _structured_backend(engine: Any) -> str | None:

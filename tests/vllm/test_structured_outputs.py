@@ -30,7 +30,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 TOOL = {"type": "function", "function": {"name": "lookup_order", "description": "Look an order up.", "parameters": {
-    "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
+    "type": "object", "properties": {"order_id": {"type": "string", "maxLength": 12}}, "required": ["order_id"]}}}
 PROMPT = "Is the Cedar project owned by Alice? Answer in JSON."
 
 
@@ -46,13 +46,20 @@ def generate(agent, constraint, tokens=40):
                                             sampling=rclc.Sampling(constraint=constraint)))
 
 
+def parsed(result):
+    try:
+        return json.loads(result.text)
+    except ValueError:
+        raise AssertionError(f"not JSON: {result.text!r} {result.token_ids}") from None
+
+
 def test_a_json_schema_holds_on_vllm_and_on_hf_with_the_same_weights(llm):
     constraint = rclc.Constraint.json_schema(SCHEMA)
     on_vllm = generate(rclc.bind(llm, backend="vllm"), constraint)
-    jsonschema.validate(json.loads(on_vllm.text), SCHEMA)
+    jsonschema.validate(parsed(on_vllm), SCHEMA)
     model, tokenizer = models.load("embedded")
     on_hf = generate(rclc.bind(model, tokenizer), constraint)
-    jsonschema.validate(json.loads(on_hf.text), SCHEMA)
+    jsonschema.validate(parsed(on_hf), SCHEMA)
 
 
 @pytest.mark.parametrize("must_call", [True, False])
@@ -63,6 +70,7 @@ def test_the_tool_loops_turn_format_holds_on_vllm(llm, must_call):
                                               sampling=rclc.Sampling(constraint=constraint)))
     calls = parse_tool_calls(result.text, ["lookup_order"])
     if must_call or result.text.startswith("{"):
+        assert len(calls) == 1, (result.text, result.token_ids)
         [call] = calls
         assert call.problem is None and set(call.arguments) == {"order_id"}
     else:
