@@ -26,11 +26,26 @@ def _constraint(schema_text: str) -> Any:
     return rclc.Constraint.json_schema(schema_text)
 
 
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object that does not say otherwise
+    (as OpenAI's strict structured outputs require): a model may write only the properties the
+    schema names, never invent keys of its own (a small model can ramble on in them)."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: closed(value) if key not in ("enum", "const", "default", "examples") else value
+              for key, value in schema.items()}
+    if "properties" in result and "additionalProperties" not in result and "patternProperties" not in result:
+        result["additionalProperties"] = False
+    return result
+
+
 def node_constraint(schema: Mapping[str, Any] | None) -> Any:
-    """The `rclc.Constraint` of an `output_schema` (compiled once per schema), or None."""
+    """The `rclc.Constraint` of an `output_schema` (closed, compiled once per schema), or None."""
     if schema is None:
         return None
-    return _constraint(json.dumps(schema))  # key order kept: properties are generated in it
+    return _constraint(json.dumps(closed(schema)))  # key order kept: properties are generated in it
 
 
 def parse_output(node: str, schema: Mapping[str, Any], text: str, *, max_new_tokens: int, tokens: int) -> Any:
@@ -46,6 +61,7 @@ def parse_output(node: str, schema: Mapping[str, Any], text: str, *, max_new_tok
         value = json.loads(text)
     except ValueError as error:
         raise OutputSchemaFailed(f"node {node!r}: output_schema: the output is not complete JSON ({error}); {fix}") from None
+    schema = closed(schema)
     validator = validator_for(schema, default=Draft202012Validator)(schema)
     try:
         validator.validate(value)

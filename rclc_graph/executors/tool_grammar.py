@@ -29,6 +29,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import rclc
 
+from .structured import closed
+
 CallForm = Literal["json", "hermes", "llama"]
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>\n", "\n</tool_call>"
 # An answer may not begin like a call: not with "{" (a JSON call), "<" (a tagged one), nor
@@ -51,7 +53,7 @@ def call_schema(tool: Mapping[str, Any], key: str = "arguments") -> dict[str, An
     """One tool's call as a JSON Schema: its name as a constant, its parameters' schema under
     `key` (no parameters beyond those it declares)."""
     function = tool["function"]
-    parameters = dict(function.get("parameters") or {})
+    parameters = closed(dict(function.get("parameters") or {}))
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
     parameters.setdefault("additionalProperties", False)
@@ -78,7 +80,7 @@ def turn_format(
         call = {"type": "plus", "content": {"type": "sequence", "elements": [
             {"type": "const_string", "value": _HERMES_OPEN}, call, {"type": "const_string", "value": _HERMES_CLOSE}]}}
     if answer_schema is not None:
-        answer: dict[str, Any] = {"type": "json_schema", "json_schema": dict(answer_schema)}
+        answer: dict[str, Any] = {"type": "json_schema", "json_schema": closed(dict(answer_schema))}
     else:
         answer = {"type": "regex", "pattern": _ANSWER_TEXT}
     if must_call:
