@@ -4,8 +4,8 @@ Each turn of the tool loop is generated under one format (`rclc.Constraint.forma
 backend runs it as an llguidance grammar, vLLM as an xgrammar structural tag) built from
 the agent's tools:
 
-    call | answer      tool_choice: auto, and every turn after the first
-    call               tool_choice: required, the node's first turn
+    call | answer      tool_choice: auto; required, once a call returned without an error
+    call               tool_choice: required, until a call returned without an error
     answer             the calls are spent (max_tool_calls)
     call:   JSON Schema {anyOf: one object per tool: {"name": const, "arguments": its parameters}}
     answer: text that does not begin like a call   (or the node's output_schema, when it has one)

@@ -315,14 +315,17 @@ async def run_tool_loop(
     loop = ToolLoopResult(text="")
     eos_ids = _eos_ids(agent)
 
-    def constraint(first: bool) -> Any:
+    def constraint() -> Any:
         if not agent_spec.constrain_tools:
             return None
+        # required: no answer before a call returned without an error (within max_tool_calls)
+        answered = any(call.error is None for call in loop.calls)
         return turn_constraint(toolbox.schemas, form=conversation.form, may_call=len(loop.calls) < agent_spec.max_tool_calls,
-                               must_call=first and agent_spec.tool_choice == "required", answer_schema=answer_schema)
+                               must_call=agent_spec.tool_choice == "required" and not answered,
+                               answer_schema=answer_schema)
 
     # the first turn: the prompt as the agent takes it
-    result = await generate(prompt, deliveries=deliveries, constraint=constraint(True))
+    result = await generate(prompt, deliveries=deliveries, constraint=constraint())
     turns = 0
     while True:
         turns += 1
@@ -355,7 +358,7 @@ async def run_tool_loop(
         held = agent.inspect()["cached_positions"]
         await agent.append(turn)
         loop.tail.append(("tool", agent.inspect()["cached_positions"] - held))
-        result = await generate(from_state=True, constraint=constraint(False))
+        result = await generate(from_state=True, constraint=constraint())
     return loop
 
 
