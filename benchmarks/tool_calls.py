@@ -21,6 +21,8 @@ node runs its real tool loop (the tools query the database) and we count:
                    schema (jsonschema, no parameters beyond the declared ones);
 - right_tool:      ... and it is the tool the question needs;
 - right_arguments: ... with the question's order number or customer name as the argument;
+- any_call_right:  some call of the node (the first, or a retry after an error result) was
+                   the right tool with the right argument, and returned without an error;
 - answer_has_fact: the node's final text holds the fact the database has for the question.
 
 `valid_call` is what the grammar guarantees; the last three are the model's own choices,
@@ -141,12 +143,17 @@ def score(case: tuple[str, str, dict[str, str], str], node: Any) -> dict[str, An
     first = node.tool_calls[0] if node.tool_calls else None
     given = {key: str(value).strip().lower() for key, value in (first or {}).get("arguments", {}).items()}
     right_tool = first is not None and first["name"] == tool
+    wanted = {key: value.lower() for key, value in expected.items()}
+    any_right = any(call["name"] == tool and call["error"] is None
+                    and {key: str(value).strip().lower() for key, value in call["arguments"].items()} == wanted
+                    for call in node.tool_calls)
     return {
         "question": question,
         "called": first is not None,
         "valid_call": valid_call(first),
         "right_tool": right_tool,
-        "right_arguments": right_tool and given == {key: value.lower() for key, value in expected.items()},
+        "right_arguments": right_tool and given == wanted,
+        "any_call_right": any_right,
         "answer_has_fact": fact.lower() in (node.text or "").lower(),
         "calls": [{"name": call["name"], "arguments": call["arguments"], "error": call["error"]}
                   for call in node.tool_calls],
@@ -176,7 +183,7 @@ async def run_arm(name: str, cases: list, pool: ModelPool, concurrency: int) -> 
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("called", "valid_call", "right_tool", "right_arguments", "answer_has_fact")
+    keys = ("called", "valid_call", "right_tool", "right_arguments", "any_call_right", "answer_has_fact")
     counts = {key: sum(row[key] for row in rows) for key in keys}
     return {"cases": len(rows), "counts": counts, "rates": {key: round(counts[key] / len(rows), 3) for key in keys}}
 

@@ -93,7 +93,8 @@ def test_the_shipped_topology_answers_its_example_unscripted_through_the_cli(tmp
     """Constrained tool calls (issue 27): unscripted, greedy, the 135M model's calls parse and fit
     their tools; it first picks the wrong tool (orders_of_customer with the order number: the
     tool choice is the model's), gets an error result, and under tool_choice: required calls
-    again, now lookup_order("A-1002"); the writer then answers with the expected delivery date."""
+    again, now lookup_order("A-1002"); the writer, handed 256 of the support's positions, fills
+    its structured reply with the order's status and expected delivery."""
     done = _cli("run", str(TOPOLOGY), "--input", str(INPUTS), "--trust-code", "--out", str(tmp_path), "--json",
                 scripted=False)
     assert done.returncode == 0, done.stderr
@@ -104,7 +105,10 @@ def test_the_shipped_topology_answers_its_example_unscripted_through_the_cli(tmp
                                         for call in calls)
     assert calls[-1]["name"] == "lookup_order" and calls[-1]["arguments"] == {"order_id": "A-1002"}
     assert calls[-1]["error"] is None and "2026-11-21" in calls[-1]["result"]
-    assert "2026-11-21" in record["outputs"]["reply"]  # the order's expected delivery, from the database
+    # the writer's reply is structured (output_schema), its fields from the database's row
+    reply = json.loads(record["outputs"]["reply"])
+    assert {key: reply[key] for key in ("order_id", "status", "expected_delivery")} == {
+        "order_id": "A-1002", "status": "shipped", "expected_delivery": "2026-11-21"}
 
 
 def test_the_builder_example_runs_and_equals_the_yaml(tmp_path):
