@@ -7,7 +7,10 @@ A node whose agent lists `tools` runs this loop instead of one generation:
    docstrings by `transformers.utils.get_json_schema`). A template that ignores `tools`
    (SmolLM2's renders the same text with or without them) gets a plain-text description
    in the system prompt instead, asking for a JSON call (`describe_tools`);
-2. the agent generates (`Agent.generate`); tool_calls.py reads the turn for calls;
+2. the agent generates (`Agent.generate`), each turn constrained to the tools' signatures
+   unless `constrain_tools: false` (tool_grammar.py: a call of one tool with arguments that
+   fit it, or an answer; `tool_choice: required` calls until a call returns without an
+   error); tool_calls.py reads the turn for calls;
 3. each call runs in a worker thread with the agent's `tool_timeout` (a coroutine function
    is awaited on the loop under the same timeout); a tool that raises, times out, gets
    bad arguments or does not exist gives an error *result* naming the problem, never a

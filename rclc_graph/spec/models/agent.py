@@ -37,8 +37,8 @@ class AgentSpec(SpecBase):
         30.0, description="seconds one tool call may take; a slower call becomes an error result (needs tools)"
     )
     tool_choice: Literal["auto", "required"] = Field(
-        "auto", description="auto: each turn calls a tool or answers; required: the node's first turn must call one "
-        "(needs tools)"
+        "auto", description="auto: each turn calls a tool or answers; required: the node calls until a call returns "
+        "without an error, then may answer (needs tools)"
     )
     constrain_tools: bool = Field(
         True, description="decode each turn under a grammar of the tools' signatures, so calls always parse and match "
