@@ -84,7 +84,7 @@ def test_the_tool_loop_runs_on_the_embedded_model(reference):
     assert [segment[1] for segment in support["lineage"]["segments"]] == ["prompt", "token", "tool", "token"]
     assert "You can call these tools:" in support["prompt_text"]  # SmolLM2's template has no tool format
     reply = record["nodes"]["reply"]
-    assert reply["text"] and reply["inherited_positions"] == 96
+    assert json.loads(reply["text"]) and reply["inherited_positions"] == 256  # a structured reply, the findings budget
     page = (reference / "report.html").read_text()
     assert "Tool calls" in page and "lookup_order" in page
 
