@@ -357,7 +357,9 @@ class LocalExecutor(Executor):
         constraint: Any = None,
     ) -> Any:
         """One `Agent.generate` of a node, its stop and errors turned into the run's terms
-        (`constraint`: this turn's, replacing the sampling's; the tool loop's grammar)."""
+        (`constraint`: this turn's, replacing the sampling's; the tool loop's grammar).
+        Eleven parameters with self: `_finish_state` binds the first five once with
+        functools.partial, the rest are `Agent.generate`'s own, passed per turn."""
         if constraint is not None:
             sampling = replace(sampling, constraint=constraint)
         with node_failed(node.name):
