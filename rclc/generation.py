@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._arguments import is_exact_int, optional_int, require_bool, require_int
+from .constraints import Constraint
 from .errors import RclcError
 from .policy import DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS, DEFAULT_WORKER_FORWARDS
 
@@ -29,11 +30,16 @@ class Sampling:
     request's (vLLM), so what is drawn does not depend on other generations decoded in the
     same batch, and the caller's global random state is never touched. Greedy decoding
     draws nothing.
+
+    `constraint` (an `rclc.Constraint`: a JSON Schema or a grammar) restricts every token to
+    those that keep the output matching it (constrained decoding): the HF backend masks the
+    sequence's logits with llguidance before choosing, vLLM uses its structured outputs.
     """
 
     temperature: float | None = None
     top_p: float | None = None
     seed: int = 0
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.temperature is not None:
@@ -48,6 +54,11 @@ class Sampling:
                 raise RclcError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         if not is_exact_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
             raise RclcError(f"seed: expected an int in [0, 2**64 - 1] (what torch's generator takes), got {self.seed!r}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise RclcError(
+                f"constraint: expected rclc.Constraint (Constraint.json_schema(...) or Constraint.lark(...)) or None, "
+                f"got {type(self.constraint).__name__}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -11,6 +11,7 @@
     ├── NodeFailed             a node failed; names the node, the edge and the cause
     ├── ObserverFailed         a run observer's callback raised after a node finished
     ├── OutputTooLarge         a node's output text is over MAX_NODE_TEXT_BYTES (a ValueError)
+    ├── OutputSchemaFailed     a node's output does not match its output_schema (a ValueError)
     ├── CallTimedOut           a function node or tool did not return within its timeout (a TimeoutError)
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
@@ -296,6 +297,11 @@ class ObserverFailed(RclcGraphError):
 class OutputTooLarge(RclcGraphError, ValueError):
     """A node produced more text than a node's output may hold (`spec.models.MAX_NODE_TEXT_BYTES`);
     the node fails with it, so its record, events and report stay bounded."""
+
+
+class OutputSchemaFailed(RclcGraphError, ValueError):
+    """A node's output is not JSON matching its `output_schema` (constrained decoding keeps every token
+    inside the schema, so this means generation was cut off: by max_new_tokens, or a stopped run)."""
 
 
 class CallTimedOut(RclcGraphError, TimeoutError):

@@ -42,6 +42,7 @@ from .openai_model import run_api_node
 from .pool import ModelPool
 from .prompts import compose_content, render_prompt
 from .roles import MATERIAL, compress, prompt_roles
+from .structured import node_constraint, parse_output
 from .tools import ToolConversation, Toolbox, encode_tool_prompt, open_toolbox, run_tool_loop, tool_prompt
 
 
@@ -223,7 +224,8 @@ class LocalExecutor(Executor):
         if ctx.stop.is_set():  # the run was stopped before this node generated: start no model work
             raise anyio.get_cancelled_exc_class()()
         spec = node.agent
-        sampling = rclc.Sampling(temperature=spec.temperature, top_p=spec.top_p, seed=node.sampling_seed(ctx.seed))
+        sampling = rclc.Sampling(temperature=spec.temperature, top_p=spec.top_p, seed=node.sampling_seed(ctx.seed),
+                                 constraint=None if tools else node_constraint(node.output_schema))
         tokens = _TokenEvents(ctx, node.name, live=agent.backend == "hf")
         # With deliveries: their rows, then the prompt; without: the prompt alone. A node whose
         # state a receiver selects from is re-prefilled after generation (`refresh`): generation
@@ -233,23 +235,32 @@ class LocalExecutor(Executor):
         generate = functools.partial(self._generate, ctx, node, agent, tokens, sampling)
         if tools is None:
             result = await generate(prompt, deliveries=deliveries, refresh=refresh)
+            _check_structured(node, result.text, result.tokens)
             return _Finished(result.tokens, result.seconds, result.text)
         toolbox, conversation = tools
         with node_failed(node.name):
             loop = await run_tool_loop(
                 node=node.name, agent_spec=spec, toolbox=toolbox, conversation=conversation, agent=agent,
                 generate=generate, publish=ctx.publish, prompt=prompt, deliveries=deliveries,
+                answer_schema=node.output_schema,
             )
             if refresh:  # as above, once the loop's last turn is known
                 await agent.refresh()
+        _check_structured(node, loop.text, loop.tail[-1][1] if loop.tail else 0)  # the answer turn's tokens
         return _Finished(loop.generated_tokens, loop.generation_seconds, loop.text, loop.tail,
                          [call.to_dict() for call in loop.calls])
 
     async def _generate(
         self, ctx: RunContext, node: PlanNode, agent: Any, tokens: _TokenEvents, sampling: Any,
         prompt: Any = None, *, deliveries: int = 0, from_state: bool = False, refresh: bool = False,
+        constraint: Any = None,
     ) -> Any:
-        """One `Agent.generate` of a node, its stop and errors turned into the run's terms."""
+        """One `Agent.generate` of a node, its stop and errors turned into the run's terms
+        (`constraint`: this turn's, replacing the sampling's; the tool loop's grammar).
+        Eleven parameters with self: `_finish_state` binds the first five once with
+        functools.partial, the rest are `Agent.generate`'s own, passed per turn."""
+        if constraint is not None:
+            sampling = replace(sampling, constraint=constraint)
         with node_failed(node.name):
             try:
                 result = await agent.generate(
@@ -268,6 +279,14 @@ class LocalExecutor(Executor):
         await tokens.publish_held()
         tokens.offset += result.tokens
         return result
+
+
+def _check_structured(node: PlanNode, text: str | None, tokens: int) -> None:
+    """Fail the node (OutputSchemaFailed) when it has an output_schema its text does not match."""
+    if node.output_schema is not None:
+        with node_failed(node.name):
+            parse_output(node.name, node.output_schema, text or "", max_new_tokens=node.agent.max_new_tokens,
+                         tokens=tokens)
 
 
 def sends_state(plan: Plan, node: PlanNode) -> bool:

@@ -10,7 +10,10 @@ A node whose agent lists `tools` runs this loop instead of one generation:
    docstrings by `transformers.utils.get_json_schema`, or as the MCP server lists them). A template that ignores `tools`
    (SmolLM2's renders the same text with or without them) gets a plain-text description
    in the system prompt instead, asking for a JSON call (`describe_tools`);
-2. the agent generates (`Agent.generate`); tool_calls.py reads the turn for calls;
+2. the agent generates (`Agent.generate`), each turn constrained to the tools' signatures
+   unless `constrain_tools: false` (tool_grammar.py: a call of one tool with arguments that
+   fit it, or an answer; `tool_choice: required` calls until a call returns without an
+   error); tool_calls.py reads the turn for calls;
 3. each call runs in a worker thread with the agent's `tool_timeout` (a coroutine function
    is awaited on the loop under the same timeout); a tool that raises, times out, gets
    bad arguments or does not exist gives an error *result* naming the problem, never a
@@ -44,6 +47,7 @@ from ..errors import CallTimedOut, UsageError
 from ..spec.models import AgentSpec, mcp_server_name, tool_name
 from .mcp_servers import McpServers, McpTool
 from .tool_calls import ToolCall, parse_tool_calls
+from .tool_grammar import CallForm, call_form, turn_constraint
 from .trusted_code import import_callable
 from .user_threads import call_in_own_thread
 
@@ -52,7 +56,7 @@ MAX_RESULT_CHARS = 4000
 _SENTINEL = "\u2063rclc-assistant-turn\u2063"  # stands for an assistant turn's content when rendering
 
 Generate = Callable[..., Awaitable[Any]]
-"""`await generate(prompt=None, *, deliveries=0, from_state=False)` -> rclc.GenerationResult."""
+"""`await generate(prompt=None, *, deliveries=0, from_state=False, constraint=None)` -> rclc.GenerationResult."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ class ToolConversation:
     tokenizer: Any
     messages: list[dict[str, Any]]
     tools: tuple[dict[str, Any], ...] | None  # passed to the template; None: described in the system prompt
+    form: CallForm = "json"  # how the prompt asked for calls: the form constrained turns write (tool_grammar.py)
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
         options: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt,
@@ -203,6 +208,7 @@ def tool_prompt(tokenizer: Any, system: str, content: str, toolbox: Toolbox) -> 
         except Exception:  # a template that refuses the tools keyword
             with_tools = None
         if with_tools is not None and with_tools != plain.render(base, generation_prompt=True):
+            native.form = call_form(with_tools, native_tools=True)
             return with_tools, native
         described = (system + "\n\n" if system else "") + describe_tools(toolbox.schemas)
         messages = [{"role": "system", "content": described}, user]
@@ -351,11 +357,25 @@ async def run_tool_loop(
     publish: Callable[[str, dict[str, Any]], Awaitable[Any]],
     prompt: Any,
     deliveries: int,
+    answer_schema: dict[str, Any] | None = None,
 ) -> ToolLoopResult:
-    """The bounded loop (module docstring): generate, run the calls, append, generate again."""
+    """The bounded loop (module docstring): generate, run the calls, append, generate again.
+    With `constrain_tools` each turn is decoded under the tools' grammar (tool_grammar.py);
+    `answer_schema` (the node's output_schema) then shapes the answer turn too."""
     loop = ToolLoopResult(text="")
     eos_ids = _eos_ids(agent)
-    result = await generate(prompt, deliveries=deliveries)  # the first turn: the prompt as the agent takes it
+
+    def constraint() -> Any:
+        if not agent_spec.constrain_tools:
+            return None
+        # required: no answer before a call returned without an error (within max_tool_calls)
+        answered = any(call.error is None for call in loop.calls)
+        return turn_constraint(toolbox.schemas, form=conversation.form, may_call=len(loop.calls) < agent_spec.max_tool_calls,
+                               must_call=agent_spec.tool_choice == "required" and not answered,
+                               answer_schema=answer_schema)
+
+    # the first turn: the prompt as the agent takes it
+    result = await generate(prompt, deliveries=deliveries, constraint=constraint())
     turns = 0
     while True:
         turns += 1
@@ -390,7 +410,7 @@ async def run_tool_loop(
         held = agent.inspect()["cached_positions"]
         await agent.append(turn)
         loop.tail.append(("tool", agent.inspect()["cached_positions"] - held))
-        result = await generate(from_state=True)
+        result = await generate(from_state=True, constraint=constraint())
     return loop
 
 

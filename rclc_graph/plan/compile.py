@@ -165,7 +165,7 @@ class _Expanding:
             output=spec_node.output and _last_round(blueprint, step), index=index, round=step.round,
             item=None if index is None else self.values[spec_node.foreach][index],
             incoming=tuple(incoming.get(name, ())), outgoing=tuple(outgoing.get(name, ())), call=spec_node.call,
-            interrupt=spec_node.interrupt, question=question, answer=answer,
+            interrupt=spec_node.interrupt, question=question, answer=answer, output_schema=spec_node.output_schema,
         )
 
 

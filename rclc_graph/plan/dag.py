@@ -56,6 +56,9 @@ class PlanNode:
     # Character spans of `prompt` that hold rendered values (inputs, node variables); the
     # rest is the template's own text (what receiver-aware selection calls instructions).
     prompt_values: tuple[tuple[int, int], ...] = ()
+    # The JSON Schema the node's output must match (`output_schema:`): constrained decoding,
+    # then validation; None for free text.
+    output_schema: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def is_function(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,11 @@ class NodeResult:
         if self.answer is None:
             return text
         return f"{text}\n\n{self.answer}" if text else self.answer
+
+    def json(self) -> Any:
+        """The node's text parsed as JSON: the value of a node with `output_schema` (its text is
+        the validated, compact JSON document). ValueError when the text is not JSON."""
+        return json.loads(self.text or "")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (node files and records)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, Literal
 
 from _scripted_tools import scripted  # noqa: F401 - the tests import it from here
 
@@ -31,6 +31,26 @@ def project_owner(project: str) -> dict[str, str]:
     if found is None:
         raise LookupError(f"no project {project!r}")
     return dict(found)
+
+
+def project_city(project: Literal["Cedar", "Birch"], detail: bool = False) -> str:
+    """Where a project launched (its arguments are bounded: a random model's call of it ends).
+
+    Args:
+        project: The project's name.
+        detail: Whether to add the owner.
+    """
+    found = PROJECTS[project.lower()]
+    return f"{found['city']} (owner {found['owner']})" if detail else found["city"]
+
+
+def project_year(project: Literal["Cedar", "Birch"]) -> int:
+    """The year a project launched (bounded arguments, like project_city).
+
+    Args:
+        project: The project's name.
+    """
+    return {"cedar": 2021, "birch": 2019}[project.lower()]
 
 
 def slow_lookup(project: str) -> str:

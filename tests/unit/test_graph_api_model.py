@@ -264,3 +264,26 @@ def test_the_shipped_api_example_is_incident_review_with_a_served_editor(stub, p
     drafted = (result.nodes["drafter"].text or "").strip()
     assert request["body"]["messages"][1]["content"].startswith(f"Message from drafter:\n{drafted}\n\nQuestion: ")
     assert record["nodes"]["editor"]["snapshot"] is None and record["nodes"]["drafter"]["snapshot"] is not None
+
+
+def test_an_api_nodes_output_schema_goes_as_response_format_and_is_checked(pool, tmp_path):
+    """The server is asked for strict json_schema output; a reply that does not match fails the node."""
+    schema = {"type": "object", "properties": {"owner": {"type": "string"}}, "required": ["owner"]}
+    with ChatStub('{"owner": "Alice"}') as server:
+        graph = Graph("api_json").input("question")
+        graph.model("remote", backend="openai", base_url=server.base_url, model="smol", max_retries=0)
+        graph.agent("hosted", model="remote", max_new_tokens=32)
+        graph.node("final", agent="hosted", prompt="Question: {question}", output=True, output_schema=schema)
+        result, _, _ = run(graph.plan({"question": "Who owns Cedar?"}), pool, tmp_path / "ok")
+        assert result.status == "finished", result.error
+        assert result.nodes["final"].json() == {"owner": "Alice"}
+        [body] = [request["body"] for request in server.requests if request["body"].get("response_format")]
+        assert body["response_format"] == {"type": "json_schema", "json_schema": {
+            "name": "final", "schema": {**schema, "additionalProperties": False}, "strict": True}}
+    with ChatStub("Alice owns it.") as server:
+        graph = Graph("api_json").input("question")
+        graph.model("remote", backend="openai", base_url=server.base_url, model="smol", max_retries=0)
+        graph.agent("hosted", model="remote", max_new_tokens=32)
+        graph.node("final", agent="hosted", prompt="Question: {question}", output=True, output_schema=schema)
+        result, _, _ = run(graph.plan({"question": "Who owns Cedar?"}), pool, tmp_path / "bad")
+    assert result.status == "failed" and "OutputSchemaFailed" in str(result.error)

@@ -33,11 +33,13 @@ def pool_for(model, tokenizer) -> ModelPool:
     return pool
 
 
-def tool_graph(*, tools=("_tool_helpers:project_owner",), max_tool_calls=2, tool_timeout=5.0, receiver=False):
+def tool_graph(*, tools=("_tool_helpers:project_owner",), max_tool_calls=2, tool_timeout=5.0, receiver=False,
+               constrain_tools=True):
     graph = Graph("tools").input("question")
     graph.model("base")
     graph.agent("support", model="base", system="You answer with tools.", tools=list(tools),
-                max_tool_calls=max_tool_calls, tool_timeout=tool_timeout, max_new_tokens=96)
+                max_tool_calls=max_tool_calls, tool_timeout=tool_timeout, max_new_tokens=96,
+                constrain_tools=constrain_tools)
     graph.node("support", agent="support", prompt="{question}", output=not receiver)
     if receiver:
         graph.agent("writer", model="base", max_new_tokens=4)
@@ -132,7 +134,9 @@ def test_tool_events_come_between_the_turns_with_the_contract_payloads(tiny_qwen
 def test_a_failing_call_becomes_an_error_result_and_the_node_answers(tiny_qwen3, tool, arguments, error):
     model, base_tokenizer = tiny_qwen3
     tokenizer = family_tokenizer(base_tokenizer, "qwen3")
-    plan = tool_graph(tools=("_tool_helpers:project_owner", "_tool_helpers:slow_lookup"), tool_timeout=0.3)
+    # unconstrained: the grammar would not let the model write a bad call (test_graph_constrained_tools.py)
+    plan = tool_graph(tools=("_tool_helpers:project_owner", "_tool_helpers:slow_lookup"), tool_timeout=0.3,
+                      constrain_tools=False)
     with scripted(model, tokenizer, [call_text("qwen3", tool, arguments), ANSWER]):
         result = run_plan_sync(plan, pool=pool_for(model, tokenizer))
     assert result.status == "finished", result.error
@@ -154,8 +158,8 @@ def test_the_loop_stops_after_max_tool_calls(tiny_qwen3):
     model, base_tokenizer = tiny_qwen3
     tokenizer = family_tokenizer(base_tokenizer, "qwen3")
     calls = [call_text("qwen3", "project_owner", {"project": name}) for name in ("Cedar", "Birch", "Cedar")]
-    with scripted(model, tokenizer, calls + [ANSWER]) as left:
-        result = run_plan_sync(tool_graph(max_tool_calls=2), pool=pool_for(model, tokenizer))
+    with scripted(model, tokenizer, calls + [ANSWER]) as left:  # unconstrained: the grammar would allow no third call
+        result = run_plan_sync(tool_graph(max_tool_calls=2, constrain_tools=False), pool=pool_for(model, tokenizer))
     node = result.nodes["support"]
     assert [call["arguments"]["project"] for call in node.tool_calls] == ["Cedar", "Birch"]
     assert "<tool_call>" in calls[2] and node.text == tokenizer.decode(

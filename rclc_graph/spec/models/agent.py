@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from .fields import Name, SpecBase, changed_fields, is_callable_ref, is_name, spec_error, tool_name
@@ -35,6 +37,14 @@ class AgentSpec(SpecBase):
     )
     tool_timeout: PositiveFloat = Field(
         30.0, description="seconds one tool call may take; a slower call becomes an error result (needs tools)"
+    )
+    tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="auto: each turn calls a tool or answers; required: the node calls until a call returns "
+        "without an error, then may answer (needs tools)"
+    )
+    constrain_tools: bool = Field(
+        True, description="decode each turn under a grammar of the tools' signatures, so calls always parse and match "
+        "(false: free text, calls read from it; needs tools)"
     )
 
     @field_validator("tools")
@@ -70,9 +80,12 @@ class AgentSpec(SpecBase):
     def _sampling(self) -> AgentSpec:
         if self.top_p is not None and self.temperature is None:
             raise spec_error("E_FIELD", "top_p is set but generation is greedy", "set temperature as well, or drop top_p")
-        loop = changed_fields(self, ("max_tool_calls", "tool_timeout"))
+        loop = changed_fields(self, ("max_tool_calls", "tool_timeout", "tool_choice", "constrain_tools"))
         if loop and not self.tools:
             raise spec_error("E_FIELD", f"{', '.join(loop)} set without tools", f"add tools, or remove {', '.join(loop)}")
+        if self.tool_choice == "required" and not self.constrain_tools:
+            raise spec_error("E_FIELD", "tool_choice: required needs constrain_tools: true (only the grammar can make the "
+                             "first turn a call)", "set constrain_tools: true, or tool_choice: auto")
         return self
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -18,6 +18,7 @@ from .fields import (
     is_callable_ref,
     spec_error,
 )
+from .output_schema import check_output_schema, schema_value
 
 
 class NodeSpec(SpecBase):
@@ -48,6 +49,10 @@ class NodeSpec(SpecBase):
         None, description="stop the run for a person's answer before this node runs, or after it ran"
     )
     question: Template | None = Field(None, description="what the person is asked (with interrupt)")
+    output_schema: dict[str, Any] | None = Field(
+        None, description="a JSON Schema the node's output must match: constrained decoding, then validation "
+        "(the text is the compact JSON document; a pydantic model class in Python)"
+    )
     timeout: PositiveFloat | None = Field(
         None, description=f"function nodes: seconds the call may take (default {DEFAULT_FUNCTION_TIMEOUT:g}); "
         "a slower call fails the node"
@@ -60,6 +65,11 @@ class NodeSpec(SpecBase):
             raise spec_error("E_FIELD", f"call {value!r} is not a package.module:callable reference",
                          "write the function's module and name, e.g. mypackage.lookups:find_order")
         return value
+
+    @field_validator("output_schema", mode="before")
+    @classmethod
+    def _output_schema(cls, value: Any) -> Any:
+        return None if value is None else check_output_schema(schema_value(value))
 
     @field_validator("agent")
     @classmethod
@@ -85,11 +95,14 @@ class NodeSpec(SpecBase):
     @model_validator(mode="after")
     def _function_fields(self) -> NodeSpec:
         if self.call is not None:
-            used = [name for name in ("prompt", "generate") if name in self.model_fields_set
+            used = [name for name in ("prompt", "generate", "output_schema") if name in self.model_fields_set
                     and getattr(self, name) != type(self).model_fields[name].default]
             if used:
                 raise spec_error("E_FUNCTION", f"function node {self.name!r} sets {', '.join(used)}, which only agents use",
                              f"remove {', '.join(used)}: a function receives the run's inputs and its senders' texts")
+        if self.output_schema is not None and not self.generate:
+            raise spec_error("E_FIELD", f"node {self.name!r} sets output_schema but generate: false (it writes no output)",
+                         "set generate: true, or remove output_schema")
         if self.timeout is not None and self.call is None:
             raise spec_error("E_FIELD", f"node {self.name!r} sets timeout, which only function nodes use",
                          "remove timeout (an agent's generation is bounded by max_new_tokens), or add call:")
