@@ -57,12 +57,18 @@ class Loop:
         return None if self.until is None else spec.edges[self.until].source
 
 
-def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Loop, ...], dict[str, int]]:
+def find_loops(
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], implied: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[Loop, ...], dict[str, int]]:
+    """The bounded loops of `spec` and each looping node's loop; `implied` are (producer, node)
+    dependencies that are not edges (run-time foreach), which order nodes like edges do."""
     graph = nx.DiGraph()
     graph.add_nodes_from(nodes)
     plain = nx.DiGraph()
     plain.add_nodes_from(nodes)
     edge_index: dict[tuple[str, str], int] = {}
+    graph.add_edges_from(implied)
+    plain.add_edges_from(implied)
     for index, edge in enumerate(spec.edges):
         graph.add_edge(edge.source, edge.target)
         edge_index[(edge.source, edge.target)] = index
@@ -74,13 +80,18 @@ def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Lo
         cycle = None
     if cycle:
         names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
+        closing = cycle[-1][:2]
+        implied_in = [pair for pair in cycle if pair[:2] in set(implied)]
+        position = {name: index for index, name in enumerate(nodes)}
+        path = ("edges", edge_index[closing]) if closing in edge_index else ("nodes", position[closing[1]], "foreach")
         raise PlanError(
             [
                 Problem(
                     "E_CYCLE",
-                    f"cycle {names} is not a declared loop",
+                    f"cycle {names} is not a declared loop" + ("" if len(implied_in) == 0 else
+                                                               " (a run-time foreach waits for the node it ranges over)"),
                     "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
-                    ("edges", edge_index[cycle[-1][:2]]),
+                    path,
                 )
             ]
         )
@@ -153,8 +164,11 @@ def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Lo
 
 
 def unroll(
-    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int]
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int],
+    implied: tuple[tuple[str, str], ...] = (),
 ) -> tuple[tuple[Step, ...], tuple[StepEdge, ...]]:
+    """Steps in a deterministic topological order and the step edges; `implied` (producer,
+    node) pairs order their steps as edges would (both outside loops: validation checks)."""
     def rounds_of(name: str) -> int | None:
         index = loop_of.get(name)
         return None if index is None else loops[index].rounds
@@ -188,6 +202,7 @@ def unroll(
     graph = nx.DiGraph()
     graph.add_nodes_from(steps)
     graph.add_edges_from((edge.source, edge.target) for edge in step_edges)
+    graph.add_edges_from((Step(producer), Step(node)) for producer, node in implied if Step(node) in graph)
     rank = {name: position for position, name in enumerate(nodes)}
     order = tuple(nx.lexicographical_topological_sort(graph, key=lambda step: (step.round or 0, rank[step.node])))
     return order, tuple(step_edges)

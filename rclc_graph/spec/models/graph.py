@@ -86,6 +86,10 @@ class GraphSpec(SpecBase):
         return dict(self.inputs)  # type: ignore[arg-type]  # normalised by _normalise_inputs
 
 
+NodeSpec.model_rebuild(_types_namespace={"GraphSpec": GraphSpec})  # a node's `graph` may hold a whole topology
+GraphSpec.model_rebuild()
+
+
 def json_schema(kind: Literal["topology", "agent", "model"] = "topology") -> dict[str, Any]:
     """JSON Schema of a topology file (or an agent/model profile file), for editors.
 
@@ -95,8 +99,14 @@ def json_schema(kind: Literal["topology", "agent", "model"] = "topology") -> dic
     """
     if kind == "topology":
         schema = GraphSpec.model_json_schema()
+        if "$ref" in schema:  # recursive (a node's `graph` holds a topology): the root is a definition
+            definitions = schema["$defs"]
+            schema = {**definitions[schema["$ref"].rsplit("/", 1)[-1]], "$defs": definitions}
+            body = definitions["GraphSpec"]
+        else:
+            body = schema
         for field, ref in (("agents", "AgentSpec"), ("models", "ModelSpec")):
-            schema["properties"][field]["items"] = {
+            body["properties"][field]["items"] = schema["properties"][field]["items"] = {
                 "anyOf": [{"$ref": f"#/$defs/{ref}"}, {"type": "string", "description": "profile name or path"}]
             }
         title = "rclc-graph topology"
