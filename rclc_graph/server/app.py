@@ -56,7 +56,7 @@ def routes(api: Api, settings: ServerSettings) -> list[Any]:
         Route("/runs/{run_id}", api.run, methods=["GET"]),
         Route("/runs/{run_id}/events", api.events, methods=["GET"]),
         Route("/runs/{run_id}/graph.svg", api.graph_svg, methods=["GET"]),
-        Route("/runs/{run_id}/nodes/{node}", api.node, methods=["GET"]),
+        Route("/runs/{run_id}/nodes/{node:path}", api.node, methods=["GET"]),
         Route("/runs/{run_id}/report.html", api.report, methods=["GET"]),
         Route("/runs/{run_id}/cancel", api.cancel, methods=["POST"]),
         Route("/runs/{run_id}/resume", api.resume, methods=["POST"]),

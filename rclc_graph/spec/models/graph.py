@@ -4,7 +4,7 @@ plan-size guards; and the JSON Schema of the files users write."""
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Iterator, Literal, Union
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, field_validator, model_validator
 
@@ -84,6 +84,14 @@ class GraphSpec(SpecBase):
     def input_specs(self) -> dict[str, InputSpec]:
         """Each declared input as an InputSpec (short forms like `question: str` expanded)."""
         return dict(self.inputs)  # type: ignore[arg-type]  # normalised by _normalise_inputs
+
+    def topologies(self, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], GraphSpec]]:
+        """(field path, topology) for this topology and every subgraph inside it, depth first:
+        `((), self)`, then `(("nodes", 2, "graph"), <the subgraph of nodes[2]>)`, ..."""
+        yield path, self
+        for index, node in enumerate(self.nodes):
+            if isinstance(node.graph, GraphSpec):
+                yield from node.graph.topologies(path + ("nodes", index, "graph"))
 
 
 NodeSpec.model_rebuild(_types_namespace={"GraphSpec": GraphSpec})  # a node's `graph` may hold a whole topology
