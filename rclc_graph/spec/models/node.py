@@ -45,8 +45,9 @@ class RunTimeForeach(SpecBase):
 
 
 ForeachRef = Annotated[
-    Union[Annotated[Ident, Tag("input")], Annotated[RunTimeForeach, Tag("node")]],
-    Discriminator(lambda value: "input" if isinstance(value, str) else "node"),
+    # (tags that are no field name: a tag shows in an error's location, which spec/load.py maps onto the data)
+    Union[Annotated[Ident, Tag("by-input")], Annotated[RunTimeForeach, Tag("by-node")]],
+    Discriminator(lambda value: "by-input" if isinstance(value, str) else "by-node"),
 ]
 SubgraphRef = Annotated[
     Union[Annotated[str, Tag("file")], Annotated["GraphSpec", Tag("inline")]],
