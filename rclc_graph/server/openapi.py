@@ -51,7 +51,8 @@ OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, dict[str, tuple[st
      {"200": ("text/event-stream: id, event (the type), data (the event's JSON)", "text/event-stream")}),
     ("get", "/runs/{run_id}/graph.svg", "the run's plan drawn, edges labelled kept/T", None,
      {"200": ("SVG", "image/svg+xml")}),
-    ("get", "/runs/{run_id}/nodes/{node}", "a finished node: text, prompt and its token offsets, lineage, hops",
+    ("get", "/runs/{run_id}/nodes/{node}", "a finished node (a subgraph's by its path: research/notes): text, prompt "
+     "and its token offsets, lineage, hops",
      None, {"200": ("the node's file", "application/json")}),
     ("get", "/runs/{run_id}/report.html", "the run's report (once it ended)", None,
      {"200": ("report.html", "text/html")}),

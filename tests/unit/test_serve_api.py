@@ -262,7 +262,8 @@ def test_the_openapi_document_lists_exactly_the_routes(server):
     routes = set()
     for route in app.routes:
         if isinstance(route, Route):
-            routes.update((method.lower(), route.path) for method in route.methods if method != "HEAD")
+            path = route.path.replace(":path}", "}")  # a node of a subgraph is named with "/": research/notes
+            routes.update((method.lower(), path) for method in route.methods if method != "HEAD")
         else:
             assert isinstance(route, Mount) and route.path == "/ui"  # static files, not API
     assert routes == {(method, path) for method, path, *_ in OPERATIONS}
