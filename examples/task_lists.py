@@ -15,8 +15,10 @@ _MARKER = re.compile(r"^\s*(?:(?:step\s*)?\d+\s*[.):-]|[-*•])\s*", re.IGNORECA
 
 
 def numbered_lines(inputs: dict, senders: dict[str, str]) -> list[str]:
-    """The planner's text as a list of steps: one per non-empty line, numbering and bullets
-    removed, at most MAX_STEPS. A text without line breaks is one step."""
-    text = "\n".join(senders.values())
-    steps = [_MARKER.sub("", line).strip() for line in text.splitlines()]
+    """The planner's text as a list of steps: its numbered or bulleted lines without their
+    markers (every non-empty line when none is marked; a text without line breaks is one
+    step), at most MAX_STEPS."""
+    lines = [line for line in "\n".join(senders.values()).splitlines() if line.strip()]
+    marked = [line for line in lines if _MARKER.match(line)]
+    steps = [_MARKER.sub("", line).strip() for line in (marked or lines)]
     return [step for step in steps if step][:MAX_STEPS]
