@@ -165,7 +165,8 @@ def sketch_record(record: dict[str, Any]) -> Sketch:
         hop = kept.get(edge["id"])
         if hop is not None and hop["mode"] != "text":
             label = f"{label}: {hop['kept_positions']}/{hop['total_positions']}"
-        idle = fired.get(str(edge["id"])) is False or edge["source"] in skipped
+        # (an edge into a node the run skipped delivered nothing either: a run-time copy past its list's end)
+        idle = fired.get(str(edge["id"])) is False or edge["source"] in skipped or edge["target"] in skipped
         edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state"), idle=idle))
     for node in plan["nodes"]:
         if node.get("foreach_from"):
