@@ -95,7 +95,10 @@ def expand(
             if name in instances:  # a subgraph instance: its own nodes, in its own order
                 nodes += spliced_nodes(instances[name], incoming, outgoing, spec_node.output and _last_round(blueprint, step))
                 continue
-            nodes.append(_plan_node(blueprint, layout, step, index, own.get(name), incoming, outgoing))
+            node = _plan_node(blueprint, layout, step, index, own.get(name), incoming, outgoing)
+            if node.foreach_from in instances:  # a list a subgraph writes: its returned node's output
+                node = replace(node, foreach_from=instances[node.foreach_from].exit)
+            nodes.append(node)
     _check_blank_texts(blueprint, nodes, edges)
     _check_total_size(blueprint, nodes, edges)
     position = {node.name: index for index, node in enumerate(nodes)}

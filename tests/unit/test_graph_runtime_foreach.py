@@ -232,3 +232,19 @@ def test_replicas_receive_each_copy_with_its_item(tiny_qwen3):
 
 def plan_two(inputs, senders):
     return ["first", "second"]
+
+
+def test_a_subgraph_node_may_write_the_list():
+    child = Graph("lister").input("goal").model("base").agent("a", model="base")
+    child.node("write", agent="a", output=True, prompt="List steps for {goal}")
+    built = Graph("outer").input("goal").model("base").agent("a", model="base")
+    built.subgraph("planning", child)
+    built.node("worker", agent="a", foreach={"node": "planning", "max_items": 2}, prompt="Do {item}", output=True)
+    plan = built.plan({"goal": "g"})
+    assert plan.node("worker[0]").foreach_from == "planning/write"
+
+    def text(reading: NodeReading) -> str:
+        return '["x"]' if reading.node.name == "planning/write" else f"did {reading.node.prompt}"
+
+    result = run_plan_sync(plan, executor=FakeExecutor(text=text))
+    assert result.outputs == {"worker[0]": "did Do x"} and "worker[1]" in result.skipped

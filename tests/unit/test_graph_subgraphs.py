@@ -392,3 +392,36 @@ def test_state_crosses_into_and_out_of_a_subgraph_on_a_real_model(tiny_qwen3):
     final = result.nodes["final"].lineage.summary()["by_node"]
     assert final.get("research/summary", 0) > 0 and final.get("intro", 0) > 0
     assert [hop.source for hop in result.nodes["final"].hops] == ["research/summary"]
+
+
+def split_order(inputs, senders):
+    return [item.strip() for item in inputs["order"].split(",")]
+
+
+def ask_about_mugs(inputs, senders):
+    from rclc_graph import Interrupt
+
+    if inputs["item"] == "mug" and "answer" not in inputs:
+        raise Interrupt("Is the mug in stock?")
+    return f"{inputs['item']}: {inputs.get('answer', 'in stock')}"
+
+
+def joined(inputs, senders):
+    return "; ".join(senders.values())
+
+
+def test_a_waiting_node_inside_a_subgraph_resumes_with_its_answer_and_functions(tmp_path):
+    stock = Graph("stock_check").input("order")
+    stock.function("split", split_order)
+    stock.function("check", ask_about_mugs, foreach={"node": "split", "max_items": 4})
+    stock.function("summary", joined, output=True)
+    stock.edge("check", "summary", TEXT)
+    shop = Graph("shop").input("order").subgraph("stock", stock, output=True)
+    result, record, run_dir = run_recorded_sync(shop.plan({"order": "kettle, mug"}), tmp_path)
+    assert result.status == "waiting" and result.waiting[0]["node"] == "stock/check[1]"
+    with pytest.raises(Exception, match="functions="):
+        resume_run_sync(run_dir, answers={"stock/check[1]": "sold out"})
+    resumed, record, _ = resume_run_sync(run_dir, answers={"stock/check[1]": "sold out"}, functions=shop.functions)
+    assert resumed.status == "finished" and resumed.outputs == {"stock": "kettle: in stock; mug: sold out"}
+    assert record["attempts"][-1]["ran"] == ["stock/check[1]", "stock/summary"]
+    assert record["answers"] == {"stock/check[1]": "sold out"}
