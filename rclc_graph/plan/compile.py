@@ -26,8 +26,8 @@ from ..spec.safe_yaml import has_surrogate
 from .control import DEFAULT_QUESTIONS, answer_variable
 from .dag import LoopStop, Plan, PlanEdge, PlanNode, Scope
 from .input_checks import DEFAULT_MAX_INPUT_BYTES, input_text_problems
-from .size import expanded_size_problems, max_edges
-from .splice import Instance, plan_instance, spliced_edges, spliced_nodes, spliced_scopes
+from .size import expanded_size_problems
+from .splice import Instance, check_total_size, entries, exits, plan_instance, spliced_edges, spliced_nodes, spliced_scopes
 from .validate import Blueprint, Step, validate
 
 
@@ -100,7 +100,7 @@ def expand(
                 node = replace(node, foreach_from=instances[node.foreach_from].exit)
             nodes.append(node)
     _check_blank_texts(blueprint, nodes, edges)
-    _check_total_size(blueprint, nodes, edges)
+    check_total_size(blueprint, nodes, edges)
     position = {node.name: index for index, node in enumerate(nodes)}
     keys = {instance.exit: name for name, instance in instances.items()}
     outputs = tuple(node.name for node in nodes if node.output)
@@ -120,8 +120,8 @@ def expand(
         functions=blueprint.functions,
         scopes=MappingProxyType(scopes),
         output_keys=MappingProxyType({name: keys[name] for name in outputs if name in keys}),
-        entries=_entries(blueprint, layout, instances),
-        exits=MappingProxyType(_exits(blueprint, layout, instances)),
+        entries=entries(blueprint, layout, instances),
+        exits=MappingProxyType(exits(blueprint, layout, instances)),
     )
 
 
@@ -252,45 +252,6 @@ def _plan_node(
 
 def _position(blueprint: Blueprint, name: str) -> int:
     return next(index for index, node in enumerate(blueprint.spec.nodes) if node.name == name)
-
-
-def _entries(blueprint: Blueprint, layout: _Layout, instances: Mapping[str, Instance]) -> tuple[str, ...]:
-    """Where an edge into this plan (as a subgraph) delivers: every copy of each entry node,
-    an entry subgraph's own entries (entries sit outside loops: a loop node has an inbound edge)."""
-    found: list[str] = []
-    for entry in blueprint.entries:
-        for index in layout.indices(Step(entry)):
-            name = layout.name_of(Step(entry), index)
-            found += instances[name].entries if name in instances else [name]
-    return tuple(found)
-
-
-def _exits(blueprint: Blueprint, layout: _Layout, instances: Mapping[str, Instance]) -> dict[str, str]:
-    """Declared output node (without copies) -> the plan node its output comes from (its last
-    round; a subgraph's returned node)."""
-    exits: dict[str, str] = {}
-    for node in blueprint.spec.nodes:
-        if not node.output or node.foreach is not None:
-            continue
-        loop = blueprint.loop_of(node.name)
-        name = layout.name_of(Step(node.name, None if loop is None else loop.rounds), None)
-        exits[node.name] = instances[name].exit if name in instances else name
-    return exits
-
-
-def _check_total_size(blueprint: Blueprint, nodes: list[PlanNode], edges: list[PlanEdge]) -> None:
-    """With subgraphs spliced in, the plan must still fit the graph's guards."""
-    limit = blueprint.spec.rounds.max_nodes
-    fix = "use fewer subgraph copies, or raise rounds.max_nodes (up to its cap)"
-    problems = []
-    if len(nodes) > limit:
-        problems.append(Problem("E_TOO_LARGE", f"the plan would hold {len(nodes)} nodes with its subgraphs, more "
-                                f"than the {limit} allowed (rounds.max_nodes)", fix, ("rounds", "max_nodes")))
-    if len(edges) > max_edges(blueprint.spec):
-        problems.append(Problem("E_TOO_LARGE", f"the plan would hold {len(edges)} edges with its subgraphs, more "
-                                f"than the {max_edges(blueprint.spec)} allowed", fix, ("rounds", "max_nodes")))
-    if problems:
-        raise PlanError(problems)
 
 
 def _loop_stop(blueprint: Blueprint, step_edge: Any) -> LoopStop | None:

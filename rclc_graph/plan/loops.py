@@ -74,27 +74,7 @@ def find_loops(
         edge_index[(edge.source, edge.target)] = index
         if edge.rounds is None:
             plain.add_edge(edge.source, edge.target)
-    try:
-        cycle = nx.find_cycle(plain)
-    except nx.NetworkXNoCycle:
-        cycle = None
-    if cycle:
-        names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
-        closing = cycle[-1][:2]
-        implied_in = [pair for pair in cycle if pair[:2] in set(implied)]
-        position = {name: index for index, name in enumerate(nodes)}
-        path = ("edges", edge_index[closing]) if closing in edge_index else ("nodes", position[closing[1]], "foreach")
-        raise PlanError(
-            [
-                Problem(
-                    "E_CYCLE",
-                    f"cycle {names} is not a declared loop" + ("" if len(implied_in) == 0 else
-                                                               " (a run-time foreach waits for the node it ranges over)"),
-                    "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
-                    path,
-                )
-            ]
-        )
+    _refuse_undeclared_cycle(plain, nodes, edge_index, implied)
     rank = {name: position for position, name in enumerate(nodes)}
     component_of: dict[str, int] = {}
     components = sorted(
@@ -161,6 +141,34 @@ def find_loops(
     if problems:
         raise PlanError(problems)
     return tuple(loops), loop_of
+
+
+def _refuse_undeclared_cycle(
+    plain: nx.DiGraph, nodes: Mapping[str, NodeSpec], edge_index: Mapping[tuple[str, str], int],
+    implied: tuple[tuple[str, str], ...],
+) -> None:
+    """E_CYCLE for a cycle left once loop edges are removed (run-time foreach waits included)."""
+    try:
+        cycle = nx.find_cycle(plain)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
+        closing = cycle[-1][:2]
+        implied_in = [pair for pair in cycle if pair[:2] in set(implied)]
+        position = {name: index for index, name in enumerate(nodes)}
+        path = ("edges", edge_index[closing]) if closing in edge_index else ("nodes", position[closing[1]], "foreach")
+        raise PlanError(
+            [
+                Problem(
+                    "E_CYCLE",
+                    f"cycle {names} is not a declared loop" + ("" if len(implied_in) == 0 else
+                                                               " (a run-time foreach waits for the node it ranges over)"),
+                    "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
+                    path,
+                )
+            ]
+        )
 
 
 def unroll(

@@ -21,6 +21,8 @@ from ..errors import FieldPath, PlanError, Problem
 from ..spec import templates
 from ..spec.models import NodeSpec
 from .dag import LoopStop, Plan, PlanEdge, PlanNode, Scope
+from .loops import Step
+from .size import max_edges
 from .subgraphs import list_field, parent_variables
 
 
@@ -160,3 +162,45 @@ def spliced_scopes(instance: Instance) -> dict[str, Scope]:
             spec_path=instance.spec_path + ("graph",) + tuple(scope.spec_path),
         )
     return scopes
+
+
+# -- a plan as a subgraph: where edges attach, and its size with its subgraphs -------------------
+
+
+def entries(blueprint: Any, layout: Any, instances: Mapping[str, Instance]) -> tuple[str, ...]:
+    """Where an edge into this plan (as a subgraph) delivers: every copy of each entry node,
+    an entry subgraph's own entries (entries sit outside loops: a loop node has an inbound edge)."""
+    found: list[str] = []
+    for entry in blueprint.entries:
+        for index in layout.indices(Step(entry)):
+            name = layout.name_of(Step(entry), index)
+            found += instances[name].entries if name in instances else [name]
+    return tuple(found)
+
+
+def exits(blueprint: Any, layout: Any, instances: Mapping[str, Instance]) -> dict[str, str]:
+    """Declared output node (without copies) -> the plan node its output comes from (its last
+    round; a subgraph's returned node)."""
+    exits: dict[str, str] = {}
+    for node in blueprint.spec.nodes:
+        if not node.output or node.foreach is not None:
+            continue
+        loop = blueprint.loop_of(node.name)
+        name = layout.name_of(Step(node.name, None if loop is None else loop.rounds), None)
+        exits[node.name] = instances[name].exit if name in instances else name
+    return exits
+
+
+def check_total_size(blueprint: Any, nodes: list[PlanNode], edges: list[PlanEdge]) -> None:
+    """With subgraphs spliced in, the plan must still fit the graph's guards."""
+    limit = blueprint.spec.rounds.max_nodes
+    fix = "use fewer subgraph copies, or raise rounds.max_nodes (up to its cap)"
+    problems = []
+    if len(nodes) > limit:
+        problems.append(Problem("E_TOO_LARGE", f"the plan would hold {len(nodes)} nodes with its subgraphs, more "
+                                f"than the {limit} allowed (rounds.max_nodes)", fix, ("rounds", "max_nodes")))
+    if len(edges) > max_edges(blueprint.spec):
+        problems.append(Problem("E_TOO_LARGE", f"the plan would hold {len(edges)} edges with its subgraphs, more "
+                                f"than the {max_edges(blueprint.spec)} allowed", fix, ("rounds", "max_nodes")))
+    if problems:
+        raise PlanError(problems)

@@ -269,9 +269,8 @@ def _check_policies(
         source, target = nodes[edge.source], nodes[edge.target]
         source_model = None if source.agent is None else agents[source.agent].model
         target_model = None if target.agent is None else agents[target.agent].model
-        functions = source.is_function or target.is_function  # control.py refuses their non-text edges
-        if source.is_subgraph or target.is_subgraph:  # subgraphs.py checks the nodes the edge really meets
-            functions = True
+        # control.py refuses a function's non-text edges; subgraphs.py checks the nodes a subgraph's edge meets
+        functions = any(end.is_function or end.is_subgraph for end in (source, target))
         if (
             policy.mode != "text"
             and source_model != target_model
