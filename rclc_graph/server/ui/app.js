@@ -204,7 +204,8 @@ function card(name) {
     lineage: el("div", {class: "small"}),
     prompt: el("div", {class: "prompt"}),
   };
-  const where = view.scopes[name] || {};
+  // a subgraph's node is named "subgraph/node" (nested: "a/b/node"), so its name says where it is
+  const where = view.scopes[name] || {scope: name.includes("/") ? name.slice(0, name.lastIndexOf("/")) : ""};
   const notes = [where.scope ? `in subgraph ${where.scope}` : "", where.from ? `an item of ${where.from}'s list` : ""]
     .filter(Boolean).join(", ");
   const title = el("h3", {}, el("span", {}, parts.dot, name), notes ? el("span", {class: "scope", text: notes}) : "",
