@@ -17,6 +17,7 @@ from .models import (
     NodeSpec,
     ReasoningSpec,
     RoundsSpec,
+    RunTimeForeach,
     TransferPolicy,
     json_schema,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "NodeSpec",
     "ReasoningSpec",
     "RoundsSpec",
+    "RunTimeForeach",
     "TransferPolicy",
     "conditions",
     "json_schema",
