@@ -425,3 +425,22 @@ def test_a_waiting_node_inside_a_subgraph_resumes_with_its_answer_and_functions(
     assert resumed.status == "finished" and resumed.outputs == {"stock": "kettle: in stock; mug: sold out"}
     assert record["attempts"][-1]["ran"] == ["stock/check[1]", "stock/summary"]
     assert record["answers"] == {"stock/check[1]": "sold out"}
+
+
+def test_a_loop_that_stops_on_a_subgraph_nodes_output():
+    child = Graph("draft").input("topic").model("base").agent("a", model="base")
+    child.node("write", agent="a", output=True, prompt="Draft {topic}")
+    graph = Graph("loop").input("topic").model("base").agent("a", model="base")
+    graph.subgraph("drafting", child)
+    graph.node("critic", agent="a", prompt="Critique {topic}")
+    graph.node("final", agent="a", output=True, prompt="Final")
+    graph.edge("critic", "drafting", TEXT)
+    graph.edge("drafting", "critic", TEXT, rounds=3, until={"contains": "drafting@2"})
+    graph.edge("drafting", "final", TEXT)
+    plan = graph.plan({"topic": "t"})
+    stops = {edge.stop.check for edge in plan.edges if edge.stop is not None}
+    assert stops == {"drafting@1/write", "drafting@2/write"}
+    result = run_plan_sync(plan, executor=FakeExecutor(text=answers))
+    assert result.status == "finished", result.error
+    assert {"critic@3", "drafting@3/write"} <= set(result.skipped)  # it stopped on drafting@2's output
+    assert [hop.source for hop in result.nodes["final"].hops] == ["drafting@2/write"]
