@@ -95,7 +95,8 @@ class ErrorCode(str, Enum):
     E_CYCLE = "E_CYCLE", "A cycle that is not a declared bounded loop."
     E_LOOP = "E_LOOP", "A malformed loop (rounds closing no loop, disagreeing rounds, above the limit)."
     E_FOREACH = "E_FOREACH", (
-        "A foreach over a non-list input, an item name hiding an input, or edges joining different lists."
+        "A foreach over a non-list input or over a node that cannot write a list, an item name hiding an input, "
+        "or edges joining different lists."
     )
     E_INPUT = "E_INPUT", (
         "Run inputs missing, unknown, of the wrong type, too short for `{x[i]}`, or an empty foreach list."
@@ -117,6 +118,11 @@ class ErrorCode(str, Enum):
         "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
         "the tokenizer before any model is loaded), an agent `context_limit` above its model's, a `full` edge "
         "whose senders cannot fit the receiver, or a receiver whose deliveries cannot fit with its prompt."
+    )
+    E_SUBGRAPH = "E_SUBGRAPH", (
+        "A subgraph node that cannot work: fields a subgraph node does not use, inputs the subgraph does not "
+        "declare or lacks, no single node to return, an edge its entry or returned nodes cannot take, or topology "
+        "files that include each other."
     )
     # The server's own refusals (docs/serve.md#errors); a GraphError's problems keep the codes above.
     E_REQUEST = "E_REQUEST", "An HTTP body or parameter that is not what the route takes (400)."

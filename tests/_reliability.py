@@ -120,13 +120,14 @@ def only_run_dir(out: Path) -> Path:
 
 
 def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path, *, hold: float | None = None,
-              extra: tuple[str, ...] = ()) -> subprocess.Popen:
+              extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen:
     """`rclc-graph run` in a subprocess that pauses at `point` (see _paused_cli.py) and writes
-    `marker` there; returns once the marker exists, so a signal lands exactly at that point."""
+    `marker` there; returns once the marker exists, so a signal lands exactly at that point.
+    `env`: the subprocess's environment (default `cli_environment()`)."""
     command = [sys.executable, str(PAUSED_CLI)] + ([] if hold is None else ["--hold", str(hold)])
     command += [point, str(marker), "--", "run", str(topology), "--input", str(inputs), "--out", str(out), "--json",
                 *extra]
-    process = subprocess.Popen(command, cwd=ROOT, env=cli_environment(), stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=ROOT, env=env or cli_environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not marker.exists():

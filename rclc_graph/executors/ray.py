@@ -81,7 +81,7 @@ class RayReplica(Replica):
                 "pid": str(os.getpid()), "running": self.running}
 
     async def run_node_stream(
-        self, ticket: RunTicket, node: str, inbound: list[Any], refs: dict[int, list[PayloadRef]]
+        self, ticket: RunTicket, node: Any, inbound: list[Any], refs: dict[int, list[PayloadRef]]
     ) -> Any:
         """Yields ("event", kind, payload) while the node runs, then ("result", NodeResult,
         SenderShape) or ("error", failure info)."""

@@ -57,7 +57,7 @@ class ReplicaHandle(Protocol):
     async def call(self, method: str, *args: Any) -> Any: ...
 
     async def run_node(
-        self, ticket: RunTicket, node: str, inbound: list[tuple[PlanEdge, NodeResult]],
+        self, ticket: RunTicket, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]],
         refs: dict[int, list[Any]], publish: Publish,
     ) -> tuple[NodeResult, SenderShape]: ...
 
@@ -257,7 +257,8 @@ class RemoteExecutor(Executor):
             return await ctx.publish(kind, payload)
 
         try:
-            result, shape = await self._guard(host, node.name, host.run_node(run.ticket, node.name, inbound, handoffs,
+            # the node itself travels (not its name): a run-time foreach copy carries the item it was given
+            result, shape = await self._guard(host, node.name, host.run_node(run.ticket, node, inbound, handoffs,
                                                                               publish))
         except RemoteNodeFailure as failure:
             raise remote_failure(failure.info, run.plan) from None

@@ -25,7 +25,7 @@ import anyio
 import rclc
 
 from ..errors import NodeFailed
-from ..plan.dag import Plan, PlanEdge
+from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 from .contract import Publish, RunContext
 from .delivery import GroupHandoff, transfer_group
@@ -177,14 +177,15 @@ class Replica:
     async def execute(
         self,
         ticket: RunTicket,
-        node_name: str,
+        node: PlanNode,
         inbound: list[tuple[PlanEdge, NodeResult]],
         refs: dict[int, list[PayloadRef]],
         publish: Publish,
     ) -> tuple[NodeResult, SenderShape]:
-        """Run one node here; NodeFailed as the local executor raises it."""
+        """Run one node here (the scheduler's node: a run-time foreach copy holds its item);
+        NodeFailed as the local executor raises it."""
         ctx = await self.context(ticket)
-        node = ctx.plan.node(node_name)
+        node_name = node.name
         key = (ctx.run_id, node_name)
         self.incoming[key] = refs
         self.running += 1

@@ -12,6 +12,9 @@
 Function nodes take the callable itself (`g.function("lookup", find_order)`): it is not
 imported, so it needs no trust_code; the spec names it by `module:qualname`, which is how a
 YAML file (with trust_code) or a resume (`functions=graph.functions`) finds it again.
+A subgraph node runs another topology whole (`g.subgraph("research", research_graph,
+inputs={"topic": "{question}"})`): a `Graph` (its function callables come along), a
+`GraphSpec` or a topology file; `to_yaml()` writes it inline.
 
 Each call validates its own object at once (a bad field raises SpecError naming it);
 whole-graph checks run in `validate()`/`plan()`. `to_yaml()` writes a file that loads back
@@ -21,6 +24,7 @@ ready-made builders that can still be edited.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
@@ -28,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import FieldPath, Problem, SpecError, UsageError
-from ..spec.load import problems_from_validation
+from ..spec.load import load_graph, problems_from_validation
 from ..spec.models import (
     AgentSpec,
     EdgeSpec,
@@ -194,6 +198,44 @@ class Graph:
             self._functions[reference] = fn
         return self
 
+    def subgraph(
+        self,
+        name: str,
+        graph: Graph | GraphSpec | str | os.PathLike[str],
+        *,
+        inputs: Mapping[str, str | Sequence[str]] | None = None,
+        returns: str | None = None,
+        output: bool = False,
+        description: str = "",
+        **options: Any,
+    ) -> Graph:
+        """Declare a subgraph node: `graph` runs whole as this one node (docs/graphs.md#subgraphs).
+        `graph` is a builder (taken as it stands now, with its function callables), a GraphSpec,
+        or a topology file's path (loaded at once). `inputs` maps the subgraph's inputs to
+        templates over this node's variables; `returns` names the subgraph's output node whose
+        output is this node's (default: its only one). `options`: foreach, item."""
+        path = ("nodes", len(self._nodes), "graph")
+        if isinstance(graph, Graph):
+            for reference, function in graph._functions.items():
+                known = self._functions.get(reference)
+                if known is not None and known is not function:
+                    raise SpecError.one("E_FUNCTION", f"two different callables are both named {reference!r}",
+                                        "give one of them another name", path)
+            child: Any = graph.spec()
+        elif isinstance(graph, (str, os.PathLike)):
+            child = load_graph(graph)
+        else:
+            child = graph
+        data: dict[str, Any] = {"name": name, "graph": child, "output": output, "description": description, **options}
+        if inputs is not None:
+            data["inputs"] = {key: list(value) if isinstance(value, (list, tuple)) else value for key, value in inputs.items()}
+        if returns is not None:
+            data["returns"] = returns
+        self._add(self._nodes, "nodes", NodeSpec, data)
+        if isinstance(graph, Graph):
+            self._functions.update(graph._functions)
+        return self
+
     @property
     def functions(self) -> dict[str, Callable[..., Any]]:
         """The callables of function nodes, by `call` reference (pass to `resume_run(functions=...)`)."""
@@ -330,13 +372,21 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def to_yaml(spec: GraphSpec) -> str:
-    """The spec as a minimal YAML topology (defaults left out) that loads back equal."""
-    data = spec.model_dump(mode="json", exclude_defaults=True)
+def _short_inputs(data: dict[str, Any]) -> None:
+    """Inputs in the `question: str` shorthand where nothing else is set, subgraphs' too."""
     inputs = data.get("inputs", {})
     for name, value in inputs.items():
         if set(value) <= {"type"}:
-            inputs[name] = value.get("type", "str")  # the `question: str` shorthand
+            inputs[name] = value.get("type", "str")
+    for node in data.get("nodes", []):
+        if isinstance(node.get("graph"), dict):
+            _short_inputs(node["graph"])
+
+
+def to_yaml(spec: GraphSpec) -> str:
+    """The spec as a minimal YAML topology (defaults left out) that loads back equal."""
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    _short_inputs(data)
     ordered = {"version": spec.version, **data}
     return yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 

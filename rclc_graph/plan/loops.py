@@ -57,14 +57,19 @@ class Loop:
         return None if self.until is None else spec.edges[self.until].source
 
 
-def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Loop, ...], dict[str, int]]:
+def find_loops(
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], implied: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[Loop, ...], dict[str, int]]:
     """The spec's bounded loops (strongly connected parts closed by `rounds` edges) and the loop
-    of each node in one; PlanError for a cycle that is no declared loop, or malformed loop edges."""
+    of each node in one; PlanError for a cycle that is no declared loop, or malformed loop edges.
+    `implied` are (producer, node) dependencies that are not edges (run-time foreach), which
+    order nodes like edges do."""
     graph = nx.DiGraph()
     graph.add_nodes_from(nodes)
+    graph.add_edges_from(implied)
     for edge in spec.edges:
         graph.add_edge(edge.source, edge.target)
-    _refuse_plain_cycles(spec, nodes)
+    _refuse_plain_cycles(spec, nodes, implied)
     rank = {name: position for position, name in enumerate(nodes)}
     components = sorted(
         (sorted(component, key=rank.__getitem__) for component in nx.strongly_connected_components(graph)),
@@ -86,10 +91,12 @@ def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Lo
     return tuple(loops), loop_of
 
 
-def _refuse_plain_cycles(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> None:
-    """PlanError (E_CYCLE) for a cycle of edges without `rounds`: every cycle must be a declared loop."""
+def _refuse_plain_cycles(spec: GraphSpec, nodes: Mapping[str, NodeSpec], implied: tuple[tuple[str, str], ...]) -> None:
+    """PlanError (E_CYCLE) for a cycle of edges without `rounds` (run-time foreach waits
+    included): every cycle must be a declared loop."""
     plain = nx.DiGraph()
     plain.add_nodes_from(nodes)
+    plain.add_edges_from(implied)
     edge_index: dict[tuple[str, str], int] = {}
     for index, edge in enumerate(spec.edges):
         edge_index[(edge.source, edge.target)] = index
@@ -100,11 +107,16 @@ def _refuse_plain_cycles(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> None
     except nx.NetworkXNoCycle:
         return
     names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
+    closing = cycle[-1][:2]
+    waits = any(pair[:2] in set(implied) for pair in cycle)
+    position = {name: index for index, name in enumerate(nodes)}
+    path = ("edges", edge_index[closing]) if closing in edge_index else ("nodes", position[closing[1]], "foreach")
     raise PlanError([Problem(
         "E_CYCLE",
-        f"cycle {names} is not a declared loop",
+        f"cycle {names} is not a declared loop" + (" (a run-time foreach waits for the node it ranges over)"
+                                                   if waits else ""),
         "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
-        ("edges", edge_index[cycle[-1][:2]]),
+        path,
     )])
 
 
@@ -151,8 +163,11 @@ def _loop_problem(message: str, fix: str, edge: int, field_name: str = "rounds")
 
 
 def unroll(
-    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int]
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int],
+    implied: tuple[tuple[str, str], ...] = (),
 ) -> tuple[tuple[Step, ...], tuple[StepEdge, ...]]:
+    """Steps in a deterministic topological order and the step edges; `implied` (producer,
+    node) pairs order their steps as edges would (both outside loops: validation checks)."""
     def rounds_of(name: str) -> int | None:
         index = loop_of.get(name)
         return None if index is None else loops[index].rounds
@@ -186,6 +201,7 @@ def unroll(
     graph = nx.DiGraph()
     graph.add_nodes_from(steps)
     graph.add_edges_from((edge.source, edge.target) for edge in step_edges)
+    graph.add_edges_from((Step(producer), Step(node)) for producer, node in implied if Step(node) in graph)
     rank = {name: position for position, name in enumerate(nodes)}
     order = tuple(nx.lexicographical_topological_sort(graph, key=lambda step: (step.round or 0, rank[step.node])))
     return order, tuple(step_edges)

@@ -30,7 +30,7 @@ from ..executors.pool import ModelPool
 from ..executors.prompts import render_prompt
 from ..executors.tools import encode_tool_prompt, load_toolbox, tool_prompt
 from ..executors.trusted_code import import_callable
-from ..plan.dag import Plan
+from ..plan.dag import Plan, PlanNode
 from .capacity import fan_in_problems, prompt_counter
 from ..spec import predicates
 
@@ -76,8 +76,6 @@ def check_context(plan: Plan, pool: ModelPool, base_dir: Path | None = None) -> 
     refuse it when bound, i.e. after earlier nodes already ran), and receivers that cannot
     hold what their edges must deliver (capacity.py).
     """
-    declared = {node.name: index for index, node in enumerate(plan.spec.nodes)}
-    agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
     problems: list[Problem] = []
     reported_agents: set[str] = set()
     limits: dict[str, int] = {}
@@ -97,7 +95,7 @@ def check_context(plan: Plan, pool: ModelPool, base_dir: Path | None = None) -> 
                     f"agent {spec.name!r} sets context_limit {spec.context_limit}, above the {limit} positions "
                     f"model {node.model.name!r} supports",
                     f"set context_limit to at most {limit}, or remove it",
-                    ("agents", agents.get(spec.name, 0), "context_limit"),
+                    agent_path(plan, node) + ("context_limit",),
                 ))
             continue
         if spec.context_limit is not None:
@@ -112,7 +110,7 @@ def check_context(plan: Plan, pool: ModelPool, base_dir: Path | None = None) -> 
                 f"more than the {limit - output} positions its context limit of {limit} leaves"
                 + (f" after {output} to generate (max_new_tokens)" if output else ""),
                 "shorten the inputs its prompt reads (split long documents across foreach copies)",
-                ("nodes", declared.get(node.declared, 0), "prompt"),
+                node_path(plan, node) + ("prompt",),
             ))
             continue
         try:
@@ -123,7 +121,7 @@ def check_context(plan: Plan, pool: ModelPool, base_dir: Path | None = None) -> 
                 f"the chat template of model {node.model.name!r} fails on node {node.name!r}: "
                 f"{type(error).__name__}: {error}",
                 "fix the chat template in the model's tokenizer files, or the prompt it refuses",
-                ("nodes", declared.get(node.declared, 0), "prompt"),
+                node_path(plan, node) + ("prompt",),
             ))
             continue
         if tokens + output > limit:
@@ -134,7 +132,7 @@ def check_context(plan: Plan, pool: ModelPool, base_dir: Path | None = None) -> 
                 f"{limit}, before anything is handed to it",
                 "shorten the inputs its prompt reads (split long documents across foreach copies)"
                 + (", or lower max_new_tokens" if output else ""),
-                ("nodes", declared.get(node.declared, 0), "prompt"),
+                node_path(plan, node) + ("prompt",),
             ))
     if not problems:
         problems = fan_in_problems(plan, limits, prompt_counter(pool, base_dir))
@@ -149,16 +147,16 @@ def check_code(plan: Plan) -> None:
     if not plan.trust_code:
         return
     problems: list[Problem] = []
-    seen: set[tuple[int, str]] = set()
-    declared = {node.name: index for index, node in enumerate(plan.spec.nodes)}
+    seen: set[tuple[tuple[str | int, ...], str]] = set()
     references: list[tuple[str, str, tuple[str | int, ...]]] = []
-    for node in plan.spec.nodes:
-        if node.call is not None and node.call not in plan.functions:
-            references.append(("call", node.call, ("nodes", declared[node.name], "call")))
-    for index, edge_spec in enumerate(plan.spec.edges):
-        for field_name in ("when", "until"):
-            for reference in predicates.routers(getattr(edge_spec, field_name)):
-                references.append((f"{field_name} router", reference, ("edges", index, field_name)))
+    for prefix, topology in plan.spec.topologies():  # subgraphs name code too
+        for index, spec_node in enumerate(topology.nodes):
+            if spec_node.call is not None and spec_node.call not in plan.functions:
+                references.append(("call", spec_node.call, prefix + ("nodes", index, "call")))
+        for index, edge_spec in enumerate(topology.edges):
+            for field_name in ("when", "until"):
+                for reference in predicates.routers(getattr(edge_spec, field_name)):
+                    references.append((f"{field_name} router", reference, prefix + ("edges", index, field_name)))
     for field_name, reference, path in references:
         try:
             import_callable(reference, trust_code=True, field_name=field_name)
@@ -175,9 +173,9 @@ def check_code(plan: Plan) -> None:
         if policy.reasoning is not None:
             references.append(("reasoning.method", policy.reasoning.method))
         for field_name, reference in references:
-            if not reference or ":" not in reference or (edge.declared, field_name) in seen:
+            if not reference or ":" not in reference or (edge.spec_path, field_name) in seen:
                 continue
-            seen.add((edge.declared, field_name))
+            seen.add((edge.spec_path, field_name))
             try:
                 function = import_callable(reference, trust_code=True, field_name=field_name)
             except Exception as error:  # an import runs the module's code, which may raise anything
@@ -185,7 +183,7 @@ def check_code(plan: Plan) -> None:
                     "E_UNKNOWN_REF",
                     f"{field_name} {reference!r} cannot be used: {type(error).__name__}: {error}",
                     "check the module is importable (on PYTHONPATH) and names a callable",
-                    ("edges", edge.declared, "policy", *field_name.split(".")),
+                    edge.spec_path + ("policy", *field_name.split(".")),
                 ))
                 continue
             if field_name == "selector" and policy.selector_options:
@@ -193,15 +191,14 @@ def check_code(plan: Plan) -> None:
                 if problem is not None:
                     problems.append(Problem(
                         "E_POLICY", f"selector {reference!r}: {problem}", "pass only options its signature takes",
-                        ("edges", edge.declared, "policy", "selector_options"),
+                        edge.spec_path + ("policy", "selector_options"),
                     ))
-    agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
-    described: set[str] = set()
+    described: set[tuple[str | int, ...]] = set()
     for node in plan.nodes:
         spec = node.agent
-        if spec is None or not spec.tools or spec.name in described:
+        if spec is None or not spec.tools or agent_path(plan, node) in described:
             continue
-        described.add(spec.name)
+        described.add(agent_path(plan, node))
         try:
             load_toolbox(spec, trust_code=True)
         except Exception as error:  # an import runs the module's code, which may raise anything
@@ -210,10 +207,24 @@ def check_code(plan: Plan) -> None:
                 f"agent {spec.name!r}: a tool cannot be used: {type(error).__name__}: {error}",
                 "check each tool's module is importable (on PYTHONPATH), names a function, and that the function has "
                 "type hints and a docstring",
-                ("agents", agents.get(spec.name, 0), "tools"),
+                agent_path(plan, node) + ("tools",),
             ))
     if problems:
         raise PlanError(problems)
+
+
+def node_path(plan: Plan, node: PlanNode) -> tuple[str | int, ...]:
+    """Where `node`'s spec node is written (inside its subgraph, if it has one)."""
+    return node.spec_path or ("nodes", next((i for i, item in enumerate(plan.spec.nodes) if item.name == node.declared), 0))
+
+
+def agent_path(plan: Plan, node: PlanNode) -> tuple[str | int, ...]:
+    """Where the agent of `node` is declared (in the topology that declares the node)."""
+    prefix = node_path(plan, node)[:-2]
+    topology = dict(plan.spec.topologies())[prefix]
+    names = [agent.name for agent in topology.agents]
+    name = None if node.agent is None else node.agent.name
+    return prefix + ("agents", names.index(name) if name in names else 0)
 
 
 def _unbound_options(function: Any, options: dict[str, Any]) -> str | None:

@@ -159,7 +159,9 @@ def _rebuild_plan(
         if all(problem.path[:1] == ("answers",) for problem in error.problems):
             raise ResumeError(f"answers: {error}") from None
         if all(problem.code == "E_TRUST_CODE" and problem.path[-1:] == ("call",) for problem in error.problems):
-            names = ", ".join(sorted({str(spec.nodes[int(problem.path[1])].call) for problem in error.problems}))
+            topologies = dict(spec.topologies())  # a function node may sit inside a subgraph
+            names = ", ".join(sorted({str(topologies[tuple(problem.path[:-3])].nodes[int(problem.path[-2])].call)
+                                      for problem in error.problems}))
             raise ResumeError(
                 f"functions: this run's function nodes ({names}) were handed over as Python callables; pass "
                 "functions=graph.functions to resume_run, or trust_code=True (--trust-code) to import them by name"
@@ -182,10 +184,11 @@ def _functions(
     their references (the plan, and so its fingerprint, stays the one recorded)."""
     functions = dict(given or {})
     if importing:
-        for index, node in enumerate(spec.nodes):
+        nodes = [node for _, topology in spec.topologies() for node in topology.nodes]  # subgraphs' too
+        for node in nodes:
             if node.call is not None and node.call not in functions:
                 try:
-                    functions[node.call] = import_callable(node.call, trust_code=True, field_name=f"nodes[{index}].call")
+                    functions[node.call] = import_callable(node.call, trust_code=True, field_name=f"nodes.{node.name}.call")
                 except Exception as error:  # an import runs the module's code, which may raise anything
                     raise ResumeError(
                         f"functions: function node {node.name!r} names {node.call!r}, which cannot be imported "

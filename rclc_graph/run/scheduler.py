@@ -36,7 +36,8 @@ from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_fai
 from ..executors.contract import Executor, RunContext
 from ..executors.mcp_servers import servers_for
 from ..executors.pool import ModelPool
-from ..plan.dag import Plan
+from ..plan.dag import Plan, PlanNode
+from ..plan.runtime_foreach import edge_with_item, with_item
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
@@ -171,7 +172,7 @@ async def run_with(
     seconds = time.perf_counter() - begun
     hops = _hops_in_order(plan, results)
     waiting = walk.waiting.described(plan, results, walk.routing.fired)
-    outputs = {name: results[name].effective_text for name in plan.outputs
+    outputs = {plan.output_key(name): results[name].effective_text for name in plan.outputs
                if name in results and name not in walk.waiting}
     common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))
     if failure is not None:
@@ -244,7 +245,7 @@ class _Walk:
                 await self.ctx.publish("node", {"node": name, "status": "skipped", "reason": reason})
                 queue += self._settle(name)
                 continue
-            node = self.plan.node(name)
+            node = await self._with_item(self.plan.node(name))
             if node.interrupt == "before" and node.answer is None:
                 self.started.add(name)
                 await self._wait(name, "before", node.question or "")
@@ -253,19 +254,29 @@ class _Walk:
                 continue  # a person is asked: nothing new starts (a resume with the answer starts it)
             self.started.add(name)
             self.running += 1
+            if node.foreach_from is not None and node.item is not None:  # requests may read the item too
+                fired = [edge_with_item(self.plan, edge, node, node.item) for edge in fired]
             inbound = [(edge, self.results[edge.source]) for edge in fired]
-            group.start_soon(self._run_or_wait, send, name, inbound, name=f"node {name}")
+            group.start_soon(self._run_or_wait, send, node, inbound, name=f"node {name}")
 
-    async def _run_or_wait(self, send: Any, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
+    async def _with_item(self, node: PlanNode) -> PlanNode:
+        """A run-time foreach copy with its item (its producer settled: routing read the list)."""
+        if node.foreach_from is None or node.index is None:
+            return node
+        items = await self.routing.items(node)
+        return node if items is None or node.index >= len(items) else with_item(self.plan, node, items[node.index])
+
+    async def _run_or_wait(self, send: Any, node: PlanNode, inbound: list[tuple[Any, NodeResult]]) -> None:
+        name = node.name
         try:
-            await self._run_one(name, inbound)
+            await self._run_one(node, inbound)
         except Interrupt as raised:  # a function node asked for a person: it did not finish
             await send.send((name, raised.question))
             return
         await send.send((name, None))
 
-    async def _run_one(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
-        ctx, node = self.ctx, self.plan.node(name)
+    async def _run_one(self, node: PlanNode, inbound: list[tuple[Any, NodeResult]]) -> None:
+        ctx, name = self.ctx, node.name
         await ctx.publish("node", {"node": name, "status": "started"})
         hops = _HopTracker(ctx.publish)
         with node_failed(name):

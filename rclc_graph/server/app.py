@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 def routes(api: Api) -> list[Any]:
     """Every route of the server: one per `openapi.OPERATIONS` entry, to its `Api` handler, then
     the UI's static files."""
-    operations: list[Any] = [Route(operation.path, getattr(api, operation.handler), methods=[operation.method.upper()])
+    operations: list[Any] = [Route(operation.route, getattr(api, operation.handler), methods=[operation.method.upper()])
                              for operation in openapi.OPERATIONS]
     return [*operations, Mount("/ui", StaticFiles(directory=UI_DIR), name="ui")]
 

@@ -47,6 +47,12 @@ class Operation(NamedTuple):
     body: type[BaseModel] | None
     responses: dict[str, tuple[str, Any]]
 
+    @property
+    def route(self) -> str:
+        """The path as Starlette routes it: `{node}` takes the path converter, because a
+        subgraph's node is named by its path (`research/notes`)."""
+        return self.path.replace("{node}", "{node:path}")
+
 
 OPERATIONS: list[Operation] = [
     Operation("get", "/", "index", "the web UI", None, {"200": ("the UI page", "text/html")}),
@@ -69,7 +75,8 @@ OPERATIONS: list[Operation] = [
     Operation("get", "/runs/{run_id}/graph.svg", "graph_svg", "the run's plan drawn, edges labelled kept/T", None,
               {"200": ("SVG", "image/svg+xml")}),
     Operation("get", "/runs/{run_id}/nodes/{node}", "node",
-              "a finished node: text, prompt and its token offsets, lineage, hops", None,
+              "a finished node (a subgraph's by its path: research/notes): text, prompt and its token "
+              "offsets, lineage, hops", None,
               {"200": ("the node's file", "application/json")}),
     Operation("get", "/runs/{run_id}/report.html", "report", "the run's report (once it ended)", None,
               {"200": ("report.html", "text/html")}),

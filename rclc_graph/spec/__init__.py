@@ -20,6 +20,7 @@ from .models import (
     NodeSpec,
     ReasoningSpec,
     RoundsSpec,
+    RunTimeForeach,
     TransferPolicy,
     json_schema,
 )

@@ -1,5 +1,5 @@
-"""docs/graphs.md stays runnable where it says so: the Python blocks of its "Function nodes" and
-"Human in the loop" sections run in order as one session (function nodes only: no model), and
+"""docs/graphs.md stays runnable where it says so: the Python blocks of its "Function nodes",
+"Human in the loop" and "Subgraphs" sections run in order as one session (function nodes only: no model), and
 every YAML topology block of the new sections loads and validates."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rclc_graph import PlanError, load_graph_text, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = (ROOT / "docs" / "graphs.md").read_text(encoding="utf-8")
-RUNNABLE = ("Function nodes", "Human in the loop")
+RUNNABLE = ("Function nodes", "Human in the loop", "Subgraphs")
 STEERING = ("Conditional edges", "Loops that stop") + RUNNABLE
 
 

@@ -616,10 +616,10 @@ def test_huge_plans_and_inputs_are_refused_before_building(workdir, monkeypatch)
 
     unroll = validation.unroll
 
-    def bounded(spec, nodes, loops, loop_of):
+    def bounded(spec, nodes, loops, loop_of, *implied):
         steps = sum(loops[loop_of[name]].rounds if name in loop_of else 1 for name in nodes)
         assert steps <= spec.rounds.max_nodes, "unrolling a plan larger than its limit"
-        return unroll(spec, nodes, loops, loop_of)
+        return unroll(spec, nodes, loops, loop_of, *implied)
 
     monkeypatch.setattr(validation, "unroll", bounded)
     ran = {"documents": 0, "refused": 0}

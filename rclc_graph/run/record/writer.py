@@ -189,7 +189,8 @@ class RunRecorder:
         for name in self.plan.order:
             if name in self.nodes:
                 hops.extend(self.nodes[name].hops)
-        outputs = {name: self.nodes[name].effective_text for name in self.plan.outputs if name in self.nodes}
+        outputs = {self.plan.output_key(name): self.nodes[name].effective_text for name in self.plan.outputs
+                   if name in self.nodes}
         return RunResult(self.run_id, status, outputs, dict(self.nodes), hops, error=error, seconds=seconds)
 
     def finish(self, result: RunResult, *, report: bool = True) -> dict[str, Any]:

@@ -125,7 +125,8 @@ function setStatus(status) {
 
 async function selectRun(runId) {
   if (view && view.controller) view.controller.abort();
-  view = {id: runId, nodes: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(), colours: {}, order: []};
+  view = {id: runId, nodes: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(), colours: {}, order: [],
+    scopes: {}};
   $("placeholder").hidden = true;
   $("run").hidden = false;
   $("run-id").textContent = runId;
@@ -145,6 +146,8 @@ async function selectRun(runId) {
   if (run.record) {
     $("run-title").textContent = run.record.graph;
     view.order = run.record.plan.nodes.map((node) => node.name);
+    // a subgraph's nodes (scope) and run-time foreach copies (foreach_from) say so on their cards
+    for (const node of run.record.plan.nodes) view.scopes[node.name] = {scope: node.scope || "", from: node.foreach_from || ""};
     view.order.forEach((name, index) => { view.colours[name] = PALETTE[index % PALETTE.length]; card(name); });
   }
   await drawGraph();
@@ -201,7 +204,12 @@ function card(name) {
     lineage: el("div", {class: "small"}),
     prompt: el("div", {class: "prompt"}),
   };
-  const title = el("h3", {}, el("span", {}, parts.dot, name), parts.status);
+  // a subgraph's node is named "subgraph/node" (nested: "a/b/node"), so its name says where it is
+  const where = view.scopes[name] || {scope: name.includes("/") ? name.slice(0, name.lastIndexOf("/")) : ""};
+  const notes = [where.scope ? `in subgraph ${where.scope}` : "", where.from ? `an item of ${where.from}'s list` : ""]
+    .filter(Boolean).join(", ");
+  const title = el("h3", {}, el("span", {}, parts.dot, name), notes ? el("span", {class: "scope", text: notes}) : "",
+    parts.status);
   parts.details = el("details", {}, el("summary", {text: "prompt (kept spans highlighted)"}), parts.prompt);
   const box = el("div", {class: "card", "data-node": name}, title, parts.facts, parts.hops, parts.tokens, parts.lineage,
     parts.details);

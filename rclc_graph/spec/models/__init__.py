@@ -33,15 +33,17 @@ from .fields import (
 from .mcp import MCP_PREFIX, McpServerSpec, mcp_server_name
 from .graph import MAX_NODES_LIMIT, MAX_ROUNDS_LIMIT, GraphSpec, InputRef, InputSpec, RoundsSpec, json_schema
 from .model import API_BACKEND, MODEL_BACKENDS, BatchingSpec, ModelSpec, source_kind
-from .node import NodeSpec
+from .node import DEFAULT_RUNTIME_ITEMS, MAX_RUNTIME_ITEMS, NodeSpec, RunTimeForeach
 
 __all__ = [
     "ANSWER_VARIABLE",
     "API_BACKEND",
     "DEFAULT_FUNCTION_TIMEOUT",
+    "DEFAULT_RUNTIME_ITEMS",
     "MAX_NODES_LIMIT",
     "MAX_NODE_TEXT_BYTES",
     "MAX_ROUNDS_LIMIT",
+    "MAX_RUNTIME_ITEMS",
     "MAX_TOOL_CALLS",
     "MCP_PREFIX",
     "MODEL_BACKENDS",
@@ -63,6 +65,7 @@ __all__ = [
     "PolicyRef",
     "ReasoningSpec",
     "RoundsSpec",
+    "RunTimeForeach",
     "Template",
     "TransferPolicy",
     "is_callable_ref",

@@ -4,7 +4,7 @@ policies and the plan-size guards; and the JSON Schema of the files users write.
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Iterator, Literal, Union
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, field_validator, model_validator
 
@@ -89,6 +89,18 @@ class GraphSpec(SpecBase):
         """Each declared input as an InputSpec (short forms like `question: str` expanded)."""
         return dict(self.inputs)  # type: ignore[arg-type]  # normalised by _normalise_inputs
 
+    def topologies(self, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], GraphSpec]]:
+        """(field path, topology) for this topology and every subgraph inside it, depth first:
+        `((), self)`, then `(("nodes", 2, "graph"), <the subgraph of nodes[2]>)`, ..."""
+        yield path, self
+        for index, node in enumerate(self.nodes):
+            if isinstance(node.graph, GraphSpec):
+                yield from node.graph.topologies(path + ("nodes", index, "graph"))
+
+
+NodeSpec.model_rebuild(_types_namespace={"GraphSpec": GraphSpec})  # a node's `graph` may hold a whole topology
+GraphSpec.model_rebuild()
+
 
 def json_schema(kind: Literal["topology", "agent", "model"] = "topology") -> dict[str, Any]:
     """JSON Schema of a topology file (or an agent/model profile file), for editors.
@@ -99,8 +111,14 @@ def json_schema(kind: Literal["topology", "agent", "model"] = "topology") -> dic
     """
     if kind == "topology":
         schema = GraphSpec.model_json_schema()
+        if "$ref" in schema:  # recursive (a node's `graph` holds a topology): the root is a definition
+            definitions = schema["$defs"]
+            schema = {**definitions[schema["$ref"].rsplit("/", 1)[-1]], "$defs": definitions}
+            body = definitions["GraphSpec"]
+        else:
+            body = schema
         for field, ref in (("agents", "AgentSpec"), ("models", "ModelSpec")):
-            schema["properties"][field]["items"] = {
+            body["properties"][field]["items"] = schema["properties"][field]["items"] = {
                 "anyOf": [{"$ref": f"#/$defs/{ref}"}, {"type": "string", "description": "profile name or path"}]
             }
         title = "rclc-graph topology"
