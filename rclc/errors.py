@@ -76,7 +76,7 @@ class ReasoningError(RclcError):
 
 
 class ConstraintError(RclcError):
-    """A JSON Schema or grammar the constrained decoder cannot compile, or an output that broke it."""
+    """Raised when a JSON Schema or grammar cannot be compiled by the constrained decoder, or an output broke it."""
 
 
 class EmptyInboxError(RclcError, IndexError):
