@@ -97,6 +97,7 @@ from .run import (
     astream,
     astream_resume,
     stream,
+    stream_resume,
     finished_nodes,
     read_record,
     read_resume_point,
@@ -226,6 +227,7 @@ __all__ = [
     "astream",
     "astream_resume",
     "stream",
+    "stream_resume",
     # errors (errors.py)
     "ApiModelFailed",
     "ErrorCode",

@@ -10,7 +10,7 @@ from .record.view import current_record
 from .record.writer import RunRecorder
 from .resume import ResumePoint, read_resume_point, resume_run, resume_run_sync
 from .scheduler import RunObserver, new_run_id, run_plan, run_plan_sync
-from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream
+from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream, stream_resume
 
 __all__ = [
     # the scheduler
@@ -41,4 +41,5 @@ __all__ = [
     "astream",
     "astream_resume",
     "stream",
+    "stream_resume",
 ]

@@ -125,8 +125,8 @@ def _check_waiting(record: Mapping[str, Any], plan: Plan) -> None:
                           if isinstance(item, Mapping))
         first = waiting[0]
         raise ResumeError(
-            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT "
-            f"(answers={{{first!r}: ...}})"
+            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT to rclc-graph resume, or "
+            f"answers={{{first!r}: ...}} to resume_run, astream_resume or stream_resume"
         )
 
 
@@ -161,7 +161,8 @@ def _rebuild_plan(
             names = ", ".join(sorted({str(spec.nodes[int(problem.path[1])].call) for problem in error.problems}))
             raise ResumeError(
                 f"functions: this run's function nodes ({names}) were handed over as Python callables; pass "
-                "functions=graph.functions to resume_run, or trust_code=True (--trust-code) to import them by name"
+                "functions=graph.functions to resume_run, astream_resume or stream_resume, or trust_code=True "
+                "(--trust-code) to import them by name"
             ) from None
         raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
     recorded = _field(record, "plan", "fingerprint")
