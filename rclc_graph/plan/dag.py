@@ -103,6 +103,11 @@ class PlanEdge:
     stop: LoopStop | None = None  # set on edges an `until` loop stop decides
 
     @property
+    def key(self) -> str:
+        """"source->target": the edge's name in records (`fired`); a plan has one edge per pair."""
+        return f"{self.source}->{self.target}"
+
+    @property
     def conditional(self) -> bool:
         """Whether the edge may not fire although its source finished (decided at run time)."""
         return self.when is not None or self.stop is not None

@@ -136,9 +136,16 @@ def sketch_record(record: dict[str, Any]) -> Sketch:
         hop = kept.get(edge["id"])
         if hop is not None and hop["mode"] != "text":
             label = f"{label}: {hop['kept_positions']}/{hop['total_positions']}"
-        idle = fired.get(str(edge["id"])) is False or edge["source"] in skipped
+        idle = _decision(fired, edge) is False or edge["source"] in skipped
         edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state"), idle=idle))
     return Sketch(plan["name"], nodes, edges)
+
+
+def _decision(fired: dict[str, Any], edge: dict[str, Any]) -> Any:
+    """A conditional edge's recorded decision (None: not conditional, or not decided): keyed
+    "source->target" since issue 27, by plan edge id in records written before."""
+    key = f"{edge['source']}->{edge['target']}"
+    return fired[key] if key in fired else fired.get(str(edge["id"]))
 
 
 # -- layout ------------------------------------------------------------------------------------

@@ -154,7 +154,8 @@ async def run_plan(
     waiting = walk.waiting.described(plan, results, walk.routing.fired)
     outputs = {name: results[name].effective_text for name in plan.outputs
                if name in results and name not in walk.waiting}
-    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))
+    fired = {plan.edges[edge].key: decision for edge, decision in sorted(walk.routing.fired.items())}
+    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=fired)
     if failure is not None:
         logger.warning("run %s failed after %.2f s: %s", run_id, seconds, failure)
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from rclc.files import write_atomic
 
-from ..errors import ExecutorUnavailable, GraphError
+from ..errors import ExecutorUnavailable, GraphError, UsageError
 from ..executors import (
     Executor,
     check_options,
@@ -60,6 +60,7 @@ from .console import (
 from .interactive import execute, execute_resume
 from .out_dir import check_out_dir
 from .run_inputs import read_inputs
+from .node_view import render_node
 from .terminal import render_record
 
 app = typer.Typer(
@@ -434,17 +435,36 @@ def inspect(
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print the whole record (as inspect reads it: a killed "
                                      "run as crashed, with its finished nodes)"),
-    node: Optional[str] = typer.Option(None, "--node", "-n", metavar="NAME", help="show the detailed lineage of this node"),
+    node: Optional[str] = typer.Option(
+        None, "--node", "-n", metavar="NAME",
+        help="show only this node: what it is, its status, edges, handoffs, tool calls, prompt, output and lineage",
+    ),
 ) -> None:
     """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
     try:
         record = current_record(run_dir)  # a killed run shows as crashed, with what finished
         if json_output:
-            write_json(record)
+            write_json(record if node is None else _node_data(record, node))
             return
-        render_record(stdout_console(), record, str(run_dir), every_node=True, node=node)
+        if node is not None:
+            render_node(stdout_console(), record, node, str(run_dir))
+            return
+        render_record(stdout_console(), record, str(run_dir), every_node=True)
     except ValueError as error:
         usage_error(error)
+
+
+def _node_data(record: dict[str, Any], name: str) -> dict[str, Any]:
+    """`inspect --node NAME --json`: the node's plan entry, status and result."""
+    plan_nodes = {node.get("name"): node for node in (record.get("plan") or {}).get("nodes") or []}
+    if name not in plan_nodes:
+        raise UsageError(f"node: the run has no node {name!r}; its nodes: {', '.join(map(str, plan_nodes)) or 'none'}")
+    return {"node": name, "status": (record.get("node_status") or {}).get(name), "plan": plan_nodes[name],
+            "skipped": (record.get("skipped") or {}).get(name),
+            "waiting": [item for item in record.get("waiting") or [] if item.get("node") == name],
+            "answer": (record.get("answers") or {}).get(name),
+            "hops": [hop for hop in record.get("hops") or [] if name in (hop.get("source"), hop.get("target"))],
+            "result": (record.get("nodes") or {}).get(name)}
 
 
 # -- schema ------------------------------------------------------------------------------------

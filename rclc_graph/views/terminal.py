@@ -23,7 +23,6 @@ from ..render.html_report import hops_text
 from ..render.terminal_text import printable, printable_data
 from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream
-from ..errors import UsageError
 
 STATUS_STYLE = {
     "pending": ("·", "dim"),  # not started yet
@@ -252,9 +251,9 @@ def _print_skipped(console: Console, record: dict[str, Any]) -> None:
 
 def render_record(
     console: Console, record: dict[str, Any], run_dir: str | None = None, *, every_node: bool = False,
-    node: str | None = None,
 ) -> None:
-    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record."""
+    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record
+    (one node's own view is node_view.py)."""
     record = printable_data(record)
     title = Text()
     title.append(str(record.get("graph", "run")), style="bold")
@@ -313,13 +312,8 @@ def render_record(
         console.print(table)
 
     nodes = record.get("nodes", {})
-    if node is not None:
-        chosen = [node]
-    elif every_node:
-        chosen = list(nodes)
-    else:
-        chosen = [name for name in outputs if name in nodes]
-    if every_node and node is None and nodes:
+    chosen = list(nodes) if every_node else [name for name in outputs if name in nodes]
+    if every_node and nodes:
         console.print()
         console.print(Text("Lineage per node", style="bold underline"),
                       Text("  where each node's positions came from", style="dim"))
@@ -341,9 +335,6 @@ def render_record(
         console.print(table)
         chosen = [name for name in outputs if name in nodes]
     for name in chosen:
-        if name not in nodes:
-            known = ", ".join(nodes) or "none"
-            raise UsageError(f"node: {name!r} did not finish in this run; finished nodes: {known}")
         data = nodes[name]
         console.print()
         console.print(Text(f"Lineage of {name}", style="bold underline"),
