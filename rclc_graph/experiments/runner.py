@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from rclc.files import file_sha256, write_json_atomic
 
 from ..errors import GraphError, PlanError, Problem, UsageError
+from ..executors.trusted_code import search_beside
 from ..plan.compile import expand
 from ..spec.load import read_graph
 from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
@@ -124,6 +125,8 @@ def run_experiment(
         raise UsageError(f"arms: names must be unique, got {names}")
     if compare_to is not None and compare_to not in names:
         raise UsageError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
+    if trust_code:  # modules beside the topology file import without PYTHONPATH (executors/trusted_code.py)
+        search_beside(Path(topology_path).resolve().parent)
     score = load_scorer(scorer, trust_code=trust_code)
     loaded = read_graph(topology_path, trusted=trust_code)
     spec = loaded.spec

@@ -28,16 +28,21 @@ import rclc
 from ..errors import PlanError, Problem
 from ..executors.prompts import render_prompt
 from ..executors.tools import encode_tool_prompt, load_toolbox, tool_prompt
-from ..executors.trusted_code import import_callable
+from ..executors.trusted_code import import_callable, search_beside
 from ..plan.dag import Plan
+from ..plan.policy import ResolvedPolicy
+from ..plan.validate import Blueprint
+from ..spec.models import AgentSpec
 from .capacity import fan_in_problems, prompt_counter
 from ..spec import predicates
 
 
-def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
-    """Tokens of the node's own rendered prompt (chat template applied, tools described, no text messages)."""
+def prompt_tokens(tokenizer: Any, plan: Plan, name: str, *, imports: bool = True) -> int:
+    """Tokens of the node's own rendered prompt (chat template applied, tools described, no text
+    messages). Describing tools imports them; with `imports` False a tool agent's prompt is
+    counted without its tools' descriptions (a lower bound, as the check is)."""
     node = plan.node(name)
-    if node.agent.tools and plan.trust_code:
+    if node.agent.tools and plan.trust_code and imports:
         text, conversation = tool_prompt(
             tokenizer, node.agent.system, node.prompt, load_toolbox(node.agent, trust_code=True)
         )
@@ -45,6 +50,7 @@ def prompt_tokens(tokenizer: Any, plan: Plan, name: str) -> int:
     return len(render_prompt(tokenizer, node.agent.system, node.prompt, generation_prompt=node.generate))
 
 
+_IMPORTABLE = "check the module is importable (on PYTHONPATH, installed, or next to the topology file)"
 _FIRST_PREFIX = 4096  # characters of a long prompt tokenized first
 
 
@@ -68,10 +74,11 @@ def least_prompt_tokens(tokenizer: Any, text: str, limit: int) -> int | None:
     return None
 
 
-def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
+def check_context(plan: Plan, pool: Any, base_dir: Path | None = None, *, imports: bool = True) -> None:
     """Raise PlanError (E_CONTEXT) for every node whose prompt and output cannot fit its context.
 
-    Also refuses an agent `context_limit` above its model's own limit (the agent would
+    `imports` False: nothing the topology names is imported (`rclc-graph validate` without
+    --check-imports), so tool agents are counted without their tools' descriptions. Also refuses an agent `context_limit` above its model's own limit (the agent would
     refuse it when bound, i.e. after earlier nodes already ran), and receivers that cannot
     hold what their edges must deliver (capacity.py).
     """
@@ -115,7 +122,7 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
             ))
             continue
         try:
-            tokens = prompt_tokens(profile.tokenizer, plan, node.name)
+            tokens = prompt_tokens(profile.tokenizer, plan, node.name, imports=imports)
         except Exception as error:  # the chat template comes with the model's files and may raise anything
             problems.append(Problem(
                 "E_TEMPLATE",
@@ -141,12 +148,34 @@ def check_context(plan: Plan, pool: Any, base_dir: Path | None = None) -> None:
         raise PlanError(problems)
 
 
-def check_code(plan: Plan) -> None:
-    """Raise PlanError (E_UNKNOWN_REF) for every module:callable the plan names that cannot be
-    imported or is not callable. Imports only when the plan was compiled with trust_code
-    (without it, validation has already refused such names with E_TRUST_CODE)."""
+def _declared_policies(target: Plan | Blueprint) -> list[tuple[int, ResolvedPolicy]]:
+    """(declared edge index, policy) of every edge, from a plan's edges or a blueprint's."""
+    if isinstance(target, Blueprint):
+        return list(enumerate(target.policies))
+    return [(edge.declared, edge.policy) for edge in target.edges]
+
+
+def _tool_agents(target: Plan | Blueprint) -> list[AgentSpec]:
+    """The agents with tools that nodes of the plan (or blueprint) use, each once."""
+    if isinstance(target, Blueprint):
+        agents = [target.agents[node.agent] for node in target.spec.nodes if node.agent is not None]
+    else:
+        agents = [node.agent for node in target.nodes if node.agent is not None]
+    unique: dict[str, AgentSpec] = {}
+    for agent in agents:
+        if agent.tools:
+            unique.setdefault(agent.name, agent)
+    return list(unique.values())
+
+
+def check_code(plan: Plan | Blueprint, base_dir: Path | None = None) -> None:
+    """Raise PlanError (E_UNKNOWN_REF) for every module:callable the plan (or a blueprint: a
+    topology without inputs) names that cannot be imported or is not callable. Imports only
+    when it was compiled with trust_code (without it, validation has already refused such
+    names with E_TRUST_CODE); modules beside the topology (`base_dir`) import too."""
     if not plan.trust_code:
         return
+    search_beside(base_dir)
     problems: list[Problem] = []
     seen: set[tuple[int, str]] = set()
     declared = {node.name: index for index, node in enumerate(plan.spec.nodes)}
@@ -165,26 +194,25 @@ def check_code(plan: Plan) -> None:
             problems.append(Problem(
                 "E_UNKNOWN_REF",
                 f"{field_name} {reference!r} cannot be used: {type(error).__name__}: {error}",
-                "check the module is importable (on PYTHONPATH) and names a callable",
+                _IMPORTABLE + " and names a callable",
                 path,
             ))
-    for edge in plan.edges:
-        policy = edge.policy
+    for declared_edge, policy in _declared_policies(plan):
         references = [("selector", policy.selector)]
         if policy.reasoning is not None:
             references.append(("reasoning.method", policy.reasoning.method))
         for field_name, reference in references:
-            if not reference or ":" not in reference or (edge.declared, field_name) in seen:
+            if not reference or ":" not in reference or (declared_edge, field_name) in seen:
                 continue
-            seen.add((edge.declared, field_name))
+            seen.add((declared_edge, field_name))
             try:
                 function = import_callable(reference, trust_code=True, field_name=field_name)
             except Exception as error:  # an import runs the module's code, which may raise anything
                 problems.append(Problem(
                     "E_UNKNOWN_REF",
                     f"{field_name} {reference!r} cannot be used: {type(error).__name__}: {error}",
-                    "check the module is importable (on PYTHONPATH) and names a callable",
-                    ("edges", edge.declared, "policy", *field_name.split(".")),
+                    _IMPORTABLE + " and names a callable",
+                    ("edges", declared_edge, "policy", *field_name.split(".")),
                 ))
                 continue
             if field_name == "selector" and policy.selector_options:
@@ -192,22 +220,18 @@ def check_code(plan: Plan) -> None:
                 if problem is not None:
                     problems.append(Problem(
                         "E_POLICY", f"selector {reference!r}: {problem}", "pass only options its signature takes",
-                        ("edges", edge.declared, "policy", "selector_options"),
+                        ("edges", declared_edge, "policy", "selector_options"),
                     ))
     agents = {agent.name: index for index, agent in enumerate(plan.spec.agents) if hasattr(agent, "name")}
-    described: set[str] = set()
-    for node in plan.nodes:
-        spec = node.agent
-        if spec is None or not spec.tools or spec.name in described:
-            continue
-        described.add(spec.name)
+    for spec in _tool_agents(plan):
         try:
             load_toolbox(spec, trust_code=True)
         except Exception as error:  # an import runs the module's code, which may raise anything
             problems.append(Problem(
                 "E_UNKNOWN_REF",
                 f"agent {spec.name!r}: a tool cannot be used: {type(error).__name__}: {error}",
-                "check each tool's module is importable (on PYTHONPATH), names a function, and that the function has "
+                "check each tool's module is importable (on PYTHONPATH, installed, or next to the topology file), "
+                "names a function, and that the function has "
                 "type hints and a docstring",
                 ("agents", agents.get(spec.name, 0), "tools"),
             ))

@@ -16,7 +16,8 @@ a record whose plan no longer compiles to the recorded fingerprint, different rc
 rclc-graph source, torch or transformers versions, a different model (weights,
 configuration or vocabulary), node files that are damaged, edited or from another run,
 snapshots that fail their own checks (truncated, edited, another model or layout), and a
-trust_code run resumed without trust_code. The directory is locked for the whole resume,
+trust_code run resumed without trust_code, unless its record carries this user's seal
+(record/trust_seal.py: started with trust_code here, its code references unchanged). The directory is locked for the whole resume,
 so a run still going (or a second resume) cannot write the same nodes.
 
 A run that waits for a person (status "waiting") is resumed with their answers
@@ -42,7 +43,7 @@ from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
 from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
-from ..executors.trusted_code import import_callable
+from ..executors.trusted_code import import_callable, search_beside
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -53,6 +54,7 @@ from .record.format import NODES_DIR, code_fingerprint, safe_name, snapshot_iden
 from .record.reader import read_node, read_record
 from .record.recording import prepare_models, record_run
 from .record.shape import check_record
+from .record.trust_seal import sealed
 from .record.writer import RunRecorder
 from .run_files import check_tree, member, read_json, regular
 from .scheduler import refuse_event_stream
@@ -137,11 +139,14 @@ def _rebuild_plan(
     functions: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Plan:
     recorded_trust = _field(record, "plan", "trust_code")
-    if recorded_trust is True and not trust_code:
+    if recorded_trust is True and not trust_code and not sealed(record):
         raise ResumeError(
-            "trust_code: this run imports code named by its topology (trust_code was on when it started); "
-            "pass --trust-code (trust_code=True) to resume it, if you still trust that code"
+            "trust_code: this run imports code named by its topology (trust_code was on when it started), and its "
+            "record does not carry this user's seal (it was started elsewhere, by another user, or edited); pass "
+            "--trust-code (trust_code=True) to resume it, if you trust that code"
         )
+    if recorded_trust is True or trust_code:  # modules beside the topology file import without PYTHONPATH
+        search_beside(_recorded_base_dir(record))
     try:
         spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
         functions = _functions(spec, functions, trust_code and not recorded_trust)
@@ -172,6 +177,12 @@ def _rebuild_plan(
             f"{str(recorded)[:12]}; the record was edited or this rclc-graph plans differently; start a new run"
         )
     return plan
+
+
+def _recorded_base_dir(record: Mapping[str, Any]) -> Path | None:
+    """The directory the run's topology file was in (profiles and modules resolve there)."""
+    recorded_base = (record.get("topology") or {}).get("base_dir")
+    return Path(recorded_base) if isinstance(recorded_base, str) else None
 
 
 def _functions(
@@ -335,8 +346,7 @@ def read_resume_point(
     seed = _field(record, "seeds", "run")
     if type(seed) is not int:
         raise ResumeError(f"run_dir: record.json seeds.run is {seed!r}; expected the run's integer seed")
-    recorded_base = (record.get("topology") or {}).get("base_dir")
-    base_dir = Path(recorded_base) if isinstance(recorded_base, str) else None
+    base_dir = _recorded_base_dir(record)
     finished, snapshots = _finished_on_disk(directory, plan, run_id)
     restore = tuple(
         name

@@ -36,6 +36,7 @@ from ..executors import make_executor
 from ..executors.contract import Executor, RunContext, require_executor
 from ..executors.local import LocalExecutor
 from ..executors.pool import ModelPool, default_pool
+from ..executors.trusted_code import search_beside
 from ..plan.dag import Plan
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
@@ -124,6 +125,8 @@ async def run_plan(
     if executor is None:
         executor = LocalExecutor(pool if pool is not None else default_pool())
     require_executor(executor)
+    if plan.trust_code:  # modules beside a trusted topology file import without PYTHONPATH
+        search_beside(base_dir)
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
     ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)

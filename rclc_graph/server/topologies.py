@@ -120,9 +120,10 @@ class TopologyCatalog:
     def preflight(self, plan: Plan, pool: Any, topology: Path | None) -> None:
         """What `rclc-graph run` checks before any weights load: trusted code imports, and every
         prompt fits its context (tokenizers only). Problems of a file name its lines."""
+        base_dir = self.directory if topology is None else topology.parent
         try:
-            check_code(plan)
-            check_context(plan, pool, self.directory if topology is None else topology.parent)
+            check_code(plan, base_dir)
+            check_context(plan, pool, base_dir)
         except GraphError as error:
             if topology is not None:
                 raise error.with_locations(read_graph(topology).locate) from None

@@ -62,6 +62,7 @@ from .out_dir import check_out_dir
 from .run_inputs import read_inputs
 from .node_view import render_node
 from .terminal import render_record
+from .topology_checks import check_topology, trust_note
 
 app = typer.Typer(
     name="rclc-graph",
@@ -153,7 +154,7 @@ def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> N
     with the YAML line before any weights load."""
     for plan in plans:
         try:
-            check_code(plan)
+            check_code(plan, base_dir)
             check_context(plan, pool, base_dir)
         except GraphError as error:
             raise error.with_locations(read_graph(topology, trusted=plan.trust_code).locate) from None
@@ -302,7 +303,10 @@ def resume(
                                    help="the directory of an interrupted run, e.g. runs/20250101-120000-abc123",
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
-    trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
+    trust_code: bool = typer.Option(
+        False, "--trust-code",
+        help="needed when the run imports code and was not started with --trust-code by you on this machine",
+    ),
     answer: list[str] = typer.Option(
         [], "--answer", "-a", metavar="NODE=TEXT", help="answer a node the run waits for (repeatable)"
     ),
@@ -343,20 +347,28 @@ def validate(
     input: Optional[Path] = typer.Option(None, "--input", "-i", metavar="FILE",
                                          help="also plan it for these inputs (.json/.jsonl, - for stdin)"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    check_imports: bool = typer.Option(
+        False, "--check-imports", help="import the code the topology names, as run does (needs --trust-code)"
+    ),
     json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
     """Check a topology (and optionally inputs) without running anything. Exit 1 on problems.
 
-    With --input, also runs the checks `run` does before loading weights: each prompt against
-    its model's context (tokenizers only) and trusted code imports."""
+    Imports nothing unless --check-imports (with --trust-code); code the topology names is
+    checked as names, and `run` will need --trust-code for it. With --input, also plans it
+    for those inputs and checks each prompt against its model's context (tokenizers only)."""
     console = stdout_console()
+
+    def failing(label: str) -> None:
+        if len(runs) > 1:
+            stderr_console().print(Text(f"in the inputs of {label}:", style="bold"))
+
+    runs: list[tuple[str, dict[str, Any]]] = []
     try:
-        blueprint = validate_file(topology, trust_code=trust_code)
         runs = read_inputs(input, max_input_bytes=max_input_bytes) if input is not None else []
-        plans = _plans(topology, runs, trust_code, max_input_bytes) if runs else []
-        if plans:
-            _preflight(topology, plans, default_pool(), topology.resolve().parent)
+        check = check_topology(topology, runs, trust_code=trust_code, check_imports=check_imports,
+                               max_input_bytes=max_input_bytes, pool=default_pool(), failing=failing)
     except GraphError as error:
         if json_output:
             write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
@@ -365,17 +377,22 @@ def validate(
         raise typer.Exit(EXIT_FAILED) from None
     except ValueError as error:
         usage_error(error)
-    spec = blueprint.spec
     if json_output:
-        write_json({"valid": True, "graph": spec.name, "plans": [plan.describe() for plan in plans]})
+        write_json(check.to_dict())
         return
+    spec = check.blueprint.spec
     outputs = [node.name for node in spec.nodes if node.output]
     line = Text("✓ ", style="green")
     line.append(printable(topology), style="bold")
     line.append(f" is valid: graph {spec.name}, {_count(len(spec.nodes), 'node')}, {_count(len(spec.edges), 'edge')}, "
                 f"outputs: {', '.join(outputs)}")
     console.print(line)
-    for (label, _), plan in zip(runs, plans):
+    note = trust_note(check)
+    if note is not None:
+        console.print(Text(f"  {printable(note)}", style="yellow"))
+    elif check_imports:
+        console.print(Text("  every module:function it names imports", style="dim"))
+    for (label, _), plan in zip(runs, check.plans):
         console.print(Text(f"  {printable(label)}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
                            f"{_count(len(plan.levels()), 'level')}; fingerprint {plan.fingerprint()[:12]}"))
 

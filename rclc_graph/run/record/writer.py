@@ -37,6 +37,7 @@ from .format import (
     snapshot_identity,
     versions,
 )
+from .trust_seal import seal
 from ...errors import UsageError
 
 
@@ -88,6 +89,7 @@ class RunRecorder:
         self.attempt: dict[str, Any] = {"started_at": self.started_at, "ran": [], "reused": [], "restored": []}
         self.earlier_seconds = 0.0
         self.earlier_fired: dict[str, bool] = {}  # decisions recorded by earlier attempts (a resume)
+        self._trust_seal: str | None = None
         self.lock: DirectoryLock | None = None
         self._created = False
 
@@ -157,6 +159,14 @@ class RunRecorder:
                         "restored": sorted(restored, key=self._order)}
         write_json_atomic(self.run_dir / RECORD_FILE, self._record("running", None, None, 0.0))
         return self.run_dir
+
+    def _seal(self) -> dict[str, str]:
+        """`trust_seal` for a run with trust_code (trust_seal.py), made once per recorder."""
+        if not self.plan.trust_code:
+            return {}
+        if self._trust_seal is None:
+            self._trust_seal = seal(self.run_id, self.plan.fingerprint()) or ""
+        return {"trust_seal": self._trust_seal} if self._trust_seal else {}
 
     def _fired_before(self, fired: Any) -> dict[str, bool]:
         """The decisions an earlier attempt recorded, by "source->target": records written
@@ -252,7 +262,7 @@ class RunRecorder:
                 "base_dir": None if self.base_dir is None else str(Path(self.base_dir).resolve()),
                 "spec": plan.spec.model_dump(mode="json"),
             },
-            "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **plan.describe()},
+            "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **self._seal(), **plan.describe()},
             "inputs": plain(dict(plan.inputs)),
             "answers": plan.answers(),
             "outputs": outputs,
