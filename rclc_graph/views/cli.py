@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -40,7 +41,7 @@ from ..experiments import commands as experiment_commands
 from ..experiments.commands import UsageCommand
 from ..plan import plan_file, validate_file
 from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
-from ..render import printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
+from ..render import format_duration, printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
 from ..run import current_record, read_resume_point
 from ..run.preflight import check_code, check_context
 from ..server import commands as server_commands
@@ -277,21 +278,23 @@ def run(
         raise typer.Exit(status)
 
 
-def _prepare(executor: Executor, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
+def _prepare(executor: Executor, plan: Any, base_dir: Path | None, console: Console, quiet: bool) -> None:
     """Load the plan's models (start the executor's replicas) before the run starts, so
     progress shows the run, not the load."""
     label = executor.preparing(plan)
-    if quiet:
+    if quiet or not label:
         anyio.run(executor.prepare, plan, base_dir)
         return
+    started = time.monotonic()
     if console.is_terminal:
         with console.status(label + " …"):
             hosts = anyio.run(executor.prepare, plan, base_dir)
-    else:
+    else:  # a log or a pipe: a line before the wait, and one after it (a first load converts the model)
         console.print(Text(label + " …", style="dim"))
         hosts = anyio.run(executor.prepare, plan, base_dir)
     for host in hosts:
         console.print(Text(f"  {host['replica']} on node {host['node'][:12]}", style="dim"))
+    console.print(Text(f"  ready in {format_duration(time.monotonic() - started)}", style="dim"))
 
 
 # -- resume ------------------------------------------------------------------------------------
@@ -323,6 +326,16 @@ def resume(
         remaining = ", ".join(point.remaining) or "none"
         console.print(Text(f"resuming {point.run_id} ({point.plan.name}): {len(point.finished)} of "
                            f"{len(point.plan.nodes)} nodes finished before; to run: {remaining}", style="dim"))
+    executor = make_executor("local", pool=pool)  # loads the models here, so progress shows it (as run does)
+    try:
+        _prepare(executor, point.plan, point.base_dir, console, json_output)
+    except KeyboardInterrupt:
+        stderr_console().print(Text("interrupted", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (GraphError, ValueError, OSError) as error:
+        usage_error(error)
+    finally:
+        executor.close()  # the pool keeps the models for the resume
     try:
         record, directory, interrupted = anyio.run(
             lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code,
