@@ -254,9 +254,9 @@ def test_the_start_form_previews_the_graph_before_any_run(tmp_path, browser, art
         browser.get(server.url + "/")
         wait = WebDriverWait(browser, 180)
 
-        def previewed(driver):
-            return {group.get_attribute("data-node")
-                    for group in driver.find_elements(By.CSS_SELECTOR, "#topology-graph svg g.node")}
+        def previewed(driver):  # read in one script: the preview is replaced while a new topology loads
+            return set(driver.execute_script(
+                "return [...document.querySelectorAll('#topology-graph svg g.node')].map((g) => g.dataset.node)"))
 
         wait.until(lambda driver: "fanout_qa" in [option.get_attribute("value")
                                                   for option in Select(driver.find_element(By.ID, "topology")).options])
