@@ -70,6 +70,27 @@ def _fail(error: Exception, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+def _reporter(bar: Progress, lines_to: Any) -> Any:
+    """The runner's progress callback: the bar on a terminal, and with `lines_to` (a console
+    on a log or a pipe) one line per (case, arm) with the time left."""
+    task = bar.add_task("cases x arms", total=None)
+    started = time.monotonic()
+    estimate: list[StepEstimate] = []
+
+    def report(step: runner.Progress) -> None:
+        verb = "resumed" if step.resumed else step.row.get("status", "")
+        bar.update(task, total=step.total, completed=step.done, description=f"{step.case} / {step.arm} ({verb})")
+        if lines_to is None:
+            return
+        if not estimate:
+            estimate.append(StepEstimate(step.total, started))
+        seconds = None if step.resumed else step.row.get("latency_s")
+        lines_to.print(printable(estimate[0].line(step.done, f"{step.case} / {step.arm}", verb or "done",
+                                                  computed=not step.resumed, seconds=seconds, now=time.monotonic())))
+
+    return report
+
+
 @app.command("experiment", cls=UsageCommand)
 def experiment(
     topology: Path = typer.Option(..., "--topology", "-t", metavar="FILE", help="topology YAML file"),
@@ -123,21 +144,7 @@ def experiment(
         console.print(printable(f"experiment {topology.name} over {data.name}: arms {', '.join(a.name for a in arms)}; "
                                 "the first run loads the models"))
     with Progress(*columns, console=console, transient=as_json, disable=not console.is_terminal) as bar:
-        task = bar.add_task("cases x arms", total=None)
-        estimate: StepEstimate | None = None
-
-        def report(step: runner.Progress) -> None:
-            nonlocal estimate
-            verb = "resumed" if step.resumed else step.row.get("status", "")
-            bar.update(task, total=step.total, completed=step.done, description=f"{step.case} / {step.arm} ({verb})")
-            if lines:
-                if estimate is None:
-                    estimate = StepEstimate(step.total, started)
-                seconds = None if step.resumed else step.row.get("latency_s")
-                console.print(printable(estimate.line(step.done, f"{step.case} / {step.arm}", verb or "done",
-                                                      computed=not step.resumed, seconds=seconds, now=time.monotonic())))
-
-        started = time.monotonic()
+        report = _reporter(bar, console if lines else None)
 
         try:
             summary = runner.run_experiment(

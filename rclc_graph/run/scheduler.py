@@ -125,8 +125,7 @@ async def run_plan(
     if executor is None:
         executor = LocalExecutor(pool if pool is not None else default_pool())
     require_executor(executor)
-    if plan.trust_code:  # modules beside a trusted topology file import without PYTHONPATH
-        search_beside(base_dir)
+    search_beside(base_dir if plan.trust_code else None)  # modules beside a trusted topology import
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
     ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)

@@ -173,7 +173,7 @@ def plan_for(
     )
 
 
-def astream(
+def astream(  # 12 parameters: the run's options as run_recorded takes them, plus the stream's two bounds
     target: Runnable,
     inputs: Mapping[str, Any] | None = None,
     *,
