@@ -39,7 +39,7 @@ from ..executors import (
 )
 from ..experiments import commands as experiment_commands
 from ..experiments.commands import UsageCommand
-from ..plan import plan_file, validate_file
+from ..plan import plan_file
 from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
 from ..render import format_duration, printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
 from ..run import current_record, read_resume_point
@@ -63,7 +63,7 @@ from .out_dir import check_out_dir
 from .run_inputs import read_inputs
 from .node_view import render_node
 from .terminal import render_record
-from .topology_checks import check_topology, trust_note
+from .topology_checks import check_topology, checked_blueprint, drawable_plan, trust_note
 
 app = typer.Typer(
     name="rclc-graph",
@@ -426,16 +426,16 @@ def draw(
                                        "<topology>.png for png)"),
     input: Optional[Path] = typer.Option(None, "--input", "-i", metavar="FILE", help="draw the plan for these inputs (.json): "
                                          "every foreach copy and loop round"),
-    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="read profile files outside the topology's directory"),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
-    """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib)."""
+    """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib). Imports nothing."""
     try:
         if input is not None:
             runs = read_inputs(input, max_input_bytes=max_input_bytes)
-            sketch = sketch_plan(_plans(topology, runs[:1], trust_code, max_input_bytes)[0])
+            sketch = sketch_plan(drawable_plan(topology, runs[0][1], trust_code, max_input_bytes))
         else:
-            sketch = sketch_blueprint(validate_file(topology, trust_code=trust_code))
+            sketch = sketch_blueprint(checked_blueprint(topology, trust_code)[0])
     except (GraphError, ValueError) as error:
         usage_error(error)
     if format is DrawFormat.mermaid:

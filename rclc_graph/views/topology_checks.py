@@ -48,9 +48,10 @@ def _code_fields(error: GraphError) -> list[str] | None:
     return [format_path(problem.path) for problem in trust] if trust else None
 
 
-def _blueprint(topology: Path, trust_code: bool) -> tuple[Blueprint, list[str], bool]:
-    """The validated topology; without trust_code, code references are checked as names.
-    Returns (blueprint, fields that name code, whether planning must treat code as trusted)."""
+def checked_blueprint(topology: Path, trust_code: bool) -> tuple[Blueprint, list[str], bool]:
+    """The validated topology; without trust_code, code references are checked as names (for
+    `validate` and `draw`, which run nothing). Returns (blueprint, fields that name code,
+    whether planning must treat code as trusted)."""
     try:
         return validate_file(topology, trust_code=trust_code), [], trust_code
     except PlanError as error:
@@ -77,7 +78,7 @@ def check_topology(
     if check_imports and not trust_code:
         raise UsageError("--check-imports imports the code the topology names, which runs it; add --trust-code if "
                          "you trust that code")
-    blueprint, code_fields, planning_trust = _blueprint(topology, trust_code)
+    blueprint, code_fields, planning_trust = checked_blueprint(topology, trust_code)
     base_dir = topology.resolve().parent
     check = TopologyCheck(blueprint, code_fields=code_fields, imports_checked=check_imports)
     locate = read_graph(topology, trusted=trust_code).locate
@@ -108,4 +109,11 @@ def trust_note(check: TopologyCheck) -> str | None:
             "(--check-imports --trust-code imports it now)")
 
 
-__all__ = ["TopologyCheck", "check_topology", "trust_note"]
+def drawable_plan(topology: Path, inputs: dict[str, Any], trust_code: bool, max_input_bytes: int) -> Plan:
+    """The plan `draw --input` draws: code references as names, nothing imported."""
+    _, _, planning_trust = checked_blueprint(topology, trust_code)
+    return plan_file(topology, inputs, trust_code=planning_trust, max_input_bytes=max_input_bytes,
+                     trusted_files=trust_code)
+
+
+__all__ = ["TopologyCheck", "check_topology", "checked_blueprint", "drawable_plan", "trust_note"]

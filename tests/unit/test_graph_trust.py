@@ -139,6 +139,10 @@ def test_the_cli_refuses_code_without_trust_code_and_imports_nothing(plugin, tmp
     data = json.loads(runner.invoke(app, ["validate", str(path), "--json"]).stdout)
     assert data["needs_trust_code"] and data["code_fields"] == ["edges[0].policy.selector"]
     assert not data["imports_checked"] and not imported(plugin)
+    for extra in ([], ["--input", str(tmp_path / "in.json")]):  # draw runs nothing either
+        drawn = runner.invoke(app, ["draw", str(path), *extra])
+        assert drawn.exit_code == 0 and "flowchart" in drawn.stdout, drawn.output
+    assert not imported(plugin)
     refused = runner.invoke(app, ["validate", str(path), "--check-imports"])
     assert refused.exit_code == 2 and "add --trust-code" in refused.output and not imported(plugin)
     result = runner.invoke(app, ["validate", str(path), "--check-imports", "--trust-code"])

@@ -138,7 +138,11 @@ async function refreshRuns() {
     const shown = view && view.id === run.run_id;
     // the run on screen: one word in both places. While its events stream, they are the newest
     // news; otherwise the server's status is, and the view takes it.
-    if (shown && !view.following && view.status && run.status !== view.status) setStatus(run.status);
+    if (shown && !view.following && view.status && run.status !== view.status) {
+      // resumed or answered elsewhere (another tab, the CLI): follow the new attempt, else take the word
+      if (["queued", "starting", "running"].includes(run.status)) selectRun(run.run_id);
+      else setStatus(run.status);
+    }
     const status = shown && view.status ? view.status : run.status;
     const badge = el("span", {});
     paintBadge(badge, status);
@@ -165,7 +169,7 @@ function setStatus(status) {
 async function selectRun(runId) {
   if (view && view.controller) view.controller.abort();
   view = {id: runId, status: null, nodes: {}, kinds: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(),
-    colours: {}, order: [], shown: {}, following: false};
+    colours: {}, order: [], shown: {}, following: true}; // following: its events stream (until their end)
   $("placeholder").hidden = true;
   $("run").hidden = false;
   $("run-id").textContent = runId;
