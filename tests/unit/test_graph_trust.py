@@ -221,6 +221,11 @@ def test_trusted_code_runs_and_only_a_sealed_run_resumes_without_the_opt_in(plug
     (run_dir / "record.json").write_text(json.dumps(edited))
     with pytest.raises(ResumeError, match="does not carry this user's seal"):
         read_resume_point(run_dir)
+    moved = json.loads(original)  # modules would be imported from another directory: not what was sealed
+    moved["topology"]["base_dir"] = str(tmp_path / "elsewhere")
+    (run_dir / "record.json").write_text(json.dumps(moved))
+    with pytest.raises(ResumeError, match="does not carry this user's seal"):
+        read_resume_point(run_dir)
     (run_dir / "record.json").write_text(original)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another-user"))
     with pytest.raises(ResumeError, match="trust"):

@@ -8,8 +8,9 @@ Trusting whatever record.json says would lose that, since anyone who can write t
 set `trust_code: true`.
 
 So a run started with trust_code carries a seal: an HMAC-SHA256, under a key private to this
-user on this machine, of the run id and the plan's fingerprint (which covers the whole
-topology, every code reference in it, the inputs and trust_code). A resume without
+user on this machine, of the run id, the plan's fingerprint (which covers the whole topology,
+every code reference in it, the inputs and trust_code) and the topology's directory (where
+modules beside the topology file are imported from). A resume without
 trust_code accepts the run as trusted only when the seal verifies: the same user on the same
 machine started it with trust_code and its code references are unchanged. A record copied
 from another machine or user, or edited, does not verify, and still needs `--trust-code`.
@@ -67,18 +68,19 @@ def _key(create: bool) -> bytes | None:
         return data if len(data) == KEY_BYTES else None
 
 
-def _mac(key: bytes, run_id: str, fingerprint: str) -> str:
-    return hmac.new(key, f"rclc-graph trusted run\0{run_id}\0{fingerprint}".encode(), hashlib.sha256).hexdigest()
+def _mac(key: bytes, run_id: str, fingerprint: str, base_dir: str | None) -> str:
+    message = f"rclc-graph trusted run\0{run_id}\0{fingerprint}\0{base_dir or ''}"
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
 
 
-def seal(run_id: str, fingerprint: str) -> str | None:
+def seal(run_id: str, fingerprint: str, base_dir: str | None) -> str | None:
     """The seal of a run started with trust_code (None when no key can be made, e.g. a
     read-only home: resumes then ask for --trust-code, as before)."""
     try:
         key = _key(create=True)
     except OSError:
         return None
-    return None if key is None else _mac(key, run_id, fingerprint)
+    return None if key is None else _mac(key, run_id, fingerprint, base_dir)
 
 
 def sealed(record: Mapping[str, Any]) -> bool:
@@ -88,10 +90,13 @@ def sealed(record: Mapping[str, Any]) -> bool:
     if not isinstance(plan, Mapping) or plan.get("trust_code") is not True:
         return False
     given, fingerprint, run_id = plan.get("trust_seal"), plan.get("fingerprint"), record.get("run_id")
+    base_dir = (record.get("topology") or {}).get("base_dir") if isinstance(record.get("topology"), Mapping) else None
     if not all(isinstance(value, str) for value in (given, fingerprint, run_id)):
+        return False
+    if base_dir is not None and not isinstance(base_dir, str):
         return False
     try:
         key = _key(create=False)
     except OSError:
         return False
-    return key is not None and hmac.compare_digest(_mac(key, run_id, fingerprint), given)
+    return key is not None and hmac.compare_digest(_mac(key, run_id, fingerprint, base_dir), given)

@@ -165,7 +165,8 @@ class RunRecorder:
         if not self.plan.trust_code:
             return {}
         if self._trust_seal is None:
-            self._trust_seal = seal(self.run_id, self.plan.fingerprint()) or ""
+            base_dir = None if self.base_dir is None else str(Path(self.base_dir).resolve())  # as the record says
+            self._trust_seal = seal(self.run_id, self.plan.fingerprint(), base_dir) or ""
         return {"trust_seal": self._trust_seal} if self._trust_seal else {}
 
     def _fired_before(self, fired: Any) -> dict[str, bool]:
