@@ -98,6 +98,7 @@ from .run import (
     astream,
     astream_resume,
     stream,
+    stream_resume,
     finished_nodes,
     read_record,
     read_resume_point,
@@ -231,6 +232,7 @@ __all__ = [
     "astream",
     "astream_resume",
     "stream",
+    "stream_resume",
     # errors (errors.py)
     "ApiModelFailed",
     "ErrorCode",

@@ -7,6 +7,7 @@ embedded SmolLM2-135M and are marked `integration`.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -26,6 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # may not depend on where they run). Removed before any test or subprocess starts.
 for _variable in ("COLUMNS", "LINES"):
     os.environ.pop(_variable, None)
+
+# Runs started with trust_code are sealed with a key in $XDG_CONFIG_HOME (run/record/trust_seal.py):
+# tests keep theirs in a directory of their own, never in the home of whoever runs them.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="rclc-graph-tests-config-")
 
 
 @pytest.fixture(scope="session")

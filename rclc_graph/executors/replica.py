@@ -34,6 +34,7 @@ from .local import LocalExecutor
 from .pool import ModelPool
 from .transfer_options import transfer_options
 from .transport import BytesTransport, InProcessTransport, PayloadRef, PayloadTransport
+from .trusted_code import search_beside
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class Replica:
         if ctx is None:
             plan = ticket.plan if isinstance(ticket.plan, Plan) else await ticket.plan
             base_dir = None if ticket.base_dir is None else Path(ticket.base_dir)
+            if plan.trust_code:  # as the scheduler's side does: modules beside a trusted topology import
+                search_beside(base_dir)
             ctx = RunContext(run_id=ticket.run_id, plan=plan, publish=_no_events, seed=ticket.seed, base_dir=base_dir)
             self._runs.setdefault(ticket.run_id, ctx)
             ctx = self._runs[ticket.run_id]

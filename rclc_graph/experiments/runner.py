@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from rclc.files import file_sha256, write_json_atomic
 
 from ..errors import GraphError, PlanError, Problem, UsageError
+from ..executors.trusted_code import search_beside
 from ..plan.compile import expand
 from ..spec.load import read_graph
 from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
@@ -115,6 +116,8 @@ def run_experiment(
     scheduler only; None: the topology's `batching`, else rclc's default).
     """
     arm_list = _checked_arms(arms, compare_to, concurrency)
+    if trust_code:  # modules beside the topology file import without PYTHONPATH (executors/trusted_code.py)
+        search_beside(Path(topology_path).resolve().parent)
     score = load_scorer(scorer, trust_code=trust_code)
     loaded = read_graph(topology_path, trusted=trust_code)
     spec = loaded.spec

@@ -253,7 +253,8 @@ class Graph:
         description: str = "",
     ) -> Graph:
         """Declare an edge: `policy` is a TransferPolicy (`Policy(...)`), a mapping of its
-        fields, or the name of a declared policy (None: the default state policy); `rounds`
+        fields, or the name of a declared policy (None: state between two agents, text
+        into or out of a function node); `rounds`
         makes it the closing edge of a bounded loop. `when` (a condition mapping such as
         {"contains": "billing"}, or a "module:callable" router) makes it fire only when the
         sender's output satisfies it; `until` on a loop edge stops the loop after the first

@@ -120,6 +120,11 @@ class PlanEdge:
     routes_to: str = ""  # the target's name as the spec edge writes it (what a router names), "" for `declared`
 
     @property
+    def key(self) -> str:
+        """"source->target": the edge's name in records (`fired`); a plan has one edge per pair."""
+        return f"{self.source}->{self.target}"
+
+    @property
     def conditional(self) -> bool:
         """Whether the edge may not fire although its source finished (decided at run time)."""
         return self.when is not None or self.stop is not None

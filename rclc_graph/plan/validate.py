@@ -232,7 +232,14 @@ def _unknown(kind: str, name: str, known: Iterable[str], path: FieldPath) -> Pro
 
 
 def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
-    policy = spec.edges[index].policy
+    """The edge's policy with every default filled in. An edge without `policy:` carries text
+    when either end is a function node (it has no model state), else the default state policy."""
+    edge = spec.edges[index]
+    policy = edge.policy
+    if policy is None:
+        functions = {node.name for node in spec.nodes if node.is_function}
+        plain = "text" if edge.source in functions or edge.target in functions else "state"
+        return resolve_policy(TransferPolicy(mode=plain))
     if isinstance(policy, TransferPolicy):
         return resolve_policy(policy)
     return resolve_policy(spec.policies[policy], name=policy)

@@ -166,7 +166,7 @@ def sketch_record(record: dict[str, Any]) -> Sketch:
         if hop is not None and hop["mode"] != "text":
             label = f"{label}: {hop['kept_positions']}/{hop['total_positions']}"
         # (an edge into a node the run skipped delivered nothing either: a run-time copy past its list's end)
-        idle = fired.get(str(edge["id"])) is False or edge["source"] in skipped or edge["target"] in skipped
+        idle = _decision(fired, edge) is False or edge["source"] in skipped or edge["target"] in skipped
         edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state"), idle=idle))
     for node in plan["nodes"]:
         if node.get("foreach_from"):
@@ -175,6 +175,13 @@ def sketch_record(record: dict[str, Any]) -> Sketch:
     scopes = [(str(item.get("name")), str(item.get("graph"))) for item in plan.get("subgraphs") or []]
     return Sketch(plan["name"], nodes, edges, _groups(scopes, [(node["name"], node.get("scope") or "")
                                                                for node in plan["nodes"]]))
+
+
+def _decision(fired: dict[str, Any], edge: dict[str, Any]) -> Any:
+    """A conditional edge's recorded decision (None: not conditional, or not decided): keyed
+    "source->target" since issue 27, by plan edge id in records written before."""
+    key = f"{edge['source']}->{edge['target']}"
+    return fired[key] if key in fired else fired.get(str(edge["id"]))
 
 
 # -- layout ------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ class RunResult:
     failed_node: str | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it did not run
     waiting: list[dict[str, Any]] = field(default_factory=list)  # [{node, question, when, output}] (status waiting)
-    fired: dict[int, bool] = field(default_factory=dict)  # conditional edge id -> whether it fired
+    fired: dict[str, bool] = field(default_factory=dict)  # conditional edge "source->target" -> whether it fired
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
@@ -156,5 +156,5 @@ class RunResult:
             "nodes": {name: result.to_dict() for name, result in self.nodes.items()},
             "skipped": dict(self.skipped),
             "waiting": [dict(item) for item in self.waiting],
-            "fired": {str(edge): fired for edge, fired in self.fired.items()},
+            "fired": dict(self.fired),
         }

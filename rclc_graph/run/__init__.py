@@ -11,7 +11,7 @@ from .record.writer import RunRecorder
 from .resume import ResumePoint, read_resume_point, resume_run, resume_run_sync
 from .scheduler import RunObserver, new_run_id, run_plan, run_plan_sync, run_with
 from .settings import RunSettings, preflight, prepare_run
-from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream
+from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream, stream_resume
 
 __all__ = [
     # the scheduler
@@ -47,4 +47,5 @@ __all__ = [
     "astream",
     "astream_resume",
     "stream",
+    "stream_resume",
 ]

@@ -16,8 +16,10 @@ a record whose plan no longer compiles to the recorded fingerprint, different rc
 rclc-graph source, torch or transformers versions, a different model (weights,
 configuration or vocabulary), node files that are damaged, edited or from another run,
 snapshots that fail their own checks (truncated, edited, another model or layout), and a
-trust_code run resumed without trust_code. The directory is locked for the whole resume,
-so a run still going (or a second resume) cannot write the same nodes.
+trust_code run resumed without trust_code, unless its record carries this user's seal
+(record/trust_seal.py: started with trust_code here, its code references unchanged). The
+directory is locked for the whole resume, so a run still going (or a second resume) cannot
+write the same nodes.
 
 A run that waits for a person (status "waiting") is resumed with their answers
 (`answers={node: text}`, `--answer NODE=TEXT`): they join the answers the run already had
@@ -42,7 +44,7 @@ from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
 from ..executors import Executor, ModelPool, RunContext
-from ..executors.trusted_code import import_callable
+from ..executors.trusted_code import import_callable, search_beside
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -54,6 +56,7 @@ from .record.reader import read_node, read_record
 from .record.recording import record_run
 from .settings import RunSettings, prepare_run
 from .record.shape import check_record
+from .record.trust_seal import sealed
 from .record.writer import RunRecorder
 from .run_files import check_tree, member, read_json, regular
 from .scheduler import refuse_event_stream
@@ -126,8 +129,8 @@ def _check_waiting(record: Mapping[str, Any], plan: Plan) -> None:
                           if isinstance(item, Mapping))
         first = waiting[0]
         raise ResumeError(
-            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT "
-            f"(answers={{{first!r}: ...}})"
+            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT to rclc-graph resume, or "
+            f"answers={{{first!r}: ...}} to resume_run, astream_resume or stream_resume"
         )
 
 
@@ -138,11 +141,14 @@ def _rebuild_plan(
     functions: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Plan:
     recorded_trust = _field(record, "plan", "trust_code")
-    if recorded_trust is True and not trust_code:
+    if recorded_trust is True and not trust_code and not sealed(record):
         raise ResumeError(
-            "trust_code: this run imports code named by its topology (trust_code was on when it started); "
-            "pass --trust-code (trust_code=True) to resume it, if you still trust that code"
+            "trust_code: this run imports code named by its topology (trust_code was on when it started), and its "
+            "record does not carry this user's seal (it was started elsewhere, by another user, or edited); pass "
+            "--trust-code (trust_code=True) to resume it, if you trust that code"
         )
+    if recorded_trust is True or trust_code:  # modules beside the topology file import without PYTHONPATH
+        search_beside(_recorded_base_dir(record))
     try:
         spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
         functions = _functions(spec, functions, trust_code and not recorded_trust)
@@ -164,7 +170,8 @@ def _rebuild_plan(
                                       for problem in error.problems}))
             raise ResumeError(
                 f"functions: this run's function nodes ({names}) were handed over as Python callables; pass "
-                "functions=graph.functions to resume_run, or trust_code=True (--trust-code) to import them by name"
+                "functions=graph.functions to resume_run, astream_resume or stream_resume, or trust_code=True "
+                "(--trust-code) to import them by name"
             ) from None
         raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
     recorded = _field(record, "plan", "fingerprint")
@@ -174,6 +181,12 @@ def _rebuild_plan(
             f"{str(recorded)[:12]}; the record was edited or this rclc-graph plans differently; start a new run"
         )
     return plan
+
+
+def _recorded_base_dir(record: Mapping[str, Any]) -> Path | None:
+    """The directory the run's topology file was in (profiles and modules resolve there)."""
+    recorded_base = (record.get("topology") or {}).get("base_dir")
+    return Path(recorded_base) if isinstance(recorded_base, str) else None
 
 
 def _functions(
@@ -338,8 +351,7 @@ def read_resume_point(
     seed = _field(record, "seeds", "run")
     if type(seed) is not int:
         raise ResumeError(f"run_dir: record.json seeds.run is {seed!r}; expected the run's integer seed")
-    recorded_base = (record.get("topology") or {}).get("base_dir")
-    base_dir = Path(recorded_base) if isinstance(recorded_base, str) else None
+    base_dir = _recorded_base_dir(record)
     finished, snapshots = _finished_on_disk(directory, plan, run_id)
     restore = tuple(
         name

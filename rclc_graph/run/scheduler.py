@@ -36,6 +36,7 @@ from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_fai
 from ..executors.contract import Executor, RunContext
 from ..executors.mcp_servers import servers_for
 from ..executors.pool import ModelPool
+from ..executors.trusted_code import search_beside
 from ..plan.dag import Plan, PlanNode
 from ..plan.runtime_foreach import edge_with_item, with_item
 from ..results.events import EventStream
@@ -142,6 +143,7 @@ async def run_with(
     """`run_plan` on settings a view built once (the pool, executor and base_dir of its runs)."""
     executor = settings.executor
     base_dir = settings.base_dir
+    search_beside(base_dir if plan.trust_code else None)  # modules beside a trusted topology import
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id, plan, seed)
     servers = servers_for(plan, base_dir)  # MCP servers start on first use and stop when the run ends
@@ -174,7 +176,8 @@ async def run_with(
     waiting = walk.waiting.described(plan, results, walk.routing.fired)
     outputs = {plan.output_key(name): results[name].effective_text for name in plan.outputs
                if name in results and name not in walk.waiting}
-    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))
+    fired = {plan.edges[edge].key: decision for edge, decision in sorted(walk.routing.fired.items())}
+    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=fired)
     if failure is not None:
         logger.warning("run %s failed after %.2f s: %s", run_id, seconds, failure)
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,

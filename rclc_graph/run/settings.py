@@ -64,9 +64,10 @@ class RunSettings:
 
 def preflight(plan: Plan, pool: ModelPool, base_dir: Path | None) -> None:
     """The checks every run passes before any weights load, with tokenizers alone: every
-    trusted module:callable imports, and every prompt fits its model's context (preflight.py).
+    trusted module:callable imports (modules beside the topology, in `base_dir`, too), and
+    every prompt fits its model's context (preflight.py).
     Views call it where they can still point at the YAML line; `prepare_run` calls it too."""
-    check_code(plan)
+    check_code(plan, base_dir)
     check_context(plan, pool, base_dir)
 
 

@@ -149,6 +149,12 @@ class RunManager:
     async def submit_resume(self, run_id: str, answers: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Admit a resume of an unfinished run (checked first, without loading a model)."""
         self._check_resumable(run_id, answers)
+        record = await anyio.to_thread.run_sync(self.record, run_id)
+        if not self.settings.trust_code and ((record or {}).get("plan") or {}).get("trust_code") is True:
+            # a record's seal lets `rclc-graph resume` skip --trust-code (run/record/trust_seal.py); a server
+            # started without --trust-code imports no code, whoever started the run
+            raise ApiError(422, E_REQUEST, f"run {run_id} imports code its topology names (it started with trust_code)",
+                           "start the server with --trust-code to resume it, or resume it with rclc-graph resume")
         options = {} if answers is None else {"answers": dict(answers)}
         await anyio.to_thread.run_sync(
             lambda: read_resume_point(self.run_dir(run_id), trust_code=self.settings.trust_code, **options))

@@ -121,8 +121,9 @@ class TopologyCatalog:
     def preflight(self, plan: Plan, pool: ModelPool, topology: Path | None) -> None:
         """What `rclc-graph run` checks before any weights load: trusted code imports, and every
         prompt fits its context (tokenizers only). Problems of a file name its lines."""
+        base_dir = self.directory if topology is None else topology.parent
         try:
-            preflight(plan, pool, self.directory if topology is None else topology.parent)
+            preflight(plan, pool, base_dir)
         except GraphError as error:
             if topology is not None:
                 raise error.with_locations(read_graph(topology).locate) from None

@@ -23,7 +23,6 @@ from ..render.html_report import hops_text
 from ..render.terminal_text import printable, printable_data
 from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream
-from ..errors import UsageError
 
 STATUS_STYLE = {
     "pending": ("·", "dim"),  # not started yet
@@ -252,9 +251,9 @@ def _print_skipped(console: Console, record: dict[str, Any]) -> None:
 
 def render_record(
     console: Console, record: dict[str, Any], run_dir: str | None = None, *, every_node: bool = False,
-    node: str | None = None,
 ) -> None:
-    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record."""
+    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record
+    (one node's own view is node_view.py)."""
     record = printable_data(record)
     _print_status(console, record, run_dir)
     outputs = record.get("outputs", {})
@@ -268,15 +267,9 @@ def render_record(
     if record.get("hops", []):
         _print_hops(console, record["hops"])
     nodes = record.get("nodes", {})
-    if node is not None:
-        chosen = [node]
-    elif every_node:
-        if nodes:
-            _print_lineage_per_node(console, nodes)
-        chosen = [name for name in outputs if name in nodes]
-    else:
-        chosen = [name for name in outputs if name in nodes]
-    for name in chosen:
+    if every_node and nodes:
+        _print_lineage_per_node(console, nodes)
+    for name in [name for name in outputs if name in nodes]:
         _print_lineage_of(console, nodes, name)
     if run_dir is not None:
         _print_files(console, run_dir)
@@ -352,10 +345,7 @@ def _print_lineage_per_node(console: Console, nodes: dict[str, Any]) -> None:
 
 
 def _print_lineage_of(console: Console, nodes: dict[str, Any], name: str) -> None:
-    """Node `name`'s lineage: who created its positions, as what, how many handoffs ago."""
-    if name not in nodes:
-        known = ", ".join(nodes) or "none"
-        raise UsageError(f"node: {name!r} did not finish in this run; finished nodes: {known}")
+    """Node `name`'s lineage (a finished node): who created its positions, as what, how many handoffs ago."""
     data = nodes[name]
     console.print()
     console.print(Text(f"Lineage of {name}", style="bold underline"),

@@ -26,12 +26,12 @@ class ServeProcess:
     """One `python -m rclc_graph serve ...` process; `url` once it answers."""
 
     def __init__(self, runs: Path, *, port: int = 0, options: tuple[str, ...] = (),
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, topologies: Path = ROOT / "topologies") -> None:
         """port 0 (the default): the server takes a free port itself and says which (`serving on
         URL` in its log), so two test processes never race for a port picked in advance."""
         self.port = port
         self.url = ""
-        self.command = [sys.executable, "-m", "rclc_graph", "serve", "--topologies", str(ROOT / "topologies"),
+        self.command = [sys.executable, "-m", "rclc_graph", "serve", "--topologies", str(topologies),
                         "--runs", str(runs), "--port", str(port), "--log-level", "warning", *options]
         self.log = log or runs.parent / f"serve-{os.getpid()}-{next(_SERVERS)}.log"
         self.process: subprocess.Popen | None = None

@@ -41,3 +41,6 @@ def test_streaming_guide_blocks_run(embedded, tmp_path, monkeypatch, capsys):
     assert namespace["stopped"]["status"] == "cancelled"
     assert namespace["events"].record["status"] == "finished"
     assert namespace["stats"].high_water_events <= 4
+    # people in the loop while streaming (issue 27): waits, answered with answers=, streamed to the end
+    assert "approve asks: Refund" in printed and "finished {'approve': 'refunded'}" in printed
+    assert "Refund {\"order\":\"B-2\",\"refund\":40.0}? (yes/no) -> refused" in printed

@@ -4,6 +4,7 @@ scheduler, resume, torn rows, failures, stale rows, reproduction checks and the 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -284,8 +285,14 @@ def test_cli_data_make_experiment_and_compare(tmp_path, monkeypatch):
     result = invoke(commands.app, args)
     assert result.exit_code == 0, result.output
     assert "accuracy" in result.output and "r4" in result.output and "12 runs computed" in result.output
+    # not a terminal: one progress line per case with the time left (issue 27), the last one says done
+    steps = re.findall(r"^\[(\d+)/12\] \S+ / (\w+): (\w+) in [\d.]+ m?s; (.*)$", result.output, re.M)
+    assert [int(step[0]) for step in steps] == list(range(1, 13)) and {step[2] for step in steps} == {"finished"}
+    assert all("left" in step[3] for step in steps[:-1]) and steps[-1][3].startswith("done in")
+    assert "the first run loads the models" in result.output
     result = invoke(commands.app, args + ["--json", "--limit", "2"])
     assert result.exit_code == 0, result.output
+    assert "[1/" not in result.output  # silent with --json
     payload = json.loads(result.output)
     assert payload["cases"] == 2 and payload["rows"] == {"computed": 0, "resumed": 6, "recovered_bytes": 0}
     assert list(payload["arms"]) == ["full", "floor", "r4"]

@@ -286,9 +286,19 @@ def test_inspect_text_json_and_node(tmp_path):
         assert expected in result.stdout
     assert json.loads(invoke("inspect", run_dir, "--json").stdout) == record
     detail = invoke("inspect", run_dir, "--node", "reader_2")
-    assert detail.exit_code == 0 and "Lineage of reader_2" in detail.stdout
+    assert detail.exit_code == 0, detail.output
+    for expected in ("reader_2", "agent reader, model base", "reads from: reader_1", "sends to: final", "Handoffs",
+                     "in: reader_1 → reader_2", "out: reader_2 → final", "Prompt", "Output", "Lineage",
+                     "nodes/reader_2.json"):
+        assert expected in detail.stdout, expected
+    # only what is specific to the node: not the run's outputs, nor other nodes' hops or lineage
+    for absent in ("Outputs", "Lineage per node", "Lineage of final", "answer of final"):
+        assert absent not in detail.stdout, absent
+    data = json.loads(invoke("inspect", run_dir, "--node", "reader_2", "--json").stdout)
+    assert data["node"] == "reader_2" and data["result"] == record["nodes"]["reader_2"]
+    assert {(hop["source"], hop["target"]) for hop in data["hops"]} == {("reader_1", "reader_2"), ("reader_2", "final")}
     unknown = invoke("inspect", run_dir, "--node", "nobody")
-    assert unknown.exit_code == 2 and "did not finish in this run" in unknown.stderr
+    assert unknown.exit_code == 2 and "the run has no node 'nobody'" in unknown.stderr
     missing = invoke("inspect", tmp_path / "missing")
     assert missing.exit_code == 2 and "is not a directory" in missing.stderr
 

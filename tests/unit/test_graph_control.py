@@ -125,7 +125,7 @@ def refused(body: str, *, trust_code: bool = False):
         ("""nodes:
   - {name: f, call: "json:dumps"}
   - {name: out, agent: a, prompt: "{q}", output: true}
-edges: [{source: f, target: out}]
+edges: [{source: f, target: out, policy: {mode: state, ratio: 2}}]
 """, "E_FUNCTION", ("edges", 0, "policy"), "mode: text"),
         ("""nodes:
   - {name: r, agent: a, prompt: "{q}", generate: false}
@@ -266,3 +266,27 @@ def test_the_builder_refuses_functions_records_could_not_name():
 
 def _echo(inputs, senders):
     return inputs["q"]
+
+
+def test_a_plain_edge_at_a_function_node_carries_text_and_between_agents_state():
+    """Issue 27: an edge without policy: into or out of a function node is a text edge (a
+    LangGraph user's plain edge passes the output along); between two agents it stays state."""
+    from rclc_graph import compile_plan
+
+    spec = load_graph_text(BASE + """nodes:
+  - {name: reader, agent: a, prompt: "{q}"}
+  - {name: f, call: "json:dumps"}
+  - {name: writer, agent: a, prompt: "Write:"}
+  - {name: out, agent: a, prompt: "Answer:", output: true}
+edges:
+  - {source: reader, target: f}
+  - {source: f, target: writer}
+  - {source: writer, target: out}
+  - {source: reader, target: out, policy: {mode: full}}
+""")
+    plan = compile_plan(spec, {"q": "x"}, trust_code=True)
+    modes = {(edge.source, edge.target): edge.policy.label for edge in plan.edges}
+    assert modes == {("reader", "f"): "text", ("f", "writer"): "text", ("writer", "out"): "r4",
+                     ("reader", "out"): "full"}
+    assert spec.edges[0].policy is None  # the spec keeps what was written; planning resolves it
+    assert plan.describe()["edges"][0]["policy"]["mode"] == "text"

@@ -236,7 +236,7 @@ def test_a_resume_finds_builder_functions_by_reference_with_trust_code(pool, tmp
         path.unlink()
     with pytest.raises(ResumeError) as caught:
         read_resume_point(run_dir)
-    assert "pass functions=graph.functions to resume_run, or trust_code=True" in str(caught.value)
+    assert "pass functions=graph.functions to resume_run, astream_resume or stream_resume, or trust_code=True" in str(caught.value)
     resumed, _, _ = resume_run_sync(run_dir, pool=pool, trust_code=True)  # imports this module's functions
     assert resumed.status == "finished"
 

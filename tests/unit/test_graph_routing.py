@@ -58,7 +58,7 @@ def test_one_branch_runs_the_other_is_skipped_and_a_join_runs_on_the_fired_edge(
     assert ("technical", "skipped") in node_events and ("technical", "started") not in node_events
     edges = [(e.payload["target"], e.payload["fired"]) for e in events if e.kind == "edge"]
     assert edges == [("billing", True), ("technical", False)]  # conditional edges, each decided once
-    assert result.fired == {0: True, 1: False}
+    assert result.fired == {"triage->billing": True, "triage->technical": False}
 
 
 def test_skipping_propagates_and_says_why():
@@ -154,7 +154,7 @@ def test_the_record_and_report_say_what_was_skipped(tmp_path):
     assert record["unfinished"] == [] and "technical" not in record["outputs"]
     assert record["node_status"] == {"triage": "finished", "billing": "finished", "technical": "skipped",
                                      "survey": "finished"}
-    assert record["fired"] == {"0": True, "1": False}
+    assert record["fired"] == {"triage->billing": True, "triage->technical": False}
     assert record["plan"]["edges"][0]["when"] == {"contains": "billing"}
     report = (run_dir / "report.html").read_text()
     assert "<h2>Skipped</h2>" in report and 'class="node skipped"' in report
@@ -255,7 +255,7 @@ def test_a_transfer_group_holds_only_fired_edges_and_lineage_only_fired_senders(
     gated = run_plan_sync(build(True).plan({"q": "Note:"}), pool=pool)
     alone = run_plan_sync(build(False).plan({"q": "Note:"}), pool=pool)
     assert gated.status == alone.status == "finished", gated.error
-    assert gated.fired == {1: False} and gated.skipped == {}
+    assert gated.fired == {"y->out": False} and gated.skipped == {}
     out, reference = gated.nodes["out"], alone.nodes["out"]
     assert [hop.source for hop in out.hops] == ["x"]
     assert out.lineage == reference.lineage and "y" not in out.lineage.counts_by_node()

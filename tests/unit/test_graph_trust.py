@@ -125,13 +125,55 @@ def test_the_cli_refuses_code_without_trust_code_and_imports_nothing(plugin, tmp
     path = tmp_path / "t.yaml"
     path.write_text(topology())
     (tmp_path / "in.json").write_text(json.dumps(INPUTS))
-    for args in (["validate", path], ["run", path, "--input", tmp_path / "in.json", "--out", tmp_path / "runs"]):
-        result = runner.invoke(app, [str(arg) for arg in args])
-        assert result.exit_code in (1, 2) and "E_TRUST_CODE" in result.output and "--trust-code" in result.output
-        assert "Traceback" not in result.output
+    result = runner.invoke(app, ["run", str(path), "--input", str(tmp_path / "in.json"), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "E_TRUST_CODE" in result.output and "--trust-code" in result.output
+    assert "Traceback" not in result.output
     assert not imported(plugin) and not (tmp_path / "runs").exists()
-    result = runner.invoke(app, ["validate", str(path), "--trust-code"])
+    # validate runs nothing: valid without --trust-code, saying which field names code, importing nothing
+    for extra in ([], ["--input", str(tmp_path / "in.json")], ["--trust-code"]):
+        result = runner.invoke(app, ["validate", str(path), *extra])
+        assert result.exit_code == 0, result.output
+        assert not imported(plugin)
+    note = runner.invoke(app, ["validate", str(path)]).output
+    assert "it names code (edges[0].policy.selector)" in note and "`run` needs --trust-code" in note
+    data = json.loads(runner.invoke(app, ["validate", str(path), "--json"]).stdout)
+    assert data["needs_trust_code"] and data["code_fields"] == ["edges[0].policy.selector"]
+    assert not data["imports_checked"] and not imported(plugin)
+    for extra in ([], ["--input", str(tmp_path / "in.json")]):  # draw runs nothing either
+        drawn = runner.invoke(app, ["draw", str(path), *extra])
+        assert drawn.exit_code == 0 and "flowchart" in drawn.stdout, drawn.output
+    assert not imported(plugin)
+    refused = runner.invoke(app, ["validate", str(path), "--check-imports"])
+    assert refused.exit_code == 2 and "add --trust-code" in refused.output and not imported(plugin)
+    result = runner.invoke(app, ["validate", str(path), "--check-imports", "--trust-code"])
+    assert result.exit_code == 0 and "every module:function it names imports" in result.output and imported(plugin)
+
+
+@pytest.mark.parametrize("with_input", [False, True])
+def test_validate_answers_the_same_with_or_without_input(tmp_path, with_input):
+    """A module that cannot be imported: valid without --check-imports, refused with it, either way."""
+    path = tmp_path / "t.yaml"
+    path.write_text(topology("trust_plugin_absent:keep"))
+    (tmp_path / "in.json").write_text(json.dumps(INPUTS))
+    extra = ["--input", str(tmp_path / "in.json")] if with_input else []
+    assert runner.invoke(app, ["validate", str(path), *extra]).exit_code == 0
+    assert runner.invoke(app, ["validate", str(path), "--trust-code", *extra]).exit_code == 0
+    checked = runner.invoke(app, ["validate", str(path), "--trust-code", "--check-imports", *extra])
+    assert checked.exit_code == 1 and "E_UNKNOWN_REF" in checked.output and f"{path}:15" in checked.output.replace("\n", "")
+
+
+def test_a_module_beside_the_topology_imports_with_trust_code(tmp_path, monkeypatch):
+    """No PYTHONPATH: the file next to the topology is found (still only with --trust-code)."""
+    beside = tmp_path / "project"
+    beside.mkdir()
+    (beside / "beside_selector.py").write_text(PLUGIN)
+    path = beside / "t.yaml"
+    path.write_text(topology("beside_selector:keep_recent"))
+    monkeypatch.delitem(sys.modules, "beside_selector", raising=False)
+    result = runner.invoke(app, ["validate", str(path), "--check-imports", "--trust-code"])
     assert result.exit_code == 0, result.output
+    assert (beside / "imported.txt").exists()
+    sys.modules.pop("beside_selector", None)
 
 
 def test_yaml_tags_cannot_build_objects(tmp_path, plugin):
@@ -159,12 +201,33 @@ def test_trusted_code_that_cannot_import_is_refused_before_any_weights_load(tmp_
     assert result.exit_code == 2 and "E_UNKNOWN_REF" in result.output and f"{path}:15" in result.output.replace("\n", "")
 
 
-def test_trusted_code_runs_and_a_resume_needs_the_opt_in_again(plugin, tmp_path, tiny_scripted):
+def test_trusted_code_runs_and_only_a_sealed_run_resumes_without_the_opt_in(plugin, tmp_path, tiny_scripted,
+                                                                              monkeypatch):
     _, _, pool = tiny_scripted
     plan = compile_plan(load_graph_text(topology(max_new_tokens=4)), INPUTS, trust_code=True)
     result, record, run_dir = run_recorded_sync(plan, tmp_path / "runs", pool=pool)
     assert result.status == "finished" and imported(plugin)
     assert sys.modules["trust_plugin"].CALLS  # the trusted selector chose the rows
+    assert record["plan"]["trust_seal"]
+    # started with trust_code by this user here: resumes without being told again
+    assert read_resume_point(run_dir).plan.trust_code
+    monkeypatch.setattr("rclc_graph.views.cli.default_pool", lambda: pool)
+    result = runner.invoke(app, ["resume", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    # the same directory for another user (another key), or with its seal edited: --trust-code again
+    original = (run_dir / "record.json").read_text()
+    edited = json.loads(original)
+    edited["plan"]["trust_seal"] = "0" * 64
+    (run_dir / "record.json").write_text(json.dumps(edited))
+    with pytest.raises(ResumeError, match="does not carry this user's seal"):
+        read_resume_point(run_dir)
+    moved = json.loads(original)  # modules would be imported from another directory: not what was sealed
+    moved["topology"]["base_dir"] = str(tmp_path / "elsewhere")
+    (run_dir / "record.json").write_text(json.dumps(moved))
+    with pytest.raises(ResumeError, match="does not carry this user's seal"):
+        read_resume_point(run_dir)
+    (run_dir / "record.json").write_text(original)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another-user"))
     with pytest.raises(ResumeError, match="trust"):
         read_resume_point(run_dir)
     result = runner.invoke(app, ["resume", str(run_dir), "--json"])

@@ -8,7 +8,7 @@ sense for a mode (a `selector` on a `text` edge) and keeps dumped YAML minimal.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, NonNegativeInt, PositiveInt, Tag, field_validator, model_validator
 
@@ -165,6 +165,10 @@ PolicyRef = Annotated[
 class EdgeSpec(SpecBase):
     """A handoff from `source` to `target`. `policy` is inline or the name of a graph policy.
 
+    Without `policy`, an edge between two agents hands over `state` (the default policy) and an
+    edge into or out of a function node carries the sender's text (a function holds no model
+    state); `plan/validate.py` resolves it, so the spec keeps what the user wrote.
+
     `rounds: k` marks a loop edge: it feeds round r of its loop into round r + 1, and the
     loop is unrolled k times at compile time. Every cycle must pass through a loop edge.
     `when` makes the edge conditional on the sender's output; `until` (on a loop edge)
@@ -175,7 +179,11 @@ class EdgeSpec(SpecBase):
     source: Name
     target: Name
     description: str = ""
-    policy: PolicyRef = Field(default_factory=TransferPolicy)
+    policy: Optional[PolicyRef] = Field(
+        None,
+        description="inline policy or the name of a graph policy; omitted: state (CacheBack r4) between two agents, "
+        "text when either end is a function node",
+    )
     rounds: PositiveInt | None = None
     when: Condition | None = Field(None, description="fire only when the sender's output satisfies this condition")
     until: Condition | None = Field(
