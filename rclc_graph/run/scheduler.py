@@ -20,7 +20,6 @@ running finish and are recorded, nothing new starts, and the run ends with statu
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from dataclasses import replace
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 import rclc
 
@@ -70,6 +70,7 @@ class _Publisher:
         self.events, self.run_id = events, run_id
         self.epoch = events.open_epoch() if events is not None else 0
         self.tracer = run_tracer(run_id)
+        self.quiet = events is None and self.tracer is None  # nobody reads this run's events
 
     async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
         if self.tracer is not None:
@@ -174,7 +175,13 @@ async def run_plan(
 
 class _Walk:
     """One run's walk over its plan: which nodes settled (finished or skipped), which run,
-    which wait for a person; `drive` runs it to its end."""
+    which wait for a person; `drive` runs it to its end.
+
+    A node's task settles the node itself when it finishes and goes on with the first node
+    that made ready (a chain runs in one task); only further ready nodes get tasks of their
+    own. Settling costs only what the node's plan uses: a plain edge is decided by one
+    membership test, and routing, loops, interrupts and events cost nothing on the path of
+    a node that has none of them (benchmarks/scheduler_overhead.py)."""
 
     def __init__(self, plan: Plan, executor: Executor, ctx: RunContext, results: dict[str, NodeResult],
                  observer: RunObserver | None) -> None:
@@ -185,40 +192,46 @@ class _Walk:
         self.started: set[str] = set(results)
         self.settled: set[str] = set()
         self.running = 0
+        self._group: Any = None
+        self._quiet = isinstance(ctx.publish, _Publisher) and ctx.publish.quiet  # nothing reads events
+        self._answered = any(node.interrupt == "after" for node in plan.nodes)
 
     async def drive(self) -> None:
         """Run every node that can run now; return when none is running and none can start."""
-        send, receive = anyio.create_memory_object_stream[tuple[str, str | None]](math.inf)
-        async with send, receive, anyio.create_task_group() as group:
+        async with anyio.create_task_group() as group:
+            self._group = group
             group.start_soon(self._stop_generation_on_cancel)
             for name in list(self.results):  # finished before (resume): settled, unless waiting for an answer
                 if self._waits_after(name):
                     await self._wait(name, "after", self.plan.node(name).question or "")
                 else:
                     self.settled.add(name)
-            await self._advance(group, send, self.plan.ready(self.settled, self.started))
-            while self.running:
-                name, question = await receive.receive()
-                self.running -= 1
-                if question is not None:
-                    await self._wait(name, "raised", question)
-                elif self._waits_after(name):
-                    await self._wait(name, "after", self.plan.node(name).question or "")
-                else:
-                    await self._advance(group, send, self._settle(name))
-            group.cancel_scope.cancel()  # only the watcher is left
+            first = await self._advance(self.plan.ready(self.settled, self.started))
+            if first is not None:
+                self._spawn(*first)
+            if not self.running:
+                group.cancel_scope.cancel()  # only the watcher is left
         if not self.waiting and len(self.settled) < len(self.plan.nodes):  # pragma: no cover - a planning bug
             left = [name for name in self.plan.order if name not in self.settled]
             raise RuntimeError(f"the run stopped with nodes neither finished nor skipped: {', '.join(left)}")
 
-    async def _advance(self, group: Any, send: Any, names: tuple[str, ...] | list[str]) -> None:
-        """Skip, hold or start each ready node; a skip settles at once and may ready more."""
+    def _spawn(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
+        self.running += 1
+        self._group.start_soon(self._run_from, name, inbound, name=f"node {name}")
+
+    async def _advance(self, names: tuple[str, ...] | list[str]) -> tuple[str, list[tuple[Any, NodeResult]]] | None:
+        """Skip, hold or start each ready node; a skip settles at once and may ready more.
+        The first node to run is returned (its caller runs it in its own task), the others
+        get tasks of their own."""
         queue = list(names)
+        first: tuple[str, list[tuple[Any, NodeResult]]] | None = None
         while queue:
             name = queue.pop(0)
             if name in self.started:
                 continue
             fired, reason = await self.routing.decide(name)
+            if name in self.started:  # decided by another task meanwhile (routing awaited)
+                continue
             if reason is not None:
                 self.skipped[name] = reason
                 self.started.add(name)
@@ -233,27 +246,49 @@ class _Walk:
             if self.waiting:
                 continue  # a person is asked: nothing new starts (a resume with the answer starts it)
             self.started.add(name)
-            self.running += 1
             inbound = [(edge, self.results[edge.source]) for edge in fired]
-            group.start_soon(self._run_or_wait, send, name, inbound, name=f"node {name}")
+            if first is None:
+                first = (name, inbound)
+            else:
+                self._spawn(name, inbound)
+        return first
 
-    async def _run_or_wait(self, send: Any, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
-        try:
-            await self._run_one(name, inbound)
-        except Interrupt as raised:  # a function node asked for a person: it did not finish
-            await send.send((name, raised.question))
-            return
-        await send.send((name, None))
+    async def _run_from(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
+        """Run `name`, settle it, and go on with the first node it made ready, in this task."""
+        step: tuple[str, list[tuple[Any, NodeResult]]] | None = (name, inbound)
+        while step is not None:
+            name, inbound = step
+            try:
+                await self._run_one(name, inbound)
+            except Interrupt as raised:  # a function node asked for a person: it did not finish
+                await self._wait(name, "raised", raised.question)
+                step = None
+                continue
+            if self._answered and self._waits_after(name):
+                await self._wait(name, "after", self.plan.node(name).question or "")
+                step = None
+                continue
+            step = await self._advance(self._settle(name))
+            if step is not None:  # a chain of nodes that never wait must still let other tasks run
+                await anyio.lowlevel.checkpoint()
+        self.running -= 1
+        if not self.running:
+            self._group.cancel_scope.cancel()  # every node settled or waits: only the watcher is left
 
     async def _run_one(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
         ctx, node = self.ctx, self.plan.node(name)
-        await ctx.publish("node", {"node": name, "status": "started"})
-        hops = _HopTracker(ctx.publish)
+        quiet = self._quiet
+        if not quiet:
+            await ctx.publish("node", {"node": name, "status": "started"})
+        hops = None if quiet else _HopTracker(ctx.publish)
         with node_failed(name):
-            result = await self.executor.run_node(replace(ctx, publish=hops), node, inbound)
-        self.results[name] = with_answers(self.plan, {name: result})[name]
-        await hops.publish_missing(result.hops)
-        await ctx.publish("node", _finished_payload(result))
+            result = await self.executor.run_node(ctx if hops is None else replace(ctx, publish=hops), node, inbound)
+        if node.interrupt == "after":
+            result = with_answers(self.plan, {name: result})[name]
+        self.results[name] = result
+        if hops is not None:
+            await hops.publish_missing(result.hops)
+            await ctx.publish("node", _finished_payload(result))
         if self.observer is not None:
             try:
                 self.observer.node_finished(ctx.run_id, result)
@@ -267,9 +302,9 @@ class _Walk:
         finally:
             self.ctx.stop.set()  # ends native generation at its next step, so cancellation is prompt
 
-    def _settle(self, name: str) -> list[str]:
+    def _settle(self, name: str) -> list[str] | tuple[str, ...]:
         self.settled.add(name)
-        return list(self.plan.ready_after(name, self.settled, self.started))  # O(who waits for it), not O(plan)
+        return self.plan.ready_after(name, self.settled, self.started)  # O(who waits for it), not O(plan)
 
     def _waits_after(self, name: str) -> bool:
         node = self.plan.node(name)

@@ -176,6 +176,17 @@ class RunTracer:
         self.run_span = None
 
 
+def tracing_configured() -> bool:
+    """Whether spans would be recorded: opentelemetry-api is installed and the application
+    set a tracer provider (the API's default proxy and no-op providers record nothing)."""
+    if trace is None:
+        return False
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 def run_tracer(run_id: str) -> RunTracer | None:
-    """A tracer for one run, or None without opentelemetry-api."""
-    return RunTracer(run_id) if tracing_available() else None
+    """A tracer for one run; None without opentelemetry-api or while no tracer provider is
+    set, so a run nobody traces builds no span and observes no event (a provider set later
+    traces the runs that start after it)."""
+    return RunTracer(run_id) if tracing_configured() else None

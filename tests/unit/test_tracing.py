@@ -125,3 +125,16 @@ def test_a_broken_event_never_fails_the_run(spans, caplog):
     tracer = RunTracer("r2")
     tracer.observe("node", {"status": "started"})  # no node name: logged, not raised
     assert "tracing: could not record a node event of run r2" in caplog.text
+
+
+def test_no_tracer_is_made_while_no_provider_is_set(monkeypatch):
+    # Issue 28: with the API's default provider nothing would be recorded, so a run builds no
+    # span and observes no event; a configured provider gets spans as before.
+    from rclc_graph.run import tracing
+
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    assert not tracing.tracing_configured() and tracing.run_tracer("r") is None
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: trace.NoOpTracerProvider())
+    assert tracing.run_tracer("r") is None
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: TracerProvider())
+    assert isinstance(tracing.run_tracer("r"), RunTracer)
