@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .._per_object import PerObject
+from .._shared_prefill import shared_prefill
 from ..generation import Batching
 from .batch_cache import BatchCache, decode_step, prefill
 from .hf_sequences import Sequence, TracedSequence, digest, margins
@@ -214,9 +215,14 @@ class BatchingEngine:
         try:
             # The prefill is this sequence's own work: it runs in its submitter's context
             # (context variables, e.g. tracing, see it as theirs); batched steps serve many.
-            logits, layers = sequence.context.run(
-                prefill, model, sequence.input_ids, sequence.inputs_embeds, sequence.past
-            )
+            prompts = shared_prefill(model)
+            past, shared = sequence.past, None
+            if past is None and sequence.input_ids is not None and prompts.options.shared_prefixes:
+                shared = prompts.store.longest(sequence.input_ids[0])  # a prefix some prompt prefilled before
+                past = None if shared is None else shared.layers
+            logits, layers = sequence.context.run(prefill, model, sequence.input_ids, sequence.inputs_embeds, past)
+            if sequence.past is None and sequence.input_ids is not None and prompts.options.shared_prefixes:
+                prompts.store.add(sequence.input_ids[0], layers)
             if self._trace is not None:
                 prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
                 sequence.traced = (digest(prompt), margins(logits))
