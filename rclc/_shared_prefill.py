@@ -13,14 +13,18 @@ model's forward slots (`rclc._locks`). Whoever holds a slot first serves every p
 waiting at that moment (flat combining: no extra thread), and the others find their
 prefill done when they get a slot in turn. A batch is served as:
 
-1. the prefix all its prompts share (when at least `MIN_SHARED` tokens) is taken from the
-   model's prefix store (`_prefix_cache.py`) as far as the store has it, and forwarded
-   once for the rest;
+1. the longest prefix all its prompts share that the model's prefix store
+   (`_prefix_cache.py`) holds is taken from it (with sharing on; none otherwise);
 2. the prompts' remaining tokens, right-padded to the longest, are forwarded together
    over that prefix. Padding comes after every real token, so causal attention never lets
-   a real position see it: each prompt's KV is what its own forward computes, up to float32
-   rounding of the batched arithmetic (measured: docs/performance.md);
+   a real position see it;
 3. every prompt's KV is stored for later prompts.
+
+Exactness, measured (docs/performance.md): a batch of whole prompts (nothing stored)
+computes each prompt's KV bit for bit as its own forward on the CPUs measured; a prompt
+forwarded over a stored prefix agrees with one causal prefill to float32 rounding (its
+queries attend over cached keys through an explicit mask, another kernel path), which is
+why `shared_prefixes` can be turned off.
 
 A prompt alone is forwarded over the longest prefix the store has. Long prompts are
 forwarded alone (their forward is compute-bound: batching saves nothing). With the model's
@@ -167,17 +171,8 @@ class SharedPrefill:
 
     def _forward(self, model: Any, batch: list[_Request], options: PrefillOptions) -> list[Layers]:
         """The KV of every prompt of `batch`, stored for later prompts when sharing is on."""
-        shared = options.shared_prefixes
         ids = [request.ids for request in batch]
-        prefix = None
-        if shared and len(ids) == 1:
-            found = self.store.longest(ids[0])
-            prefix = None if found is None else found.layers
-        elif shared:
-            length = min(int(i.shape[0]) for i in ids) - 1
-            for other in ids[1:]:
-                length = min(length, common_length(ids[0], other))
-            prefix = self._prefix(model, ids[0], length) if length >= MIN_SHARED else None
+        prefix = self._stored_prefix(ids) if options.shared_prefixes else None
         results = _suffixes(model, ids, prefix)
         reused = 0 if prefix is None else int(prefix[0][0].shape[2])
         with self._lock:
@@ -187,21 +182,23 @@ class SharedPrefill:
             stats.batch_sizes[len(batch)] = stats.batch_sizes.get(len(batch), 0) + 1
             stats.forwarded_positions += sum(int(i.shape[0]) for i in ids) - len(ids) * reused
             stats.reused_positions += len(ids) * reused
-        if shared:
+        if options.shared_prefixes:
             for request, layers in zip(batch, results):
                 self.store.add(request.ids, layers)
         return results
 
-    def _prefix(self, model: Any, ids: torch.Tensor, length: int) -> Layers:
-        """The KV of `ids[:length]`: what the store has of it, the rest forwarded once."""
-        found = self.store.longest(ids[: length + 1])
-        start = 0 if found is None else found.length
-        if start == length:
-            return found.layers  # type: ignore[union-attr]
-        cache = None if found is None else cache_from_layers(model, found.layers)
-        rows = model.get_input_embeddings().weight[ids[start:length]].unsqueeze(0)
-        _, cache = forward_rows(model, cache, inputs_embeds=rows, start=start)
-        return cache_layers(cache)
+    def _stored_prefix(self, ids: list[torch.Tensor]) -> Layers | None:
+        """The longest stored prefix every prompt of a batch starts with (views of its KV).
+
+        What the prompts share beyond it is forwarded once per prompt, in the batch: a
+        prefix forwarded alone first would be one more forward, and its KV would differ in
+        the last bits from the prompts' own (a batch of whole prompts, right-padded, computes
+        each exactly as alone on the CPUs measured)."""
+        length = int(ids[0].shape[0])
+        for other in ids[1:]:
+            length = min(length, common_length(ids[0], other), int(other.shape[0]))
+        found = self.store.longest(ids[0][: length + 1] if len(ids) > 1 else ids[0])
+        return None if found is None else found.layers
 
     def report(self) -> dict[str, Any]:
         """Options and figures (`rclc.batching_report`'s `prefill`)."""
