@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .._cache import cache_from_layers, cache_layers
+from .._cache import backbone, cache_from_layers, cache_layers
 from ..errors import IncompatibleStateError
 
 ROOM_STEP = 64
@@ -237,6 +237,41 @@ def prefill(
         logits_to_keep=1,
     )
     return output.logits[0, -1].to(dtype=torch.float32), cache_layers(cache)
+
+
+def prefill_many(
+    model: Any, prompts: list[torch.Tensor]
+) -> list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]]:
+    """Several prompts (`[n_i, hidden]` input rows each) forwarded together from position 0,
+    right-padded to the longest: per prompt, its last position's `[vocab]` float32 logits and
+    its KV per layer (`[1, kv_heads, n_i, head_dim]`, private copies).
+
+    Padding sits after every real position, so causal attention never lets a real position
+    see it and no padding mask is needed: each prompt gets what its own forward computes, up
+    to the rounding of batched matmuls (docs/performance.md measures it)."""
+    count, width = len(prompts), max(int(rows.shape[0]) for rows in prompts)
+    first = prompts[0]
+    rows = first.new_zeros(count, width, first.shape[1])
+    for index, prompt in enumerate(prompts):
+        rows[index, : prompt.shape[0]] = prompt
+    cache = DynamicCache(config=model.config)
+    decoder = backbone(model)
+    output = decoder(
+        inputs_embeds=rows,
+        attention_mask=torch.ones(count, width, dtype=torch.long, device=rows.device),
+        position_ids=torch.arange(width, device=rows.device).expand(count, -1),
+        cache=cache,
+        use_cache=True,
+    )
+    lengths = [int(prompt.shape[0]) for prompt in prompts]
+    last = output.last_hidden_state[torch.arange(count, device=rows.device), torch.tensor(lengths) - 1]
+    logits = model.get_output_embeddings()(last).to(dtype=torch.float32)  # [count, vocab]
+    layers = cache_layers(cache)
+    return [
+        (logits[index], [(k[index : index + 1, :, :length].clone(), v[index : index + 1, :, :length].clone())
+                         for k, v in layers])
+        for index, length in enumerate(lengths)
+    ]
 
 
 def decode_step(model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP) -> torch.Tensor:

@@ -46,6 +46,8 @@ from rclc.policy import (
     BUILTIN_REASONING,
     BUILTIN_SELECTORS,
     DEFAULT_MAX_BATCH,
+    DEFAULT_PREFILL_BATCH,
+    DEFAULT_PREFIX_CACHE_MIB,
     DEFAULT_WAIT_MS,
     DEFAULT_WORKER_FORWARDS,
     EXCLUSION_REASONS,
@@ -171,6 +173,18 @@ class BatchingSpec(_Spec):
         description="prefills, selectors' captures and refreshes the model runs at once, each in its caller's "
         "worker thread (hf models)",
     )
+    shared_prefixes: bool = Field(
+        True,
+        description="reuse the KV of a prompt prefix the model prefilled before (same token IDs) instead of "
+        "computing it again (hf models; false: every prompt prefilled whole)",
+    )
+    prefill_batch: PositiveInt = Field(
+        DEFAULT_PREFILL_BATCH,
+        description="prompts waiting together that one forward prefills at most (hf models; 1: each alone)",
+    )
+    prefix_cache_mib: NonNegativeInt = Field(
+        DEFAULT_PREFIX_CACHE_MIB, description="memory the model's store of prompt prefixes may hold (MiB; hf models)"
+    )
 
 
 class ModelSpec(_Spec):
@@ -205,7 +219,8 @@ class ModelSpec(_Spec):
     )
     batching: BatchingSpec | None = Field(
         None,
-        description="how concurrent generations share this model (enabled, max_batch, wait_ms); "
+        description="how concurrent generations and prompts share this model (enabled, max_batch, wait_ms, "
+        "worker_forwards, shared_prefixes, prefill_batch, prefix_cache_mib); "
         "omitted: rclc's defaults, or what the process configured",
     )
 
