@@ -95,8 +95,14 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool, *, keep_agents: bool = True) -> None:
+        """`keep_agents=False` drops each node's agent once every receiver of it settled
+        (`consumed`): a run then holds only the states its unfinished receivers read, so a
+        long chain under a bounded budget holds a bounded amount of KV. The executors
+        `run_plan` and `run_recorded` make for themselves do this (nobody can ask them for
+        an agent afterwards); one you pass keeps every agent until `release`."""
         self.pool = pool
+        self.keep_agents = keep_agents
         self._agents: dict[tuple[str, str], Any] = {}
 
     def agent(self, run_id: str, node: str) -> Any:
@@ -107,6 +113,11 @@ class LocalExecutor(Executor):
         """Drop a finished run's agents (their states live on in snapshots, if recorded)."""
         for key in [key for key in self._agents if key[0] == run_id]:
             del self._agents[key]
+
+    def consumed(self, run_id: str, node: str) -> None:
+        """Drop the node's agent unless this executor keeps agents (see `__init__`)."""
+        if not self.keep_agents:
+            self._agents.pop((run_id, node), None)
 
     def adopt(self, run_id: str, node: str, agent: Any) -> None:
         """Register an agent restored from a snapshot (resume) as node `node`'s state."""

@@ -373,7 +373,7 @@ async def resume_run(
     try:
         point = read_resume_point(directory, trust_code=trust_code, answers=answers, functions=functions)
         pool = pool if pool is not None else default_pool()
-        inner = executor if executor is not None else LocalExecutor(pool)
+        inner = executor if executor is not None else LocalExecutor(pool, keep_agents=False)
         if executor is None:
             await prepare_models(point.plan, pool, point.base_dir)
         await anyio.to_thread.run_sync(_check_models, point, pool)  # hashing weights takes a moment

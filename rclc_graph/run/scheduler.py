@@ -123,7 +123,7 @@ async def run_plan(
         finally:
             owned.close()
     if executor is None:
-        executor = LocalExecutor(pool if pool is not None else default_pool())
+        executor = LocalExecutor(pool if pool is not None else default_pool(), keep_agents=False)
     require_executor(executor)
     run_id = run_id or new_run_id()
     publish = _Publisher(events, run_id)
@@ -195,6 +195,10 @@ class _Walk:
         self._group: Any = None
         self._quiet = isinstance(ctx.publish, _Publisher) and ctx.publish.quiet  # nothing reads events
         self._answered = any(node.interrupt == "after" for node in plan.nodes)
+        # receivers not settled yet, per node, when the executor wants to hear that a state is no longer read
+        self._unsettled_receivers: dict[str, int] | None = None
+        if type(executor).consumed is not Executor.consumed:
+            self._unsettled_receivers = {node.name: len(set(plan.receivers(node.name))) for node in plan.nodes}
 
     async def drive(self) -> None:
         """Run every node that can run now; return when none is running and none can start."""
@@ -304,7 +308,22 @@ class _Walk:
 
     def _settle(self, name: str) -> list[str] | tuple[str, ...]:
         self.settled.add(name)
+        if self._unsettled_receivers is not None:
+            self._release_read_states(name)
         return self.plan.ready_after(name, self.settled, self.started)  # O(who waits for it), not O(plan)
+
+    def _release_read_states(self, name: str) -> None:
+        """Tell the executor of every state no receiver will read any more: `name`'s own when
+        it sends to nobody, and each sender's once `name` was the last of its receivers."""
+        left = self._unsettled_receivers
+        assert left is not None
+        consumed = self.executor.consumed
+        if left[name] == 0:
+            consumed(self.ctx.run_id, name)
+        for sender in set(self.plan.senders(name)):
+            left[sender] -= 1
+            if left[sender] == 0:
+                consumed(self.ctx.run_id, sender)
 
     def _waits_after(self, name: str) -> bool:
         node = self.plan.node(name)

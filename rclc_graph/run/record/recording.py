@@ -74,7 +74,7 @@ async def run_recorded(
         recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
                                pool=pool, base_dir=base_dir)
         recorder.start()
-        inner = executor if executor is not None else LocalExecutor(pool)
+        inner = executor if executor is not None else LocalExecutor(pool, keep_agents=False)
         return await record_run(recorder, inner, pool=pool, events=events, base_dir=base_dir)
     finally:
         if owned is not None:
