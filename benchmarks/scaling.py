@@ -9,7 +9,8 @@ Three sweeps, each over one size with everything else fixed:
   document each, into one answering node;
 - `document`: one reader of a 256 to 4,096-token document handing state to the answering node.
 
-The final node generates 4 tokens (decoding is measured elsewhere: concurrent_runs.py).
+Every edge's selection is conditioned on the question (`request: "{question}"`, as in the
+shipped topologies). The final node generates 4 tokens (decoding is measured elsewhere: concurrent_runs.py).
 Each configuration runs in a process of its own (`--one`), so its peak RSS is its own: the
 model is loaded and one small run warms everything up, then the configuration runs
 `--repeats` times, r4 and b128 alternating, and the process reports the median wall time,
@@ -77,7 +78,7 @@ def document(tokenizer: Any, tokens: int, offset: int) -> str:
 def plan_for(sweep: str, size: int, budget: str, tokenizer: Any) -> Any:
     from rclc_graph import Policy, chain_of_agents, fan_out
 
-    policy = Policy(**BUDGETS[budget])
+    policy = Policy(**BUDGETS[budget], request="{question}")  # as the shipped topologies ask
     if sweep == "chain":
         graph = chain_of_agents(size, policy=policy, max_new_tokens=ANSWER_TOKENS)
         return graph.plan({"question": QUESTION,
