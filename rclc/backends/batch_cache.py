@@ -264,7 +264,7 @@ def prefill_many(
         use_cache=True,
     )
     lengths = [int(prompt.shape[0]) for prompt in prompts]
-    last = output.last_hidden_state[torch.arange(count, device=rows.device), torch.tensor(lengths) - 1]
+    last = output.last_hidden_state[torch.arange(count, device=rows.device), torch.tensor(lengths, device=rows.device) - 1]
     logits = model.get_output_embeddings()(last).to(dtype=torch.float32)  # [count, vocab]
     layers = cache_layers(cache)
     return [
