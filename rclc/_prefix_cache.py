@@ -110,13 +110,6 @@ class PrefixCache:
             layers = [(k[..., :best, :], v[..., :best, :]) for k, v in entry.layers]
         return SharedPrefix(best, layers)
 
-    def has_prefix(self, ids: torch.Tensor) -> bool:
-        """Whether `longest(ids)` would find a prefix (counts nothing, moves nothing)."""
-        ids = ids.detach().to("cpu")
-        limit = int(ids.shape[0]) - 1
-        with self._lock:
-            return any(min(common_length(entry.ids, ids), limit) >= MIN_SHARED for entry in self._entries.values())
-
     def add(self, ids: torch.Tensor, layers: Layers) -> None:
         """Store the KV `layers` (`[1, kv_heads, n, head_dim]` per layer) of the prompt `ids`
         (1-D, n IDs). A prompt another entry already starts with is not stored again, and an

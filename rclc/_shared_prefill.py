@@ -44,7 +44,7 @@ import torch
 from ._cache import cache_from_layers, cache_layers, forward_batch, forward_rows, new_cache, prefill
 from ._locks import forward_slot
 from ._per_object import PerObject
-from ._prefix_cache import MIN_SHARED, PrefixCache, common_length
+from ._prefix_cache import PrefixCache, SharedPrefix, common_length
 from ._worker import check_stop, current_stop
 from .policy import DEFAULT_PREFILL_BATCH, DEFAULT_PREFIX_CACHE_MIB
 
@@ -208,11 +208,16 @@ class SharedPrefill:
         prefix forwarded alone first would be one more forward, and its KV would differ in
         the last bits from the prompts' own (a batch of whole prompts, right-padded, computes
         each exactly as alone on the CPUs measured)."""
+        found = self.common_stored_prefix(ids)
+        return None if found is None else found.layers
+
+    def common_stored_prefix(self, ids: list[torch.Tensor]) -> SharedPrefix | None:
+        """The longest stored prefix all of `ids` (1-D prompts) start with, leaving each at
+        least its last position to forward; None when the store has none that long."""
         length = int(ids[0].shape[0])
         for other in ids[1:]:
             length = min(length, common_length(ids[0], other), int(other.shape[0]))
-        found = self.store.longest(ids[0][: length + 1] if len(ids) > 1 else ids[0])
-        return None if found is None else found.layers
+        return self.store.longest(ids[0][: length + 1] if len(ids) > 1 else ids[0])
 
     def report(self) -> dict[str, Any]:
         """Options and figures (`rclc.batching_report`'s `prefill`)."""

@@ -240,26 +240,31 @@ def prefill(
 
 
 def prefill_many(
-    model: Any, prompts: list[torch.Tensor]
+    model: Any, prompts: list[torch.Tensor], past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 ) -> list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]]:
-    """Several prompts (`[n_i, hidden]` input rows each) forwarded together from position 0,
-    right-padded to the longest: per prompt, its last position's `[vocab]` float32 logits and
-    its KV per layer (`[1, kv_heads, n_i, head_dim]`, private copies).
+    """Several prompts forwarded together, right-padded to the longest: per prompt, its last
+    position's `[vocab]` float32 logits and its KV per layer (`[1, kv_heads, n, head_dim]`,
+    private copies). `prompts` are `[n_i, hidden]` input rows after `past`, the KV
+    (`[1, kv_heads, p, head_dim]` per layer) of a prefix every prompt starts with (None: the
+    prompts start at position 0); each prompt's KV then holds the prefix too.
 
     Padding sits after every real position, so causal attention never lets a real position
     see it and no padding mask is needed: each prompt gets what its own forward computes, up
     to the rounding of batched matmuls (docs/performance.md measures it)."""
     count, width = len(prompts), max(int(rows.shape[0]) for rows in prompts)
+    start = 0 if past is None else int(past[0][0].shape[2])
     first = prompts[0]
     rows = first.new_zeros(count, width, first.shape[1])
     for index, prompt in enumerate(prompts):
         rows[index, : prompt.shape[0]] = prompt
-    cache = DynamicCache(config=model.config)
-    decoder = backbone(model)
-    output = decoder(
+    if past is None:
+        cache = DynamicCache(config=model.config)
+    else:
+        cache = cache_from_layers(model, [(k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)) for k, v in past])
+    output = backbone(model)(
         inputs_embeds=rows,
-        attention_mask=torch.ones(count, width, dtype=torch.long, device=rows.device),
-        position_ids=torch.arange(width, device=rows.device).expand(count, -1),
+        attention_mask=torch.ones(count, start + width, dtype=torch.long, device=rows.device),
+        position_ids=torch.arange(start, start + width, device=rows.device).expand(count, -1),
         cache=cache,
         use_cache=True,
     )
@@ -268,8 +273,8 @@ def prefill_many(
     logits = model.get_output_embeddings()(last).to(dtype=torch.float32)  # [count, vocab]
     layers = cache_layers(cache)
     return [
-        (logits[index], [(k[index : index + 1, :, :length].clone(), v[index : index + 1, :, :length].clone())
-                         for k, v in layers])
+        (logits[index], [(k[index : index + 1, :, : start + length].clone(),
+                          v[index : index + 1, :, : start + length].clone()) for k, v in layers])
         for index, length in enumerate(lengths)
     ]
 

@@ -215,30 +215,22 @@ class BatchingEngine:
                 self._cond.wait()  # the batch is full: a sequence leaving makes room
 
     def _take_prefills(self, most: int) -> list[Sequence]:
-        """The oldest waiting sequence, and while it is batchable the next batchable ones, up
-        to `most` and `BATCHED_TOKENS` padded positions (caller holds the condition)."""
+        """The oldest waiting sequence and, while it is batchable, the next batchable ones of
+        its kind (token prompts with token prompts, input rows with input rows), up to
+        `most` and `BATCHED_TOKENS` padded positions twice over (caller holds the condition)."""
         first = self._pending.pop(0)
         taken = [first]
-        if most > 1 and self._batchable(first):
+        if most > 1 and _batchable(first):
             for sequence in list(self._pending):
                 if len(taken) >= most:
                     break
+                if not _batchable(sequence) or (sequence.input_ids is None) != (first.input_ids is None):
+                    continue
                 width = max(_prompt_length(other) for other in taken + [sequence])
-                if self._batchable(sequence) and width * (len(taken) + 1) <= 2 * BATCHED_TOKENS:
+                if width * (len(taken) + 1) <= 2 * BATCHED_TOKENS:
                     taken.append(sequence)
                     self._pending.remove(sequence)
         return taken
-
-    def _batchable(self, sequence: Sequence) -> bool:
-        """Prefilled with others: a prompt from position 0 (no retained cache), short enough
-        that its forward is not compute-bound, and not a token prompt the model's prefix
-        store has a prefix of (that one is forwarded alone over the prefix)."""
-        if sequence.past is not None or _prompt_length(sequence) > BATCHED_TOKENS:
-            return False
-        prompts = shared_prefill(self._model())
-        if sequence.input_ids is None or not prompts.options.shared_prefixes:
-            return True
-        return not prompts.store.has_prefix(sequence.input_ids[0])
 
     def _prefill(self, model: Any, sequence: Sequence) -> None:
         """Prefill one sequence alone (over the longest stored prefix of a token prompt) and
@@ -262,20 +254,25 @@ class BatchingEngine:
         self._prefilled(sequence, logits, layers, began)
 
     def _prefill_together(self, model: Any, sequences: list[Sequence]) -> None:
-        """Prefill several sequences in one forward (right-padded, `prefill_many`); if that
-        fails, each is prefilled alone, so one sequence's trouble fails only it."""
+        """Prefill several sequences in one forward (right-padded, `prefill_many`), token
+        prompts over the longest stored prefix they all start with; if that fails, each is
+        prefilled alone, so one sequence's trouble fails only it."""
         began = time.perf_counter()
+        prompts = shared_prefill(model)
+        sharing = sequences[0].input_ids is not None and prompts.options.shared_prefixes
         try:
-            outcomes = prefill_many(model, [_prompt_rows(model, sequence) for sequence in sequences])
+            found = prompts.common_stored_prefix([s.input_ids[0] for s in sequences]) if sharing else None
+            start = 0 if found is None else found.length
+            rows = [_prompt_rows(model, sequence)[start:] for sequence in sequences]
+            outcomes = prefill_many(model, rows, None if found is None else found.layers)
         except Exception:
             for sequence in sequences:
                 self._prefill(model, sequence)
             return
-        prompts = shared_prefill(model)
         with self._cond:
             self.stats.prefill_batches[len(sequences)] += 1
         for sequence, (logits, layers) in zip(sequences, outcomes):
-            if sequence.input_ids is not None and prompts.options.shared_prefixes:
+            if sharing:
                 prompts.store.add(sequence.input_ids[0], layers)
             self._prefilled(sequence, logits, layers, began)
             began = time.perf_counter()
@@ -438,6 +435,12 @@ class BatchingEngine:
         if self._trace is not None and sequence.traced is not None:
             prompt, found = sequence.traced
             self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
+
+
+def _batchable(sequence: Sequence) -> bool:
+    """Prefilled with others: a prompt from position 0 (no retained cache), short enough that
+    its forward is not compute-bound on a CPU."""
+    return sequence.past is None and _prompt_length(sequence) <= BATCHED_TOKENS
 
 
 def _prompt_length(sequence: Sequence) -> int:

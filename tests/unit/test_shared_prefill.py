@@ -220,37 +220,56 @@ def test_a_generation_prompt_over_a_stored_prefix_picks_the_tokens_it_picks_alon
     assert found == expected
 
 
+def generate_together(model, tokenizer, batch):
+    """Generate `batch` (four prompts) at once; the first one's prefill holds the prefill
+    thread until the other three wait, so they are prefilled together. Returns the token IDs
+    and the rows of every backbone forward."""
+    engine = engine_for(model)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_the_first(module, args, kwargs):
+        if not release.is_set():
+            entered.set()
+            wait_for(lambda: len(engine._pending) == len(batch) - 1)
+            release.set()
+
+    results = [None] * len(batch)
+    handle = rclc._cache.backbone(model).register_forward_pre_hook(hold_the_first, with_kwargs=True)
+    try:
+        with counted_forwards(model) as calls:
+            async def main():
+                async with anyio.create_task_group() as group:
+                    for index, ids in enumerate(batch):
+                        async def one(index=index, ids=ids):
+                            results[index] = await rclc.bind(model, tokenizer).generate(ids, max_new_tokens=6)
+                        group.start_soon(one)
+                        if index == 0:  # the first is prefilling before the others arrive
+                            await anyio.to_thread.run_sync(entered.wait)
+
+            anyio.run(main)
+    finally:
+        handle.remove()
+    return [result.token_ids for result in results], calls
+
+
 def test_generations_waiting_together_are_prefilled_in_one_forward(fresh):
     model, tokenizer = fresh
     batch = prompts(4, shared=4, seed=4)  # nothing to share: all from position 0
     with prompts_alone(model):
         expected = [generate(model, tokenizer, ids).token_ids for ids in batch]
-    engine = engine_for(model)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold_the_first(module, args, kwargs):  # the first prefill waits until the others queued
-        if not release.is_set():
-            entered.set()
-            wait_for(lambda: len(engine._pending) == 3)
-            release.set()
-
-    handle = rclc._cache.backbone(model).register_forward_pre_hook(hold_the_first, with_kwargs=True)
-    results = [None] * 4
-    try:
-        async def main():
-            async with anyio.create_task_group() as group:
-                for index, ids in enumerate(batch):
-                    async def one(index=index, ids=ids):
-                        results[index] = await rclc.bind(model, tokenizer).generate(ids, max_new_tokens=6)
-                    group.start_soon(one)
-                    if index == 0:  # the first is prefilling before the others arrive
-                        await anyio.to_thread.run_sync(entered.wait)
-
-        anyio.run(main)
-    finally:
-        handle.remove()
-    assert engine.report()["prefill_batches"].get("3") == 1
-    assert [result.token_ids for result in results] == expected
+    found, _ = generate_together(model, tokenizer, batch)
+    assert engine_for(model).report()["prefill_batches"] == {"3": 1}
+    assert found == expected
+    # Token prompts sharing a stored head: the three waiting ones are forwarded together,
+    # over the head the store holds (the forward's rows are their longest rest).
+    batch = prompts(4, shared=40, seed=5)
+    with prompts_alone(model):
+        expected = [generate(model, tokenizer, ids).token_ids for ids in batch]
+    generate(model, tokenizer, prompts(1, shared=40, seed=5, own=30)[0])  # leaves the head in the store
+    found, calls = generate_together(model, tokenizer, batch)
+    assert engine_for(model).report()["prefill_batches"] == {"3": 2}
+    assert max(ids.shape[1] for ids in batch[1:]) - 40 in calls
+    assert found == expected
 
 
 # -- options ----------------------------------------------------------------------------
