@@ -10,6 +10,16 @@ name whose functions delegate to the model's original implementation with the sa
 arguments, so every output is exactly what it would have been, and a capture's fold sees
 the tensors in passing.
 
+One exception, on purpose (issue 28): a fold that can compute a layer's output itself (the
+support fold behind CacheBack and QSnap: `attend`) gets the capturing thread's global
+layers. It computes the softmax the scores need anyway and returns that softmax times the
+values as the layer's output, so the capture runs attention once per layer instead of twice
+(the model's kernel, then the fold's own), which brought selection from 1.2-1.3x to about
+1.0x its forward floor (docs/performance.md). The output agrees with the model's kernel to
+float32 rounding, so the capture's later layers, and its scores, may differ from a capture
+through the kernel in the last bits; every other forward (other threads, other layers, any
+other fold) is served by the original implementation, unchanged.
+
 Per thread, not per process: a capture is recorded in the capturing thread only
 (`threading.local`). While at least one capture of a model runs (in any thread), the
 model's configs name the delegating implementation; a forward of that model in any other
