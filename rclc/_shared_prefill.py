@@ -45,7 +45,7 @@ from ._cache import cache_from_layers, cache_layers, forward_batch, forward_rows
 from ._locks import forward_slot
 from ._per_object import PerObject
 from ._prefix_cache import PrefixCache, SharedPrefix, common_length
-from ._worker import check_stop, current_stop
+from ._worker import WorkCancelled, current_stop, serving_others
 from .policy import DEFAULT_PREFILL_BATCH, DEFAULT_PREFIX_CACHE_MIB
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
@@ -124,8 +124,13 @@ class SharedPrefill:
             self._arrived.notify_all()
         with forward_slot(model):
             batch = self._take(request, options)
-            if batch:
+            try:
                 self._serve(model, batch, options)
+            except BaseException as error:  # never leave a prompt that waits on this thread waiting
+                for other in batch:
+                    if not other.done.is_set():
+                        other.finish(None, error)
+                raise
         request.done.wait()
         if request.error is not None:
             raise request.error
@@ -159,29 +164,35 @@ class SharedPrefill:
 
     def _serve(self, model: Any, batch: list[_Request], options: PrefillOptions) -> None:
         """Compute every prompt of `batch` and hand each its KV (a failure fails only the
-        prompts it concerns: a failing batch is retried one prompt at a time)."""
-        live = [request for request in batch if not (request.cancel is not None and request.cancel.is_set())]
+        prompts it concerns: a failing batch is retried one prompt at a time). The slot
+        holder serves the others even when its own caller was cancelled meanwhile (they
+        wait on it); a cancelled caller's prompt gets `WorkCancelled` instead of its KV."""
+        live = [request for request in batch if not _cancelled_request(request)]  # (empty batch: nothing)
         for request in batch:
             if request not in live:
                 request.finish(None, _cancelled())
         if not live:
             return
-        try:
-            check_stop()
-            results = self._forward(model, live, options)
-        except BaseException as error:
-            if len(live) == 1 or not isinstance(error, Exception):
-                for request in live:
-                    request.finish(None, error)
-                return
-            for request in live:  # another prompt's trouble must not fail this one
-                try:
-                    request.finish(self._forward(model, [request], options)[0])
-                except Exception as alone:
-                    request.finish(None, alone)
-            return
-        for request, layers in zip(live, results):
-            request.finish(layers)
+        with serving_others():
+            try:
+                results = self._forward(model, live, options)
+            except Exception as error:
+                if len(live) == 1:
+                    live[0].finish(None, error)
+                    return
+                results = []
+                for request in live:  # another prompt's trouble must not fail this one
+                    try:
+                        results.append(self._forward(model, [request], options)[0])
+                    except Exception as alone:
+                        results.append(alone)
+        for request, outcome in zip(live, results):
+            if isinstance(outcome, Exception):
+                request.finish(None, outcome)
+            elif _cancelled_request(request):
+                request.finish(None, _cancelled())
+            else:
+                request.finish(outcome)
 
     def _forward(self, model: Any, batch: list[_Request], options: PrefillOptions) -> list[Layers]:
         """The KV of every prompt of `batch`, stored for later prompts when sharing is on."""
@@ -262,9 +273,11 @@ def _suffixes(model: Any, ids: list[torch.Tensor], prefix: Layers | None) -> lis
 
 
 def _cancelled() -> BaseException:
-    from ._worker import WorkCancelled
-
     return WorkCancelled("the caller was cancelled before its prompt was prefilled")
+
+
+def _cancelled_request(request: _Request) -> bool:
+    return request.cancel is not None and request.cancel.is_set()
 
 
 _prefills: PerObject[SharedPrefill] = PerObject(SharedPrefill)

@@ -291,3 +291,40 @@ def test_prompt_options_are_checked_and_reported(fresh):
         assert options.to_dict()["shared_prefixes"] is True
     finally:
         rclc.configure_batching(model, rclc.Batching())
+
+
+def test_a_cancelled_slot_holder_still_serves_the_prompts_waiting_on_it(fresh):
+    # The thread that takes the slot first serves every waiting prompt; its own caller being
+    # cancelled must not stop the others' prefills (they wait on it), only drop its own.
+    from rclc import _worker
+
+    model, tokenizer = fresh
+    first, second = prompts(2, seed=6)
+    prefills = shared_prefill(model)
+    cancelled = threading.Event()
+    cancelled.set()
+    results = {}
+
+    def one(name, ids, stop):
+        _worker._current.stop = stop
+        try:
+            results[name] = prefills.prefill(model, ids[0])
+        except Exception as error:
+            results[name] = error
+
+    before = rclc.configure_batching(model)
+    rclc.configure_batching(model, worker_forwards=1)
+    try:
+        with forward_slot(model):
+            threads = [threading.Thread(target=one, args=("cancelled", first, cancelled)),
+                       threading.Thread(target=one, args=("waiting", second, None))]
+            threads[0].start()
+            wait_for(lambda: len(prefills._pending) == 1)
+            threads[1].start()
+            wait_for(lambda: len(prefills._pending) == 2)
+        for thread in threads:
+            thread.join()
+    finally:
+        rclc.configure_batching(model, before)
+    assert isinstance(results["cancelled"], _worker.WorkCancelled)
+    assert_close_layers(cache_layers(results["waiting"]), alone(model, second))
