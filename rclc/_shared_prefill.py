@@ -231,7 +231,7 @@ class SharedPrefill:
         return self.store.longest(ids[0][: length + 1] if len(ids) > 1 else ids[0])
 
     def report(self) -> dict[str, Any]:
-        """Options and figures (`rclc.batching_report`'s `prefill`)."""
+        """Options and figures (`rclc.batching_report`'s `prompt_prefills`)."""
         with self._lock:
             stats = self.stats
             figures = {
