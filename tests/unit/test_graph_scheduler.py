@@ -178,9 +178,14 @@ def test_a_chain_runs_in_one_task_and_a_fan_out_gets_a_task_per_branch():
     assert len({fan.tasks[f"worker[{index}]"] for index in range(3)}) == 3
 
 
-def test_a_run_nobody_watches_publishes_nothing_and_hands_nodes_the_runs_own_context():
+def test_a_run_nobody_watches_publishes_nothing_and_hands_nodes_the_runs_own_context(monkeypatch):
     # No event stream and no tracer provider: no node or hop event is built, and the executor
-    # gets the run's context itself (no per-node publisher wrapping it).
+    # gets the run's context itself (no per-node publisher wrapping it). Another test of this
+    # process (test_tracing.py) may have set the global provider: this one sees none.
+    from rclc_graph.run import tracing
+
+    if tracing.trace is not None:
+        monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: tracing.trace.ProxyTracerProvider())
     executor = _TaskCounting()
     assert run_plan_sync(chain_graph(3), executor=executor).status == "finished"
     contexts = list(executor.contexts.values())
