@@ -129,7 +129,7 @@ class Constraint:
     def check(self) -> None:
         """Raise ConstraintError with llguidance's reason when the constraint does not compile
         (an unknown type, a keyword the decoder does not implement, a broken grammar)."""
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher  # lazy: only checking or decoding a constraint needs it
 
         problem = LLMatcher.validate_grammar(self.grammar())
         if problem:

@@ -76,7 +76,7 @@ class ReasoningError(RclcError):
 
 
 class ConstraintError(RclcError):
-    """A JSON Schema or grammar the constrained decoder cannot compile, or an output that broke it."""
+    """Raised for a JSON Schema or grammar the constrained decoder cannot compile, or an output that broke it."""
 
 
 class EmptyInboxError(RclcError, IndexError):

@@ -55,7 +55,7 @@ class GrammarMask:
     """The allowed next tokens of one sequence under `constraint` (see the module docs)."""
 
     def __init__(self, constraint: Constraint, tokenizer: Any, vocab: int, eos: int | None) -> None:
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher  # lazy: only constrained generations need it
 
         self.vocab, self.eos = vocab, eos
         self.matcher = LLMatcher(llg_tokenizer(tokenizer, vocab, eos), constraint.grammar())
