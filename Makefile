@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel browser serve
+.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel browser serve bench
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml requirements/pins.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The `bench` extra at the versions benchmarks/scheduler_overhead.py was measured with
+# (LangGraph, for the side-by-side scheduler comparison): added to the main venv, nothing
+# already there is upgraded (requirements/pins.txt constrains it).
+bench: $(STAMP)
+	$(BIN)/pip install -q -c requirements/pins.txt -r requirements/pins-bench.txt
 
 # A wheel of this checkout in dist/ (the package is not on PyPI): install it, with extras, into
 # any environment, e.g. pip install 'dist/rclc_graph-0.1.0-py3-none-any.whl[ray]'.

@@ -14,7 +14,13 @@ from typing import Any
 from ._arguments import is_exact_int, optional_int, require_bool, require_int
 from .constraints import Constraint
 from .errors import RclcError
-from .policy import DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS, DEFAULT_WORKER_FORWARDS
+from .policy import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_PREFILL_BATCH,
+    DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_WAIT_MS,
+    DEFAULT_WORKER_FORWARDS,
+)
 
 __all__ = ["Batching", "GenerationResult", "Sampling", "check_generate_options"]
 
@@ -80,17 +86,31 @@ class Batching:
     prompts and received rows, selectors' captures, refreshes), which run in callers' worker
     threads, may run at once (HF models; a vLLM engine runs one step at a time). Set per
     model with `rclc.configure_batching(model, Batching(...))`.
+
+    Prompts (HF models): with `shared_prefixes` a token prompt starting with the same token
+    IDs as one the model prefilled before reuses that prefix's KV (kept in a store of at most
+    `prefix_cache_mib` MiB per model) and forwards only the rest; up to `prefill_batch`
+    token prompts that wait for the model together are prefilled in one forward over the
+    prefix they share. Both agree with one causal prefill up to float32 rounding
+    (docs/performance.md); `shared_prefixes=False, prefill_batch=1` prefills every prompt
+    alone and whole, exactly as before they existed.
     """
 
     enabled: bool = True
     max_batch: int = DEFAULT_MAX_BATCH
     wait_ms: float = DEFAULT_WAIT_MS
     worker_forwards: int = DEFAULT_WORKER_FORWARDS
+    shared_prefixes: bool = True
+    prefill_batch: int = DEFAULT_PREFILL_BATCH
+    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
 
     def __post_init__(self) -> None:
         require_bool("enabled", self.enabled)
         require_int("max_batch", self.max_batch, minimum=1)
         require_int("worker_forwards", self.worker_forwards, minimum=1)
+        require_bool("shared_prefixes", self.shared_prefixes)
+        require_int("prefill_batch", self.prefill_batch, minimum=1)
+        require_int("prefix_cache_mib", self.prefix_cache_mib, minimum=0)
         wait = self.wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
             raise RclcError(f"wait_ms: expected a finite number of milliseconds >= 0, got {wait!r}")
@@ -107,6 +127,9 @@ class Batching:
             "max_batch": self.max_batch,
             "wait_ms": float(self.wait_ms),
             "worker_forwards": self.worker_forwards,
+            "shared_prefixes": self.shared_prefixes,
+            "prefill_batch": self.prefill_batch,
+            "prefix_cache_mib": self.prefix_cache_mib,
         }
 
 

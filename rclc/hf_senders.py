@@ -14,6 +14,7 @@ import torch
 
 from ._cache import cache_layers, cache_length, extend, generation_cache
 from .errors import ContextLimitError, IncompatibleStateError, RclcError
+from ._shared_prefill import prefill_tokens
 from .literal import encode_chat
 from .models import check_model, context_limit_of
 from .state import SenderState, build_state, checkpoint_vocabulary, embedding_weight, request_ids
@@ -110,7 +111,9 @@ def complete_state(model: Any, tokenizer: Any, ids: torch.Tensor, cache: Any) ->
         if len(layers) != model.config.num_hidden_layers or layers[0][0].shape[0] != 1:
             raise RclcError("past_key_values: expected an unpadded batch-1 cache with one entry per layer")
         cache = extend(model, cache, rows[cached:])
-    return build_state(model, tokenizer, rows, ids[0].clone(), cache=None if cached == 0 else cache)
+    elif cached == 0:  # shared prefixes computed once, prompts arriving together in one forward
+        cache = prefill_tokens(model, ids[0].to(weight.device))
+    return build_state(model, tokenizer, rows, ids[0].clone(), cache=cache)
 
 
 def sender_from_hf(

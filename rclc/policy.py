@@ -27,6 +27,8 @@ __all__ = [
     "BudgetPolicy",
     "BuiltinSelector",
     "DEFAULT_MAX_BATCH",
+    "DEFAULT_PREFILL_BATCH",
+    "DEFAULT_PREFIX_CACHE_MIB",
     "DEFAULT_RATIO",
     "DEFAULT_REPRESENTATION",
     "DEFAULT_SELECTOR",
@@ -170,6 +172,13 @@ DEFAULT_WORKER_FORWARDS = 2
 (`rclc.Batching.worker_forwards`). Two, measured: on this project's 2-core CPU, 32 concurrent
 fanout_qa runs went from 1.69x to 2.11x the sequential runs/minute when one became two
 (docs/performance.md); each extra forward holds its own activations, so more is not free."""
+DEFAULT_PREFILL_BATCH = 8
+"""Token prompts waiting together that one forward prefills at most (`rclc.Batching.prefill_batch`;
+1: each alone). docs/performance.md has the measurement behind it."""
+DEFAULT_PREFIX_CACHE_MIB = 128
+"""Memory one HF model's store of prompt prefixes may hold (`rclc.Batching.prefix_cache_mib`):
+about 2,800 positions of the embedded model. Entries share the tensors of the states that
+made them, so they cost memory only once those states are gone."""
 
 
 def policy_label(mode: str, ratio: int | None = None, budget: int | None = None) -> str:

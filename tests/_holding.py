@@ -23,8 +23,8 @@ def caller_cancelled(model: Any) -> bool:
     engine = existing_engine(model)
     if engine is None:
         return False
-    sequences = list(engine._active) + [engine._prefilling]
-    return any(sequence is not None and sequence.gone() for sequence in sequences)
+    sequences = list(engine._active) + list(engine._prefilling)  # prefilling: a list since issue 28
+    return any(sequence.gone() for sequence in sequences)
 
 
 @contextmanager

@@ -87,6 +87,12 @@ class Executor(ABC):
         """Forget a run: drop its agents and whatever else it holds. Called by the scheduler
         when a run fails or is cancelled, and by callers done with a finished run."""
 
+    def consumed(self, run_id: str, node: str) -> None:
+        """Every receiver of `node` in run `run_id` has settled (or it has none): the run
+        needs its state no more. Called by the scheduler; an executor may drop the state
+        now (`LocalExecutor(keep_agents=False)` does), so a run holds the states its
+        unfinished receivers still read, not every state it made. Does nothing by default."""
+
     @abstractmethod
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         """Load the plan's models (start replicas) before a run, so its timing shows the run.
@@ -139,6 +145,9 @@ class DelegatingExecutor(Executor):
 
     def release(self, run_id: str) -> None:
         self.inner.release(run_id)
+
+    def consumed(self, run_id: str, node: str) -> None:
+        self.inner.consumed(run_id, node)
 
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         return await self.inner.prepare(plan, base_dir)

@@ -97,11 +97,18 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, pool: ModelPool, *, deliver: Deliver = transfer_group) -> None:
+    def __init__(self, pool: ModelPool, *, deliver: Deliver = transfer_group, keep_agents: bool = True) -> None:
         """`deliver` is how a transfer group reaches a receiver (delivery.py): by default
-        `rclc.transfer` from the senders' agents held here; a replica injects its own."""
+        `rclc.transfer` from the senders' agents held here; a replica injects its own.
+        `keep_agents=False` drops each node's agent once every receiver of it settled
+        (`consumed`): a run then holds only the states its unfinished receivers read, so a
+        long chain under a bounded budget holds a bounded amount of KV. The executor a
+        `RunSettings` makes for itself (`run_plan`, `run_recorded`, `resume_run` and the
+        server's runs without an executor) does this, since nobody can ask it for an agent
+        afterwards; one you pass, or one made by name, keeps every agent until `release`."""
         self.pool = pool
         self._deliver = deliver
+        self.keep_agents = keep_agents
         self._agents: dict[tuple[str, str], Any] = {}
 
     @classmethod
@@ -120,6 +127,11 @@ class LocalExecutor(Executor):
         """Drop a finished run's agents (their states live on in snapshots, if recorded)."""
         for key in [key for key in self._agents if key[0] == run_id]:
             del self._agents[key]
+
+    def consumed(self, run_id: str, node: str) -> None:
+        """Drop the node's agent unless this executor keeps agents (see `__init__`)."""
+        if not self.keep_agents:
+            self._agents.pop((run_id, node), None)
 
     def adopt(self, run_id: str, node: str, agent: Any) -> None:
         """Register an agent restored from a snapshot (resume) as node `node`'s state."""

@@ -159,13 +159,27 @@ class Lineage:
         builder = _Builder()
         segment_index = 0
         before = 0
+        run_start = run_length = 0  # the run of consecutive kept positions within one segment
         for position in positions:
+            if run_length and position == run_start + run_length and position < self._ends[segment_index]:
+                run_length += 1
+                continue
+            if run_length:
+                builder.add(self._piece(segment_index, before, run_start, run_length))
             while position >= self._ends[segment_index]:
                 before = self._ends[segment_index]
                 segment_index += 1
-            segment = self.segments[segment_index]
-            builder.add(Segment(segment.node, segment.kind, segment.hops, segment.start + position - before, 1))
+            run_start, run_length = position, 1
+        if run_length:
+            builder.add(self._piece(segment_index, before, run_start, run_length))
         return builder.lineage()
+
+    def _piece(self, segment_index: int, before: int, position: int, length: int) -> Segment:
+        """`length` positions from `position` on, all within segment `segment_index` (which
+        starts at position `before`): one segment, whatever their number (a take costs
+        O(kept runs), not O(kept positions))."""
+        segment = self.segments[segment_index]
+        return Segment(segment.node, segment.kind, segment.hops, segment.start + position - before, length)
 
     def hop(self) -> Lineage:
         """The same positions after crossing one more edge."""

@@ -41,13 +41,15 @@ class RunSettings:
         base_dir: str | os.PathLike[str] | None = None,
     ) -> RunSettings:
         """Settings from what a caller passed: `pool` (default: the process pool), `executor`
-        (an object, a registered name, or None for a local executor on `pool`)."""
+        (an object, a registered name, or None for a local executor on `pool`). The local
+        executor made here drops each state once no receiver still reads it (`keep_agents=False`,
+        issue 28): nobody can ask it for an agent after the run."""
         pool = pool if pool is not None else default_pool()
         owned = not isinstance(executor, Executor)
         if isinstance(executor, str):
             executor = make_executor(executor, pool=pool)
         elif executor is None:
-            executor = LocalExecutor(pool)
+            executor = LocalExecutor(pool, keep_agents=False)
         return cls(pool, require_executor(executor), None if base_dir is None else Path(base_dir), owned)
 
     @property

@@ -3,9 +3,9 @@ hop and tool call, named and attributed as OpenTelemetry's GenAI semantic conven
 (genai_spans.py), with rclc's own figures as `rclc.*` attributes beside them.
 
 Optional: with the `otel` extra (opentelemetry-api) installed, every run reports spans to the
-global tracer provider, which does nothing until the application configures an SDK (an OTLP
-exporter to Jaeger, Tempo, Langfuse or Phoenix, say; docs/streaming.md shows how). Without
-the package nothing is imported and nothing is done.
+global tracer provider once the application configures an SDK (an OTLP exporter to Jaeger,
+Tempo, Langfuse or Phoenix, say; docs/streaming.md shows how); until then a run makes no
+tracer at all (`tracing_configured`). Without the package nothing is imported and nothing is done.
 
 Spans are built from the events the scheduler publishes (plus each finished node's result,
 which the scheduler hands over before its `node finished` event), so every executor (local,
@@ -388,6 +388,17 @@ def _generation_usage(result: Any, payload: Mapping[str, Any]) -> list[tuple[int
     return usage
 
 
+def tracing_configured() -> bool:
+    """Whether spans would be recorded: opentelemetry-api is installed and the application
+    set a tracer provider (the API's default proxy and no-op providers record nothing)."""
+    if trace is None:
+        return False
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 def run_tracer(run_id: str, plan: Plan | None = None, seed: int = 0) -> RunTracer | None:
-    """A tracer for one run, or None without opentelemetry-api."""
-    return RunTracer(run_id, plan, seed) if tracing_available() else None
+    """A tracer for one run; None without opentelemetry-api or while no tracer provider is
+    set, so a run nobody traces builds no span and observes no event (a provider set later
+    traces the runs that start after it)."""
+    return RunTracer(run_id, plan, seed) if tracing_configured() else None

@@ -34,8 +34,8 @@ def _engine_cancelled(model) -> bool:
     engine = existing_engine(model) if model is not None else None
     if engine is None:
         return False
-    sequences = list(engine._active) + [engine._prefilling]
-    return any(sequence is not None and sequence.gone() for sequence in sequences)
+    sequences = list(engine._active) + list(engine._prefilling)  # prefilling: a list since issue 28
+    return any(sequence.gone() for sequence in sequences)
 
 
 def _pause(marker: Path, hold: float | None, model=None) -> None:

@@ -68,6 +68,20 @@ def same_cache(a: Any, b: Any, atol: float = 1e-5) -> bool:
 
 
 @contextlib.contextmanager
+def prompts_alone(model: Any):
+    """Within the block, `model` prefills every prompt alone and whole (shared prefixes and
+    batched prefills off, issue 28): for tests that count or intercept prompt forwards."""
+    import rclc
+
+    before = rclc.configure_batching(model)
+    rclc.configure_batching(model, shared_prefixes=False, prefill_batch=1)
+    try:
+        yield
+    finally:
+        rclc.configure_batching(model, before)
+
+
+@contextlib.contextmanager
 def counted_forwards(model: Any, *, delay: float = 0.0):
     """Record the number of positions of every decoder forward (optionally slowing each one).
 

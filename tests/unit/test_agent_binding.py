@@ -9,6 +9,7 @@ import torch
 
 import rclc
 from _agent_helpers import (
+    prompts_alone,
     DOC,
     HISTORY_A,
     HISTORY_B,
@@ -194,7 +195,7 @@ def test_history_prefill_reuses_the_cached_prefix(tiny):
 
     messages[0] = {"role": "system", "content": "You are agent A, edited."}
     edited = render_messages(tokenizer, messages, generation_prompt=False)
-    with counted_forwards(model) as calls:
+    with prompts_alone(model), counted_forwards(model) as calls:  # the model's prefix store reuses nothing
         fresh = agent.sender_state()
     assert calls == [edited.shape[1]], "an earlier edit forces a fresh prefill"
     assert same_cache(fresh.past_key_values, _fresh_prefill(model, edited))

@@ -19,6 +19,8 @@ from rclc.backends.batch_cache import BatchCache
 from rclc.backends.batch_cache import decode_step, prefill
 from rclc.backends.hf_batching import engine_for
 
+from _agent_helpers import prompts_alone
+
 PROMPTS = [
     "Short one.",
     "A somewhat longer prompt that takes more positions than the first.",
@@ -276,7 +278,8 @@ def test_a_failing_generation_fails_alone(tiny):
     try:
         options = [{"max_new_tokens": 20}, {"max_new_tokens": 50, "on_token": broken_consumer}, {"max_new_tokens": 20}]
         agents = [rclc.bind(model, tokenizer) for _ in range(3)]
-        healthy, consumer, prefill_failure = concurrently(agents, [PROMPTS[0], PROMPTS[1], failing_prompt], options)
+        with prompts_alone(model):  # the whole failing prompt is forwarded (no stored prefix of it)
+            healthy, consumer, prefill_failure = concurrently(agents, [PROMPTS[0], PROMPTS[1], failing_prompt], options)
     finally:
         handle.remove()
     assert isinstance(consumer, KeyError) and isinstance(prefill_failure, RuntimeError)

@@ -58,7 +58,9 @@ def test_two_selections_run_at_once(tiny):
 def test_two_readers_prefill_their_prompts_at_once(tiny):
     """Two agents' `update(prompt)` (readers' prefills) are in the model's forward together."""
     model, tokenizer = tiny
-    rclc.configure_batching(model, worker_forwards=2)
+    # Each prompt alone (issue 28's batched prompt prefills would put both in one forward, which
+    # test_shared_prefill.py covers): here two separate forwards must run at once in their slots.
+    rclc.configure_batching(model, worker_forwards=2, prefill_batch=1, shared_prefixes=False)
     meeting = threading.Barrier(2, timeout=WAIT)
 
     def meet(module, args):  # BrokenBarrierError (the update fails) if the other prefill cannot start

@@ -154,3 +154,18 @@ def test_relative_memory_is_the_sum_of_compressed_chunks():
     final = history[-1][3]
     assert final.record.kept_by_origin == final.lineage.counts_by_node()
     assert set(final.lineage.counts_by_node()) <= {"w1", "w2", "w3", "w4", "w5"}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+    picks=st.lists(st.booleans(), min_size=1, max_size=180),
+)
+def test_take_by_runs_gives_each_positions_own_origin(lengths, picks):
+    # Issue 28: take builds one segment per run of consecutive kept positions instead of one
+    # per position; every kept position must still have exactly its own origin.
+    lineage = Lineage.join(Lineage((Segment(f"n{i}", "prompt", i % 3, 5 * i, length),)) for i, length in enumerate(lengths))
+    kept = [position for position, pick in zip(range(len(lineage)), picks) if pick]
+    taken = lineage.take(kept)
+    assert list(taken) == [lineage.origin(position) for position in kept]
+    assert taken == Lineage.join(Lineage((Segment(o.node, o.kind, o.hops, o.index, 1),)) for o in taken)

@@ -201,3 +201,30 @@ def test_a_run_stopped_mid_generation_records_nothing_and_publishes_no_more_toke
         assert not report["pending_generation"]
     with pytest.raises(KeyError):
         executor.agent("stopped-run", "a")
+
+
+class _Holding(LocalExecutor):
+    """Records how many agents the executor holds whenever a node starts."""
+
+    def __init__(self, pool, **options):
+        super().__init__(pool, **options)
+        self.held = []
+
+    async def run_node(self, ctx, node, inbound):
+        self.held.append(len(self._agents))
+        return await super().run_node(ctx, node, inbound)
+
+
+def test_a_run_holds_only_the_states_its_unfinished_receivers_read(pool):
+    # Issue 28: with keep_agents=False (what run_plan's own executor does) a chain holds one
+    # sender's state while its receiver runs, whatever the chain's length; the outputs are
+    # those of an executor that keeps every agent, and that one still hands them out after.
+    plan = chain(6, Policy(budget=8))
+    dropping = _Holding(pool, keep_agents=False)
+    keeping = _Holding(pool)
+    dropped = run_plan_sync(plan, executor=dropping)
+    kept = run_plan_sync(plan, executor=keeping)
+    assert dropped.status == kept.status == "finished"
+    assert [node.lineage for node in dropped.nodes.values()] == [node.lineage for node in kept.nodes.values()]
+    assert max(dropping.held) == 1 and not dropping._agents
+    assert keeping.held == list(range(7)) and keeping.agent(kept.run_id, "r0") is not None

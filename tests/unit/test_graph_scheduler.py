@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from rclc_graph import EventStream, Graph, Lineage, Policy, testing
@@ -150,3 +151,85 @@ def test_backends(backend):
     pytest.importorskip(backend)
     result = anyio.run(functools.partial(run_plan, chain_graph(2), executor=FakeExecutor()), backend=backend)
     assert result.status == "finished"
+
+
+class _TaskCounting(testing.FakeExecutor):
+    """Records, per node, the task it ran in and the context it was handed."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.tasks, self.contexts = {}, {}
+
+    async def run_node(self, ctx, node, inbound):
+        self.tasks[node.name] = anyio.get_current_task().id
+        self.contexts[node.name] = ctx
+        return await super().run_node(ctx, node, inbound)
+
+
+def test_a_chain_runs_in_one_task_and_a_fan_out_gets_a_task_per_branch():
+    # Issue 28: a node's task goes on with the node it made ready, so a chain pays no task
+    # start-up per node; independent branches still overlap in tasks of their own.
+    chain = _TaskCounting()
+    assert run_plan_sync(chain_graph(6), executor=chain).status == "finished"
+    assert len(set(chain.tasks.values())) == 1
+    fan = _TaskCounting(delays={"worker[0]": 0.02, "worker[1]": 0.02, "worker[2]": 0.02})
+    result = run_plan_sync(fan_graph(3), executor=fan)
+    assert result.status == "finished" and fan.peak == 3
+    assert len({fan.tasks[f"worker[{index}]"] for index in range(3)}) == 3
+
+
+def test_a_run_nobody_watches_publishes_nothing_and_hands_nodes_the_runs_own_context(monkeypatch):
+    # No event stream and no tracer provider: no node or hop event is built, and the executor
+    # gets the run's context itself (no per-node publisher wrapping it). Another test of this
+    # process (test_tracing.py) may have set the global provider: this one sees none.
+    from rclc_graph.run import tracing
+
+    if tracing.trace is not None:
+        monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: tracing.trace.ProxyTracerProvider())
+    executor = _TaskCounting()
+    assert run_plan_sync(chain_graph(3), executor=executor).status == "finished"
+    contexts = list(executor.contexts.values())
+    assert all(ctx is contexts[0] for ctx in contexts)
+    assert contexts[0].publish.quiet
+    watched = _TaskCounting()
+    events = []
+
+    async def main():
+        stream = EventStream(max_events=1000)
+        result = await run_plan(chain_graph(3), executor=watched, events=stream)
+        stream.close()
+        async for event in stream:
+            events.append(event)
+        return result
+
+    assert anyio.run(main).status == "finished"
+    assert not any(ctx.publish is contexts[0].publish for ctx in watched.contexts.values())
+    kinds = [(event.kind, event.payload.get("status")) for event in events]
+    assert kinds.count(("node", "started")) == 3 and kinds.count(("node", "finished")) == 3
+
+
+def test_a_long_chain_of_nodes_that_never_wait_still_lets_other_tasks_run():
+    # The chain's task yields between nodes, so another task on the loop (another run, a
+    # consumer) is not starved by a chain of nodes that never await anything.
+    ticks = []
+
+    class Instant(testing.FakeExecutor):
+        async def run_node(self, ctx, node, inbound):  # returns without awaiting anything
+            return NodeResult(node.name, None, 0, 0, Lineage(), "", 0, [])
+
+    async def main():
+        async with anyio.create_task_group() as group:
+            async def tick():
+                while True:
+                    ticks.append(1)
+                    await anyio.lowlevel.checkpoint()
+
+            group.start_soon(tick)
+            await anyio.lowlevel.checkpoint()
+            before = len(ticks)
+            result = await run_plan(chain_graph(50), executor=Instant())
+            group.cancel_scope.cancel()
+        return result, len(ticks) - before
+
+    result, during = anyio.run(main)
+    assert result.status == "finished" and during >= 49

@@ -232,12 +232,13 @@ def test_records_and_the_report_show_calls_and_results(tiny_qwen3, tmp_path):
 
 def test_the_tool_turn_is_appended_not_prefilled_again(tiny_qwen3):
     """After the call, only the tool turn and the answer are forwarded: no pass reads the prompt again."""
-    from _agent_helpers import counted_forwards
+    from _agent_helpers import counted_forwards, prompts_alone
 
     model, base_tokenizer = tiny_qwen3
     tokenizer = family_tokenizer(base_tokenizer, "qwen3")
+    # prompts alone: an earlier test's run of the same prompt would leave its prefix stored (issue 28)
     with scripted(model, tokenizer, [call_text("qwen3", "project_owner", {"project": "Cedar"}), ANSWER]):
-        with counted_forwards(model) as calls:
+        with prompts_alone(model), counted_forwards(model) as calls:
             result = run_plan_sync(tool_graph(), pool=pool_for(model, tokenizer))
     node = result.nodes["support"]
     prompt, first, turn, second = (segment.length for segment in node.lineage.segments)

@@ -78,6 +78,47 @@ def test_capture_leaves_outputs_and_sender_unchanged(tiny, monkeypatch):
     assert_unchanged(sender, before)
 
 
+def test_a_support_fold_computes_each_layers_output_once_within_float32_rounding(tiny, monkeypatch):
+    """Issue 28: a support fold hands back each global layer's attention output from its own
+    softmax (the model's kernel is not run again for it); the capture's hidden states agree
+    with the plain forward's to float32 rounding, and the sender is untouched."""
+    from rclc.selectors._support import SupportFold
+
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer)
+    before = snapshot(sender)
+    ids = request(tokenizer)
+    plain, _ = forward_rows(model, view_cache(model, sender.past_key_values), input_ids=ids)
+    captured, kernel_calls = [], []
+    original = _capture.forward_rows
+
+    def recording(*args, **kwargs):
+        hidden, cache = original(*args, **kwargs)
+        captured.append(hidden)
+        return hidden, cache
+
+    monkeypatch.setattr(_capture, "forward_rows", recording)
+    delegate = _capture._delegate
+
+    def counting(config):
+        entry = delegate(config)
+        if entry.attention is None:
+            return entry
+
+        def attention(*args, **kwargs):
+            kernel_calls.append(1)
+            return entry.attention(*args, **kwargs)
+
+        return _capture._Delegate(entry.config, attention, entry.mask)
+
+    monkeypatch.setattr(_capture, "_delegate", counting)
+    fold = SupportFold()
+    capture(model, sender.past_key_values, fold, sender.positions, input_ids=ids)
+    assert fold.layers == model.config.num_hidden_layers and kernel_calls == []
+    torch.testing.assert_close(captured[0], plain, rtol=1e-5, atol=1e-5)
+    assert_unchanged(sender, before)
+
+
 def test_capture_over_a_cropped_prefix_uses_the_prefix_only(tiny):
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer)

@@ -300,3 +300,16 @@ def test_an_api_model_s_call_is_a_client_span_on_its_server(spans):
     assert {key: chat.attributes[key] for key in expected} == expected
     assert "gen_ai.usage.input_tokens" not in chat.attributes  # the server counts the request, not us
     assert found["invoke_agent w"].attributes["gen_ai.provider.name"] == "openai"
+
+
+def test_no_tracer_is_made_while_no_provider_is_set(monkeypatch):
+    # Issue 28: with the API's default provider nothing would be recorded, so a run builds no
+    # span and observes no event; a configured provider gets spans as before.
+    from rclc_graph.run import tracing
+
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    assert not tracing.tracing_configured() and tracing.run_tracer("r") is None
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: trace.NoOpTracerProvider())
+    assert tracing.run_tracer("r") is None
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: TracerProvider())
+    assert isinstance(tracing.run_tracer("r"), RunTracer)

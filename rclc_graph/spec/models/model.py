@@ -8,7 +8,14 @@ from typing import Annotated, Callable, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
-from rclc.policy import BACKENDS, DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS, DEFAULT_WORKER_FORWARDS
+from rclc.policy import (
+    BACKENDS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_PREFILL_BATCH,
+    DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_WAIT_MS,
+    DEFAULT_WORKER_FORWARDS,
+)
 
 from .fields import Name, SpecBase, changed_fields, spec_error
 
@@ -49,6 +56,18 @@ class BatchingSpec(SpecBase):
         description="prefills, selectors' captures and refreshes the model runs at once, each in its caller's "
         "worker thread (hf models)",
     )
+    shared_prefixes: bool = Field(
+        True,
+        description="reuse the KV of a prompt prefix the model prefilled before (same token IDs) instead of "
+        "computing it again (hf models; false: every prompt prefilled whole)",
+    )
+    prefill_batch: PositiveInt = Field(
+        DEFAULT_PREFILL_BATCH,
+        description="prompts waiting together that one forward prefills at most (hf models; 1: each alone)",
+    )
+    prefix_cache_mib: NonNegativeInt = Field(
+        DEFAULT_PREFIX_CACHE_MIB, description="memory the model's store of prompt prefixes may hold (MiB; hf models)"
+    )
 
 
 class ModelSpec(SpecBase):
@@ -83,7 +102,8 @@ class ModelSpec(SpecBase):
     )
     batching: BatchingSpec | None = Field(
         None,
-        description="how concurrent generations share this model (enabled, max_batch, wait_ms); "
+        description="how concurrent generations and prompts share this model (enabled, max_batch, wait_ms, "
+        "worker_forwards, shared_prefixes, prefill_batch, prefix_cache_mib); "
         "omitted: rclc's defaults, or what the process configured",
     )
 
