@@ -1,5 +1,5 @@
 """Cancelling a run at a chosen point and checking what it left (issue 6, item 2); shared by
-tests/unit/test_graph_cancel.py (hypothesis picks points) and
+tests/unit/rclc_graph/run/test_graph_cancel.py (hypothesis picks points) and
 tests/integration/test_cancel_points.py (every point of the graph)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rclc.selectors._attention_capture import reachable_configs
 from rclc_graph import EventStream, LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text
 from rclc_graph.run.scheduler import run_plan
 
-from _reliability import SIX_INPUTS, SIX_YAML
+from tests.helpers.reliability import SIX_INPUTS, SIX_YAML
 
 CANCEL_YAML = (
     SIX_YAML.replace("SOURCE", "embedded")

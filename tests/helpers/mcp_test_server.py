@@ -1,10 +1,10 @@
 """A small real MCP server (the official SDK's MCPServer) for the MCP tool tests: arithmetic,
 an environment look-up, a tool that kills the server and one that sleeps.
 
-    python tests/_mcp_test_server.py                  # stdio
-    python tests/_mcp_test_server.py --http 0         # streamable HTTP on 127.0.0.1, a free port; prints the URL
-    python tests/_mcp_test_server.py --exit-at-start  # writes a reason to stderr and exits 3 (a server that never starts)
-    python tests/_mcp_test_server.py --silent         # starts, never speaks MCP (a server that hangs at start)
+    python tests/helpers/mcp_test_server.py                  # stdio
+    python tests/helpers/mcp_test_server.py --http 0         # streamable HTTP on 127.0.0.1, a free port; prints the URL
+    python tests/helpers/mcp_test_server.py --exit-at-start  # writes a reason to stderr and exits 3 (a server that never starts)
+    python tests/helpers/mcp_test_server.py --silent         # starts, never speaks MCP (a server that hangs at start)
 
 Each process writes its PID to the file in $MCP_TEST_PID_FILE when that is set (one line per
 start), before it imports the SDK, so a test can check the process is gone after the run.

@@ -1,6 +1,6 @@
 """`rclc-graph` with one pause point installed, for crash and Ctrl-C tests (run as a script).
 
-    python _paused_cli.py POINT MARKER -- rclc-graph arguments...
+    python tests/helpers/paused_cli.py POINT MARKER -- rclc-graph arguments...
 
 When the run reaches POINT the process writes MARKER and waits there, so the test can
 send SIGKILL (or SIGINT) at exactly that point instead of racing a fast run:
@@ -127,7 +127,7 @@ def main() -> int:
     if arguments[:1] == ["--hold"]:
         hold, arguments = float(arguments[1]), arguments[2:]
     point, marker, separator, *cli = arguments
-    assert separator == "--", "usage: _paused_cli.py [--hold S] POINT MARKER -- ARGS..."
+    assert separator == "--", "usage: paused_cli.py [--hold S] POINT MARKER -- ARGS..."
     _install(point, Path(marker), hold)
     from rclc_graph.views.cli import main as cli_main
 

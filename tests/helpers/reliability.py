@@ -28,9 +28,9 @@ from rclc._cache import backbone
 from rclc.backends import hf_sequences
 from rclc_graph import LocalExecutor
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
+from tests.paths import HELPERS, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-PAUSED_CLI = ROOT / "tests" / "integration" / "_paused_cli.py"
+PAUSED_CLI = HELPERS / "paused_cli.py"
 
 # Six nodes, two roots. d is a fan-in of a reading sender (a) and a generating sender (b)
 # with different policies; e takes a full state edge and a text edge; final fans in a state
@@ -121,7 +121,7 @@ def only_run_dir(out: Path) -> Path:
 
 def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path, *, hold: float | None = None,
               extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`rclc-graph run` in a subprocess that pauses at `point` (see _paused_cli.py) and writes
+    """`rclc-graph run` in a subprocess that pauses at `point` (see tests/helpers/paused_cli.py) and writes
     `marker` there; returns once the marker exists, so a signal lands exactly at that point.
     `env`: the subprocess's environment (default `cli_environment()`)."""
     command = [sys.executable, str(PAUSED_CLI)] + ([] if hold is None else ["--hold", str(hold)])

@@ -11,7 +11,9 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM
 
-from rclc._cache import backbone, cache_keyword, clone_cache, crop_cache, prefill
+from rclc._cache import backbone, cache_keyword, cache_layers, clone_cache, crop_cache, prefill
+from rclc.selectors import _attention_capture as _capture
+from rclc.selectors._attention_capture import reachable_configs
 from rclc.state import SenderState
 
 DOCUMENT = (
@@ -130,3 +132,28 @@ class LiteralSupportFold:
             row_acc += (256.0 * max_pool_reference(grouped)).square().sum(dim=(0, 1))
         self.energy += (256.0 * max_pool_reference(row_sum / rows)).square().sum(0)
         self.row_energy += row_acc / rows
+
+
+def snapshot(sender):
+    """The sender's rows, ids and cache tensors (the objects and copies), for `assert_unchanged`."""
+    layers = cache_layers(sender.past_key_values)
+    return {
+        "rows": sender.input_embeds.clone(),
+        "ids": sender.token_ids.clone(),
+        "tensors": [(k, v) for k, v in layers],
+        "values": [(k.clone(), v.clone()) for k, v in layers],
+    }
+
+
+def assert_unchanged(sender, before):
+    """A selector left the sender as `snapshot` saw it: same tensors, same values, dispatch restored."""
+    assert torch.equal(sender.input_embeds, before["rows"])
+    assert torch.equal(sender.token_ids, before["ids"])
+    layers = cache_layers(sender.past_key_values)
+    assert len(layers) == len(before["tensors"])
+    for (k, v), (k0, v0), (kc, vc) in zip(layers, before["tensors"], before["values"]):
+        assert k is k0 and v is v0
+        assert torch.equal(k, kc) and torch.equal(v, vc)
+    assert sender.model.config._attn_implementation == "sdpa"
+    assert all(c._attn_implementation == "sdpa" for c in reachable_configs(sender.model))
+    assert _capture.active_captures() == ()

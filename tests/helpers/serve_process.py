@@ -16,7 +16,8 @@ from typing import Any, Iterator
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 
 
 _SERVERS = itertools.count()

@@ -6,7 +6,7 @@ appending, generating again, lineage, records) are tested by forcing what they g
 `scripted(model, tokenizer, replies)` puts a hook on the LM head that, at every decoding step,
 makes the next token of the script the only possible one. Each reply ends with the
 tokenizer's EOS, so every generation stops where its reply ends. The functions below are
-importable as `_tool_helpers:<name>` (tests/unit is on sys.path), the form topologies name
+importable as `tests.helpers.tools:<name>` (the repository root is on sys.path), the form topologies name
 tools in.
 """
 
@@ -16,7 +16,7 @@ import copy
 import time
 from typing import Any, Literal
 
-from _scripted_tools import scripted  # noqa: F401 - the tests import it from here
+from tests.helpers.scripted_tools import scripted  # noqa: F401 - the tests import it from here
 
 PROJECTS = {"cedar": {"owner": "Alice", "city": "Oslo"}, "birch": {"owner": "Bob", "city": "Lima"}}
 

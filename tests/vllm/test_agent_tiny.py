@@ -12,7 +12,6 @@ import inspect
 import anyio
 import pytest
 import torch
-from vllm_engines import running_engine, save_tiny, vllm
 
 import rclc
 from rclc import _cache, models, testing
@@ -22,6 +21,7 @@ from rclc.snapshot import model_identity
 from rclc.vllm import request_capture, shared_view
 from rclc.vllm.capture import registry
 from rclc.vllm.engine import engine_tokenizer
+from tests.helpers.vllm_engines import running_engine, save_tiny, vllm
 
 pytestmark = pytest.mark.vllm
 

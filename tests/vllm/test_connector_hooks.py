@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_engines import engine_arguments, save_tiny
 
 from rclc.vllm.capture import registry
 from rclc.vllm.capture.pages import PageGeometry, scatter_prompt
+from tests.helpers.vllm_engines import engine_arguments, save_tiny
 
 pytestmark = pytest.mark.vllm
 

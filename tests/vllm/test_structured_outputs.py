@@ -13,13 +13,13 @@ import jsonschema
 import pytest
 from types import SimpleNamespace
 
-from vllm_engines import running_engine
 
 import rclc
 from rclc import models
 from rclc.backends.vllm import structured_outputs
 from rclc_graph.executors.tool_calls import parse_tool_calls
 from rclc_graph.executors.tool_grammar import turn_constraint
+from tests.helpers.vllm_engines import running_engine
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,6 @@ both backends run identical weights; float32 throughout, tolerances are float32 
 from __future__ import annotations
 
 import torch
-from vllm_engines import running_engine, save_tiny, vllm
 
 import pytest
 from rclc import _cache, models
@@ -27,6 +26,7 @@ from rclc.vllm import (
     state_from_capture,
     view_state_dict,
 )
+from tests.helpers.vllm_engines import running_engine, save_tiny, vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -4,10 +4,10 @@ once, and nothing that does not exist; the request path names functions that exi
 from __future__ import annotations
 
 import importlib
-import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 TEXT = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
 
 

@@ -5,13 +5,12 @@ every YAML topology block of the new sections loads and validates."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from rclc_graph import PlanError, load_graph_text, validate
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 GUIDE = (ROOT / "docs" / "graphs.md").read_text(encoding="utf-8")
 RUNNABLE = ("Function nodes", "Human in the loop", "Subgraphs")
 STEERING = ("Conditional edges", "Loops that stop") + RUNNABLE
@@ -28,7 +27,7 @@ def blocks(text: str, language: str) -> list[str]:
 
 
 def test_the_sections_say_their_blocks_run():
-    assert "tests/unit/test_docs_graphs.py" in section("Human in the loop")
+    assert "tests/unit/project/test_docs_graphs.py" in section("Human in the loop")
     assert sum(len(blocks(section(title), "python")) for title in RUNNABLE) >= 2
 
 

@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
+from tests.paths import ROOT
+
 pytest.importorskip("importlinter")  # the dev extra installs it (make install)
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 LINT_IMPORTS = pathlib.Path(sys.executable).parent / "lint-imports"
 
 

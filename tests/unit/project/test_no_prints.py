@@ -4,9 +4,9 @@ terminal is the views' job (the CLI, `python -m rclc doctor`), never a library m
 from __future__ import annotations
 
 import ast
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 VIEWS = ("rclc_graph/views/", "rclc_graph/server/commands.py", "rclc_graph/experiments/commands.py", "rclc/__main__.py",
          "rclc_graph/__main__.py")
 

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def _rows() -> dict[int, str]:
@@ -19,6 +19,15 @@ def _rows() -> dict[int, str]:
         if match:
             rows[int(match.group(1))] = match.group(2)
     return rows
+
+def _test_file(reference: str) -> Path:
+    """A path from the repository root, or a bare file name: the unit test of that name, in
+    whichever package folder of tests/unit it lives (tests/README.md)."""
+    if "/" in reference:
+        return ROOT / reference
+    found = sorted((ROOT / "tests" / "unit").rglob(reference))
+    assert len(found) == 1, f"{reference}: {len(found)} unit tests of that name"
+    return found[0]
 
 
 def _test_names(path: Path) -> set[str]:
@@ -36,7 +45,7 @@ def test_every_item_has_a_row_whose_tests_exist_and_are_marked():
         for reference in references:
             file, _, function = reference.partition("::")
             if file:
-                current = ROOT / file if "/" in file else ROOT / "tests" / "unit" / file  # bare names: unit tests
+                current = _test_file(file)
                 assert current.is_file(), f"item {item}: {current} does not exist"
                 marker = re.compile(rf"issue 16 items? [^\n]*\b{item}\b")
                 assert marker.search(current.read_text(encoding="utf-8")), f"item {item}: {current} has no marker"
@@ -75,7 +84,7 @@ def test_every_issue_24_item_has_a_row_whose_tests_exist_and_are_marked():
         for reference in references:
             file, _, function = reference.partition("::")
             if file:
-                current = ROOT / file if "/" in file else ROOT / "tests" / "unit" / file
+                current = _test_file(file)
                 assert current.is_file(), f"item {item}: {current} does not exist"
                 assert _marker(item).search(current.read_text(encoding="utf-8")), f"item {item}: {current} has no marker"
             if function:

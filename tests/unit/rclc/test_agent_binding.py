@@ -8,7 +8,11 @@ import pytest
 import torch
 
 import rclc
-from _agent_helpers import (
+from rclc import sender_from_hf, transfer_sync
+from rclc._cache import cache_layers, cache_length, prefill
+from rclc.hf_senders import render_messages
+from rclc.testing import tiny_model
+from tests.helpers.agents import (
     DOC,
     HISTORY_A,
     HISTORY_B,
@@ -21,10 +25,6 @@ from _agent_helpers import (
     same_cache,
     view,
 )
-from rclc import sender_from_hf, transfer_sync
-from rclc._cache import cache_layers, cache_length, prefill
-from rclc.hf_senders import render_messages
-from rclc.testing import tiny_model
 
 
 def _fresh_prefill(model, ids):

@@ -10,7 +10,10 @@ import pytest
 import torch
 
 import rclc
-from _agent_helpers import (
+from rclc import transfer, transfer_sync
+from rclc._cache import cache_length, generation_cache, prefill
+from rclc.hf_senders import render_messages
+from tests.helpers.agents import (
     DOC,
     HISTORY_A,
     HISTORY_B,
@@ -24,9 +27,6 @@ from _agent_helpers import (
     same_cache,
     view,
 )
-from rclc import transfer, transfer_sync
-from rclc._cache import cache_length, generation_cache, prefill
-from rclc.hf_senders import render_messages
 
 
 def _pair(model, tokenizer, **options):

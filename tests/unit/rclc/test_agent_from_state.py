@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import rclc
-from _agent_helpers import assert_unchanged, counted_forwards, ids_of, view
 from rclc import RclcError
+from tests.helpers.agents import assert_unchanged, counted_forwards, ids_of, view
 
 PROMPT = "<|im_start|>user\nWho owns Cedar?<|im_end|>\n<|im_start|>assistant\n"
 TOOL_TURN = "<|im_end|>\n<|im_start|>tool\nCedar is owned by Alice.<|im_end|>\n<|im_start|>assistant\n"

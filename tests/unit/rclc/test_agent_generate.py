@@ -17,7 +17,9 @@ import torch
 from transformers import GenerationConfig
 
 import rclc
-from _agent_helpers import (
+from rclc import Sampling, transfer_sync
+from rclc._cache import backbone, cache_layers, prefill
+from tests.helpers.agents import (
     HISTORY_A,
     HISTORY_B,
     QUESTION,
@@ -29,8 +31,6 @@ from _agent_helpers import (
     same_cache,
     view,
 )
-from rclc import Sampling, transfer_sync
-from rclc._cache import backbone, cache_layers, prefill
 
 PROMPT = "<|im_start|>user\nWho owns Cedar?<|im_end|>\n<|im_start|>assistant\n"
 

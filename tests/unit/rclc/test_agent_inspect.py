@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import rclc
-from _agent_helpers import DOC, HISTORY_A, HISTORY_B, QUESTION, counted_forwards, generate, history
 from rclc import sender_from_hf, transfer_sync
 from rclc.state import Delivery, Message
+from tests.helpers.agents import DOC, HISTORY_A, HISTORY_B, QUESTION, counted_forwards, generate, history
 
 SECOND = "When did Birch launch?"
 

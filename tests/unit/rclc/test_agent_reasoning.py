@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import rclc
-from _agent_helpers import DOC, HISTORY_A, HISTORY_B, HISTORY_C, QUESTION, generate, history
 from rclc import latent_mass, latent_mass_sync, transfer, transfer_sync
+from tests.helpers.agents import DOC, HISTORY_A, HISTORY_B, HISTORY_C, QUESTION, generate, history
 
 LONG = " ".join([DOC] * 4)  # 152 tokens with the tiny tokenizer: longer than the 128 budget
 

@@ -13,7 +13,11 @@ import safetensors.torch
 import torch
 
 import rclc
-from _agent_helpers import (
+from rclc import latent_mass_sync, transfer_sync
+from rclc._cache import prefill
+from rclc.testing import tiny_model
+from rclc.snapshot import model_identity, write_snapshot
+from tests.helpers.agents import (
     DOC,
     HISTORY_A,
     HISTORY_B,
@@ -25,10 +29,6 @@ from _agent_helpers import (
     same_cache,
     view,
 )
-from rclc import latent_mass_sync, transfer_sync
-from rclc._cache import prefill
-from rclc.testing import tiny_model
-from rclc.snapshot import model_identity, write_snapshot
 
 
 def _continued(model, tokenizer):

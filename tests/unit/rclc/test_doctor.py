@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
 import rclc.doctor as doctor
 from rclc import models, testing
 from rclc.doctor import check, declared_range, leading_version
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def problems(report):

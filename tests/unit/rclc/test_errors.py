@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 import rclc
-from _agent_helpers import HISTORY_A, HISTORY_B, QUESTION, history
 from rclc import errors, testing, transfer_sync
 from rclc.vllm import get_capture, require_idle
+from tests.helpers.agents import HISTORY_A, HISTORY_B, QUESTION, history
 
 
 @pytest.fixture

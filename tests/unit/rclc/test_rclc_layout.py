@@ -17,8 +17,8 @@ import pytest
 import rclc
 from rclc import errors
 from rclc.backends import Backend, HFBackend
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rclc"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 

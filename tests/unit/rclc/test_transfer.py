@@ -287,7 +287,7 @@ def test_cancellation_waits_for_the_worker_and_delivers_nothing(senders):
 
 def test_one_transfers_selections_run_one_after_another(senders):
     """Within one transfer the (sender, request) selections run in turn; selections of
-    different transfers may overlap (tests/unit/test_forward_slots.py shows they do)."""
+    different transfers may overlap (tests/unit/rclc/test_forward_slots.py shows they do)."""
     active, peak, calls = [0], [0], [0]
     lock = threading.Lock()
 

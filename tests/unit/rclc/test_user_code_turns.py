@@ -17,7 +17,7 @@ import pytest
 import rclc
 from rclc import HFReceiver, transfer
 
-from _selector_helpers import make_sender
+from tests.helpers.selector_inputs import make_sender
 
 SECOND_CALL_WAIT = 1.0  # how long a serialized call waits for a second one that cannot come
 TOGETHER_WAIT = 60.0  # how long concurrent calls may take to meet (never reached unless broken)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 
 from rclc_graph import ErrorCode, GraphError, PlanError, Problem, SpecError
 from rclc_graph.errors import RclcGraphError
+from tests.paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_codes_are_strings_and_members():

@@ -12,11 +12,11 @@ import rclc
 import rclc.selectors._receiver_aware as receiver_aware
 from rclc.selectors import transfer_steps
 from rclc._cache import cache_layers
-from _selector_helpers import make_sender, request
 from rclc.selectors import _attention_capture as _capture
 from rclc.selectors import _prefetch, _support, cacheback, qsnap
 from rclc.selectors._attention_capture import capture, capture_each, reachable_configs
 from rclc.selectors._support import SupportFold, offering, request_fold, request_folds
+from tests.helpers.selector_inputs import make_sender, request
 
 OTHER = "Birch is owned by Bob. It launched in Lima on 9 June 2019, two years before Cedar."
 SHORT = "Cedar: Alice."

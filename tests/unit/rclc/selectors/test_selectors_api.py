@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from _selector_helpers import make_sender, request
 from rclc.selectors import (
     BUILTIN,
     cacheback,
@@ -21,6 +20,7 @@ from rclc.selectors import (
     recent,
     validate_positions,
 )
+from tests.helpers.selector_inputs import make_sender, request
 
 
 def test_validate_sorts_and_converts():

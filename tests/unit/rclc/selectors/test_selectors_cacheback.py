@@ -8,7 +8,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from _selector_helpers import (
+from rclc.selectors import cacheback, cacheback_scores, qsnap, qsnap_scores
+from rclc.selectors import _support
+from rclc.selectors._attention_capture import capture
+from rclc.selectors._support import SupportFold, composite_score, correction
+from tests.helpers.selector_inputs import (
     LiteralSupportFold,
     eager_attentions,
     eager_copy,
@@ -17,10 +21,6 @@ from _selector_helpers import (
     request,
     support_reference,
 )
-from rclc.selectors import cacheback, cacheback_scores, qsnap, qsnap_scores
-from rclc.selectors import _support
-from rclc.selectors._attention_capture import capture
-from rclc.selectors._support import SupportFold, composite_score, correction
 
 # The package re-exports the functions under their module names, so reach the modules explicitly.
 cacheback_module = importlib.import_module("rclc.selectors.cacheback")
@@ -155,7 +155,7 @@ def test_cacheback_selection_equals_keep_of_reference_scores(tiny, eager_models)
 
 @pytest.mark.parametrize("selector", [cacheback, qsnap])
 def test_sender_state_unchanged_after_selection(tiny, selector):
-    from test_selectors_capture import assert_unchanged, snapshot
+    from tests.helpers.selector_inputs import assert_unchanged, snapshot
 
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer, latent_steps=2)

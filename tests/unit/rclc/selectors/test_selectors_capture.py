@@ -5,34 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _selector_helpers import make_sender, request
 from rclc import testing
 from rclc._cache import cache_layers, forward_rows, view_cache
 from rclc.selectors import _attention_capture as _capture
 from rclc.selectors._attention_capture import CAPTURE_NAME, capture, reachable_configs
-
-
-def snapshot(sender):
-    layers = cache_layers(sender.past_key_values)
-    return {
-        "rows": sender.input_embeds.clone(),
-        "ids": sender.token_ids.clone(),
-        "tensors": [(k, v) for k, v in layers],
-        "values": [(k.clone(), v.clone()) for k, v in layers],
-    }
-
-
-def assert_unchanged(sender, before):
-    assert torch.equal(sender.input_embeds, before["rows"])
-    assert torch.equal(sender.token_ids, before["ids"])
-    layers = cache_layers(sender.past_key_values)
-    assert len(layers) == len(before["tensors"])
-    for (k, v), (k0, v0), (kc, vc) in zip(layers, before["tensors"], before["values"]):
-        assert k is k0 and v is v0
-        assert torch.equal(k, kc) and torch.equal(v, vc)
-    assert sender.model.config._attn_implementation == "sdpa"
-    assert all(c._attn_implementation == "sdpa" for c in reachable_configs(sender.model))
-    assert _capture.active_captures() == ()
+from tests.helpers.selector_inputs import assert_unchanged, make_sender, request, snapshot
 
 
 def test_capture_folds_every_layer_with_full_keys(tiny):

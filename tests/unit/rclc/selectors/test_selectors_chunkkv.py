@@ -7,8 +7,8 @@ import importlib
 import pytest
 import torch
 
-from _selector_helpers import eager_attentions, eager_copy, make_sender, request
 from rclc.selectors import chunkkv, chunkkv_scores
+from tests.helpers.selector_inputs import eager_attentions, eager_copy, make_sender, request
 
 chunkkv_module = importlib.import_module("rclc.selectors.chunkkv")
 
@@ -70,7 +70,7 @@ def test_request_is_ignored(tiny):
 
 
 def test_sender_unchanged(tiny):
-    from test_selectors_capture import assert_unchanged, snapshot
+    from tests.helpers.selector_inputs import assert_unchanged, snapshot
 
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer, latent_steps=1)

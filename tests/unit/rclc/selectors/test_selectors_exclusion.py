@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from _selector_helpers import make_sender, request
 from rclc import Exclusion, HFReceiver, transfer_sync
 from rclc.selectors.transfer_steps import accepts_exclude
 from rclc.exclusion import known_grams, known_positions, position_reasons
@@ -25,6 +24,7 @@ from rclc.selectors import (
 )
 from rclc.selectors._sentences import partition, token_pieces
 from rclc.selectors._spans import refine
+from tests.helpers.selector_inputs import make_sender, request
 
 DOCUMENT = (
     "Question: Who owns the Cedar project?\nThe Cedar project is owned by Alice. "

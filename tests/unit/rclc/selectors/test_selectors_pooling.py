@@ -8,12 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from _selector_helpers import make_sender
 from rclc import Exclusion, HFReceiver, transfer_sync
 from rclc.selectors import cacheback, qsnap, random_selector, recent
 from rclc.selectors._common import SpanProfile
 from rclc.selectors._pooling import comparable, pooled_counts, scoring_selector
 from rclc.selectors._spans import span_means
+from tests.helpers.selector_inputs import make_sender
 
 
 def profile(values, spans, excluded=None, latent=0):

@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from _selector_helpers import make_sender, request
 from rclc import HFReceiver, transfer_sync
 from rclc.selectors import cacheback, cacheback_scores, chunkkv, chunkkv_scores, is_builtin, keep_spans, qsnap
 from rclc.selectors import _attention_capture as _capture, qsnap_scores
@@ -23,6 +22,7 @@ from rclc.selectors._sentences import (
     token_pieces,
 )
 from rclc.state import SenderState
+from tests.helpers.selector_inputs import make_sender, request
 
 DOCUMENT = (
     "The weather was mild. The Cedar project is owned by Alice and costs 3.5 million. "

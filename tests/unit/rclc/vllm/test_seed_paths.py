@@ -7,12 +7,12 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 
 # What /work/shared/design/api.md imports or names, exactly as it writes it.
 SEED_NAMES = [

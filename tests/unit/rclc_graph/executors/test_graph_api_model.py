@@ -1,4 +1,4 @@
-"""`backend: openai` models against a loopback OpenAI-compatible stub (tests/_openai_stub.py).
+"""`backend: openai` models against a loopback OpenAI-compatible stub (tests/helpers/openai_stub.py).
 
 An API agent reads text only: it ends a chain of local state-passing readers through a text
 edge. Its answer streams in as token events; it leaves no state or snapshot; its key comes
@@ -10,17 +10,16 @@ once the server is back. (The vLLM tier runs the same against `vllm serve`.)
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anyio
 import pytest
 
-from _openai_stub import ChatStub, free_port
 from rclc_graph import ApiModelFailed, EventStream, Graph, ModelPool, Policy, PlanError, SpecError, read_record
 from rclc_graph import load_graph, load_graph_text, resume_run_sync, run_recorded
 from rclc_graph.spec.models import ModelSpec
+from tests.helpers.openai_stub import ChatStub, free_port
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY_VARIABLE = "RCLC_TEST_API_KEY"
 SECRET = "sk-test-5ecret-never-stored"
 

@@ -31,6 +31,7 @@ from rclc_graph import (
 from rclc_graph.executors.function_node import canonical_text
 from rclc_graph.spec.models import ModelSpec
 from rclc_graph.testing import FakeExecutor, InProcessReplicasExecutor
+from tests.paths import ROOT
 
 TEXT = Policy(mode="text")
 SEEN: list[tuple] = []
@@ -362,13 +363,12 @@ def test_ctrl_c_on_the_cli_does_not_wait_for_a_hanging_function(tmp_path):
     import os
     import signal
     import subprocess
-    from pathlib import Path
 
     (tmp_path / "hanging_function.py").write_text(HANGING_MODULE)
     (tmp_path / "hang.yaml").write_text(HANGING_TOPOLOGY)
     marker = tmp_path / "entered"
     (tmp_path / "inputs.json").write_text(json.dumps({"marker": str(marker)}))
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     environment = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{tmp_path}", PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "rclc_graph", "run", str(tmp_path / "hang.yaml"), "--input", str(tmp_path / "inputs.json"),
@@ -439,7 +439,6 @@ def test_the_cli_reports_an_oversized_output_as_the_nodes_failure(tmp_path, monk
 def test_an_answer_that_is_not_utf8_is_named_as_such(tmp_path):
     import os
     import subprocess
-    from pathlib import Path
 
     (tmp_path / "gatefn.py").write_text(
         "from rclc_graph import Interrupt\n"
@@ -450,7 +449,7 @@ def test_an_answer_that_is_not_utf8_is_named_as_such(tmp_path):
     (tmp_path / "w.yaml").write_text("version: 1\nname: w\ninputs: {q: str}\nnodes:\n"
                                      "  - {name: gate, call: gatefn:gate, output: true}\n")
     (tmp_path / "in.json").write_text('{"q": "x"}')
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     environment = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{tmp_path}")
     base = [sys.executable, "-m", "rclc_graph"]
     waited = subprocess.run(base + ["run", "w.yaml", "--input", "in.json", "--out", "runs", "--trust-code"],

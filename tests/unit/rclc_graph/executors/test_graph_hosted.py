@@ -18,6 +18,7 @@ from rclc_graph.executors import DelegatingExecutor, LocalExecutor, RunContext
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.spec.models import ModelSpec
 from rclc_graph.testing import InProcessReplicasExecutor
+from tests.paths import ROOT
 
 WORDS = "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. " * 3
 
@@ -231,13 +232,12 @@ def test_choosing_executors_by_name(pool, monkeypatch):
 
 
 def test_the_cli_names_the_install_when_ray_is_missing(monkeypatch, tmp_path):
-    from pathlib import Path
 
     from typer.testing import CliRunner
 
     from rclc_graph.views.cli import app
 
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     run = ["run", str(root / "topologies" / "fanout_qa.yaml"), "--input", str(root / "examples" / "inputs" / "fanout_qa.json"),
            "--out", str(tmp_path)]
     monkeypatch.setattr("rclc_graph.executors.registry.ray_available", lambda: False)

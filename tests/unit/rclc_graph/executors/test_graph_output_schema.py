@@ -17,14 +17,14 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from _tool_helpers import family_tokenizer, scripted
 from rclc_graph import Graph, ModelPool, Policy, load_graph_text
 from rclc_graph.errors import GraphError, NodeFailed, OutputSchemaFailed
 from rclc_graph.executors.tools import describe_function
 from rclc_graph.run.scheduler import run_plan_sync
 from rclc_graph.spec.models import ModelSpec
+from tests.helpers import tools
+from tests.helpers.tools import family_tokenizer, scripted
 
-import _tool_helpers
 
 VERDICT = {
     "type": "object",
@@ -111,22 +111,22 @@ def test_bad_output_schemas_fail_at_validation_naming_the_field(field, says):
 
 def test_a_function_node_refuses_output_schema():
     with pytest.raises(GraphError, match="output_schema"):
-        Graph("f").function("f", "_tool_helpers:project_owner", output_schema={"type": "object"})
+        Graph("f").function("f", "tests.helpers.tools:project_owner", output_schema={"type": "object"})
 
 
 def tool_graph(tool_choice, output_schema=None, max_new_tokens=64):
     graph = Graph("tools").input("question")
     graph.model("base")
     graph.agent("support", model="base", system="You answer with tools.", max_new_tokens=max_new_tokens,
-                tools=["_tool_helpers:project_city", "_tool_helpers:project_year"], tool_choice=tool_choice,
+                tools=["tests.helpers.tools:project_city", "tests.helpers.tools:project_year"], tool_choice=tool_choice,
                 max_tool_calls=1)
     graph.node("support", agent="support", prompt="{question}", output=True, output_schema=output_schema)
     return graph.plan({"question": "Who owns Cedar?"}, trust_code=True)
 
 
 SCHEMAS = {schema["function"]["name"]: schema["function"]["parameters"] for schema in (
-    describe_function(_tool_helpers.project_city, "_tool_helpers:project_city"),
-    describe_function(_tool_helpers.project_year, "_tool_helpers:project_year"),
+    describe_function(tools.project_city, "tests.helpers.tools:project_city"),
+    describe_function(tools.project_year, "tests.helpers.tools:project_year"),
 )}
 
 

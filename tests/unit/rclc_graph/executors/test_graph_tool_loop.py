@@ -15,10 +15,10 @@ import anyio
 import pytest
 import torch
 
-from _tool_helpers import call_text, family_tokenizer, scripted
 from rclc_graph import EventStream, Graph, LocalExecutor, ModelPool, Policy, run_recorded_sync
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.spec.models import ModelSpec
+from tests.helpers.tools import call_text, family_tokenizer, scripted
 
 ANSWER = "Cedar is owned by Alice."
 
@@ -33,7 +33,7 @@ def pool_for(model, tokenizer) -> ModelPool:
     return pool
 
 
-def tool_graph(*, tools=("_tool_helpers:project_owner",), max_tool_calls=2, tool_timeout=5.0, receiver=False,
+def tool_graph(*, tools=("tests.helpers.tools:project_owner",), max_tool_calls=2, tool_timeout=5.0, receiver=False,
                constrain_tools=True):
     graph = Graph("tools").input("question")
     graph.model("base")
@@ -135,7 +135,7 @@ def test_a_failing_call_becomes_an_error_result_and_the_node_answers(tiny_qwen3,
     model, base_tokenizer = tiny_qwen3
     tokenizer = family_tokenizer(base_tokenizer, "qwen3")
     # unconstrained: the grammar would not let the model write a bad call (test_graph_constrained_tools.py)
-    plan = tool_graph(tools=("_tool_helpers:project_owner", "_tool_helpers:slow_lookup"), tool_timeout=0.3,
+    plan = tool_graph(tools=("tests.helpers.tools:project_owner", "tests.helpers.tools:slow_lookup"), tool_timeout=0.3,
                       constrain_tools=False)
     with scripted(model, tokenizer, [call_text("qwen3", tool, arguments), ANSWER]):
         result = run_plan_sync(plan, pool=pool_for(model, tokenizer))
@@ -148,7 +148,7 @@ def test_a_failing_call_becomes_an_error_result_and_the_node_answers(tiny_qwen3,
 def test_async_tools_are_awaited(tiny_qwen3):
     model, base_tokenizer = tiny_qwen3
     tokenizer = family_tokenizer(base_tokenizer, "qwen3")
-    plan = tool_graph(tools=("_tool_helpers:async_owner",))
+    plan = tool_graph(tools=("tests.helpers.tools:async_owner",))
     with scripted(model, tokenizer, [call_text("qwen3", "async_owner", {"project": "Cedar"}), ANSWER]):
         result = run_plan_sync(plan, pool=pool_for(model, tokenizer))
     assert result.nodes["support"].tool_calls[0]["result"] == "Alice"
@@ -232,7 +232,7 @@ def test_records_and_the_report_show_calls_and_results(tiny_qwen3, tmp_path):
 
 def test_the_tool_turn_is_appended_not_prefilled_again(tiny_qwen3):
     """After the call, only the tool turn and the answer are forwarded: no pass reads the prompt again."""
-    from _agent_helpers import counted_forwards
+    from tests.helpers.agents import counted_forwards
 
     model, base_tokenizer = tiny_qwen3
     tokenizer = family_tokenizer(base_tokenizer, "qwen3")

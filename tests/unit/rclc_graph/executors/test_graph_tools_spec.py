@@ -8,20 +8,19 @@ import json
 import sqlite3
 import sys
 from contextlib import closing
-from pathlib import Path
 
 import pytest
 
-import _tool_helpers
-from _tool_helpers import LLAMA_TEMPLATE, QWEN_TEMPLATE
 from rclc import testing
 from rclc_graph import Graph, PlanError, SpecError, load_graph_text, plan_file
 from rclc_graph.executors.tool_calls import parse_tool_calls
 from rclc_graph.executors.tools import describe_tools, load_toolbox, result_text, tool_prompt, tool_turn
 from rclc_graph.run.preflight import check_code
 from rclc_graph.spec.models import AgentSpec
+from tests.helpers import tools
+from tests.helpers.tools import LLAMA_TEMPLATE, QWEN_TEMPLATE
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 KNOWN = ("project_owner", "lookup_order")
 
 
@@ -56,7 +55,7 @@ models: [{name: base}]
 agents:
   - name: support
     model: base
-    tools: [_tool_helpers:project_owner]
+    tools: [tests.helpers.tools:project_owner]
 nodes:
   - {name: support, agent: support, prompt: "{question}", generate: false}
   - {name: final, agent: support, prompt: "{question}", output: true}
@@ -76,8 +75,8 @@ def test_tools_need_trust_code_and_generation_with_located_fixes(tmp_path):
     assert problems["E_TOOLS"].location.line == 10 and "generate: true" in problems["E_TOOLS"].fix
     path.write_text(YAML.replace(", generate: false", ""))
     plan = plan_file(path, {"question": "q"}, trust_code=True)
-    assert plan.node("support").agent.tools == ("_tool_helpers:project_owner",) or \
-        list(plan.node("support").agent.tools) == ["_tool_helpers:project_owner"]
+    assert plan.node("support").agent.tools == ("tests.helpers.tools:project_owner",) or \
+        list(plan.node("support").agent.tools) == ["tests.helpers.tools:project_owner"]
 
 
 def test_tools_round_trip_through_yaml_and_the_schema():
@@ -97,8 +96,8 @@ def test_tools_round_trip_through_yaml_and_the_schema():
 
 def test_the_builder_takes_functions_and_names_them_by_import():
     graph = Graph("g").model("base")
-    graph.agent("a", model="base", tools=[_tool_helpers.project_owner, "_tool_helpers:slow_lookup"])
-    assert graph.spec().agents[0].tools == ["_tool_helpers:project_owner", "_tool_helpers:slow_lookup"]
+    graph.agent("a", model="base", tools=[tools.project_owner, "tests.helpers.tools:slow_lookup"])
+    assert graph.spec().agents[0].tools == ["tests.helpers.tools:project_owner", "tests.helpers.tools:slow_lookup"]
     for bad in (lambda project: project, _nested()):
         with pytest.raises(SpecError, match="E_FIELD") as caught:
             Graph("g").model("base").agent("a", model="base", tools=[bad])
@@ -133,8 +132,8 @@ def test_a_main_module_function_is_refused(monkeypatch):
 
 def test_preflight_refuses_tools_that_do_not_import_or_cannot_be_described():
     graph = Graph("g").input("q").model("base")
-    graph.agent("a", model="base", tools=["_tool_helpers:nosuch"])
-    graph.agent("b", model="base", tools=["_tool_helpers:undocumented"])
+    graph.agent("a", model="base", tools=["tests.helpers.tools:nosuch"])
+    graph.agent("b", model="base", tools=["tests.helpers.tools:undocumented"])
     graph.node("a", agent="a", prompt="{q}").node("b", agent="b", prompt="{q}", output=True)
     graph.edge("a", "b")
     with pytest.raises(PlanError) as caught:
@@ -146,7 +145,7 @@ def test_preflight_refuses_tools_that_do_not_import_or_cannot_be_described():
 
 
 def test_a_toolbox_holds_names_schemas_and_functions():
-    box = load_toolbox(AgentSpec(name="a", model="m", tools=["_tool_helpers:project_owner"]), trust_code=True)
+    box = load_toolbox(AgentSpec(name="a", model="m", tools=["tests.helpers.tools:project_owner"]), trust_code=True)
     assert box.names == ("project_owner",)
     [schema] = box.schemas
     assert schema["function"]["parameters"]["required"] == ["project"]
@@ -154,7 +153,7 @@ def test_a_toolbox_holds_names_schemas_and_functions():
     text = describe_tools(box.schemas)
     assert "project_owner(project: string): Who owns a project" in text and '"arguments"' in text
     with pytest.raises(PlanError, match="E_TRUST_CODE"):
-        load_toolbox(AgentSpec(name="a", model="m", tools=["_tool_helpers:project_owner"]), trust_code=False)
+        load_toolbox(AgentSpec(name="a", model="m", tools=["tests.helpers.tools:project_owner"]), trust_code=False)
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -212,7 +211,7 @@ def test_results_are_text_or_json_and_long_ones_are_cut():
 
 @pytest.fixture(scope="module")
 def box():
-    return load_toolbox(AgentSpec(name="a", model="m", tools=["_tool_helpers:project_owner"]), trust_code=True)
+    return load_toolbox(AgentSpec(name="a", model="m", tools=["tests.helpers.tools:project_owner"]), trust_code=True)
 
 
 def _tokenizer(template):

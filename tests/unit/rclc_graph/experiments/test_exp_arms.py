@@ -4,7 +4,6 @@ shipped topologies, and how cases map onto a topology's inputs."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,8 @@ from rclc_graph.experiments.arms import Arm, load_arms, parse_arm, parse_arms
 from rclc_graph.experiments.datasets import make_case
 from rclc_graph.experiments.inputs import check_case_fits, documents_read, parse_mapping, resolve_mapping
 from rclc_graph.experiments.synthetic import make_dataset
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHAIN = ROOT / "topologies" / "chain_of_agents.yaml"
 FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
 ALL_ARMS = [

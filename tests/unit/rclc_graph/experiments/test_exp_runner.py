@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from _exp_fakes import FakeRunCase, simulate
 from rclc_graph import compile_plan, load_graph
 from rclc_graph.errors import PlanError, SpecError
 from rclc_graph.experiments import commands, runner
@@ -20,8 +19,9 @@ from rclc_graph.experiments.inputs import resolve_mapping
 from rclc_graph.experiments.reproduce import compare_runs
 from rclc_graph.experiments.store import RESULTS
 from rclc_graph.experiments.synthetic import make_dataset, write_dataset
+from tests.helpers.experiment_fakes import FakeRunCase, simulate
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHAIN = ROOT / "topologies" / "chain_of_agents.yaml"
 FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
 ARMS = ["r4=state:ratio=4", "r2=state:ratio=2,selector=recent", "b24=state:budget=24", "full=full", "text=text",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,8 @@ from rclc_graph import (
     load_graph,
     load_graph_text,
 )
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def everything() -> Graph:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rclc_graph import Graph, GraphSpec, Policy, Reasoning, compile_plan, validate
 from rclc_graph.errors import PlanError, SpecError
 from rclc_graph.plan.policy import DEFAULT_RATIO
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def base(*, inputs=(("question", "str"),)) -> Graph:

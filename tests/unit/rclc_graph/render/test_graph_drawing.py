@@ -6,7 +6,7 @@ from rclc_graph import load_graph_text, validate
 from rclc_graph.render.drawing import layout, save_png, sketch_blueprint, sketch_plan, to_mermaid, to_svg
 from rclc_graph import compile_plan
 
-from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML
+from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML
 
 LOOP_YAML = """\
 version: 1

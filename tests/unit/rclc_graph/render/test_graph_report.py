@@ -11,7 +11,7 @@ from rclc_graph.run import RecordingExecutor
 from rclc_graph.run import RunRecorder
 from rclc_graph.render.html_report import kept_prompt_tokens, marked_prompt, render_report
 
-from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor, tokens_of
+from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor, tokens_of
 
 
 def fake_record(tmp_path):

@@ -12,6 +12,7 @@ from rclc_graph.results import run_events as ev
 from rclc_graph.run.scheduler import run_plan
 from rclc_graph.spec.models import ModelSpec
 from rclc_graph.testing import FakeExecutor, InProcessReplicasExecutor
+from tests.paths import ROOT
 
 WORDS = "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. " * 2
 
@@ -165,8 +166,7 @@ def test_unknown_kinds_statuses_and_missing_fields_are_named(kind, payload, mess
 
 
 def test_every_type_is_documented_in_streaming_md():
-    from pathlib import Path
-    text = (Path(__file__).resolve().parents[2] / "docs" / "streaming.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "streaming.md").read_text(encoding="utf-8")
     for name, cls in ev.EVENT_TYPES.items():
         assert f"`{name}`" in text and cls.__name__ in text, name
 

@@ -3,7 +3,7 @@
 A run of the six-node graph (one edge with latent reasoning, so a single worker call runs
 several forwards) on a tiny model is cancelled after its k-th decoder forward (from inside
 that forward, as a user's Ctrl-C lands mid-step) or after its k-th event. Then
-(tests/_cancelling.py `check`):
+(tests/helpers/cancelling.py `check`):
 
 - no forward starts once the stop reached the thread doing model work, but for at most the
   one generation step already being decided (stops within one model step);
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _cancelling import cancel_once, cancel_setup, check
+from tests.helpers.cancelling import cancel_once, cancel_setup, check
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])

@@ -13,7 +13,6 @@ import time
 import anyio
 import pytest
 
-import _fault_plugins
 from rclc import testing
 from rclc._cache import backbone
 from rclc.selectors._attention_capture import reachable_configs
@@ -21,9 +20,10 @@ from rclc_graph import LocalExecutor, ModelPool, ModelSpec, compile_plan, load_g
 from rclc_graph.run.record import NODES_DIR, read_record, safe_name
 from rclc_graph.run import run_recorded_sync
 from rclc_graph.run.scheduler import run_plan_sync
+from tests.helpers import fault_plugins
+from tests.helpers.cancelling import busy_threads
+from tests.helpers.reliability import CURRENT_NODE, CountingExecutor, assert_same_runs
 
-from _cancelling import busy_threads
-from _reliability import CURRENT_NODE, CountingExecutor, assert_same_runs
 
 FAULT_YAML = """\
 version: 1
@@ -45,8 +45,8 @@ nodes:
   - {name: final, agent: writer, output: true, prompt: "Question: {question} Answer:"}
 edges:
   - {source: s1, target: s2, policy: {ratio: 2}}
-  - {source: r, target: f, policy: {ratio: 2, selector: "_fault_plugins:flaky_selector",
-                                    reasoning: {method: "_fault_plugins:flaky_reasoning"}}}
+  - {source: r, target: f, policy: {ratio: 2, selector: "tests.helpers.fault_plugins:flaky_selector",
+                                    reasoning: {method: "tests.helpers.fault_plugins:flaky_reasoning"}}}
   - {source: r, target: g, policy: {budget: 8, selector: qsnap, reasoning: {steps: 2}}}
   - {source: s2, target: final, policy: {mode: text}}
   - {source: f, target: final, policy: {ratio: 2}}
@@ -118,11 +118,11 @@ def _switch_on(fault, world, monkeypatch):
     from rclc import selectors
 
     if fault == "custom selector":
-        monkeypatch.setattr(_fault_plugins, "FAULTS", {"selector"})
+        monkeypatch.setattr(fault_plugins, "FAULTS", {"selector"})
     elif fault == "custom selector output":
-        monkeypatch.setattr(_fault_plugins, "FAULTS", {"selector_output"})
+        monkeypatch.setattr(fault_plugins, "FAULTS", {"selector_output"})
     elif fault == "custom reasoning":
-        monkeypatch.setattr(_fault_plugins, "FAULTS", {"reasoning"})
+        monkeypatch.setattr(fault_plugins, "FAULTS", {"reasoning"})
     elif fault == "built-in selector":
         monkeypatch.setitem(selectors.BUILTIN, "qsnap", _raising("qsnap fault injected"))
     elif fault == "built-in reasoning":

@@ -27,7 +27,7 @@ from rclc_graph import (
 from rclc_graph.spec.models import ModelSpec
 from rclc_graph.views.cli import app
 
-from _reliability import assert_same_runs
+from tests.helpers.reliability import assert_same_runs
 
 TEXT = Policy(mode="text")
 CALLS: list[dict] = []

@@ -14,7 +14,7 @@ from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_r
 from rclc_graph.run import RecordingExecutor, run_recorded, run_recorded_sync
 from rclc_graph.run import RunRecorder
 
-from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
+from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
 
 
 def chain_plan():

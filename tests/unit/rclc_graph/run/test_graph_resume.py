@@ -25,7 +25,7 @@ from rclc_graph.run.record import RECORD_FILE
 from rclc_graph.errors import ResumeError
 from rclc_graph.testing import FakeExecutor
 
-from _reliability import (
+from tests.helpers.reliability import (
     SIX_INPUTS,
     CountingExecutor,
     ForwardCounter,

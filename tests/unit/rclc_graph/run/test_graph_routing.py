@@ -13,6 +13,7 @@ import pytest
 
 from rclc_graph import EventStream, Graph, Policy, run_plan, run_plan_sync, run_recorded, run_recorded_sync
 from rclc_graph.testing import FakeExecutor
+from tests.paths import ROOT
 
 TEXT = Policy(mode="text")
 
@@ -300,7 +301,6 @@ def test_the_terminal_shows_skips_live_and_in_the_record(tmp_path):
 # work takes milliseconds; the backtracking engine would not finish in a lifetime).
 def test_patterns_that_froze_the_server_decide_a_long_text_at_once():
     import subprocess
-    from pathlib import Path
 
     script = (
         "from rclc_graph.spec import predicates as p\n"
@@ -310,7 +310,7 @@ def test_patterns_that_froze_the_server_decide_a_long_text_at_once():
         "for pattern in [r'(.|..)*\\x00', r'(x|xx)*\\x00', r'(\\w{1,10}){1,10}\\x00', r'(a|aa)+$']:\n"
         "    assert p.holds(condition.validate_python({'matches': pattern}), text) is False, pattern\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 

@@ -24,7 +24,7 @@ from rclc_graph.run import current_record
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
 from rclc_graph.views.cli import app
 
-from _reliability import SIX_INPUTS, crash_copy, save_tiny, write_six
+from tests.helpers.reliability import SIX_INPUTS, crash_copy, save_tiny, write_six
 
 runner = CliRunner()
 

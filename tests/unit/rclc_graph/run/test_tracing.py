@@ -187,7 +187,7 @@ def test_workflow_agent_and_model_call_spans_carry_the_genai_attributes(spans, m
 
 def tool_plan():
     graph = Graph("tools").input("question")
-    graph.model("base").agent("support", model="base", system="Use the tools.", tools=["_tool_helpers:project_owner"],
+    graph.model("base").agent("support", model="base", system="Use the tools.", tools=["tests.helpers.tools:project_owner"],
                               temperature=0.5, max_new_tokens=16)
     graph.node("support", agent="support", prompt="{question}", output=True)
     return graph.plan({"question": "Who owns Cedar?"}, trust_code=True)

@@ -17,7 +17,7 @@ from rclc_graph.server.openapi import OPERATIONS
 from rclc_graph.server.schemas import ErrorBody, RunAccepted, RunDetail, RunList, ServerState, TopologyList
 from starlette.routing import Mount, Route
 
-from _server_helpers import PAIR_INPUTS, PAIR_YAML, live_server, read_sse, tiny_pool, write_topologies
+from tests.helpers.servers import PAIR_INPUTS, PAIR_YAML, live_server, read_sse, tiny_pool, write_topologies
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 
 from rclc_graph import read_record
 
-from _holding import held_forwards
-from _server_helpers import PAIR_INPUTS, live_server, read_sse, tiny_pool, wait_status, write_topologies
+from tests.helpers.holding import held_forwards
+from tests.helpers.servers import PAIR_INPUTS, live_server, read_sse, tiny_pool, wait_status, write_topologies
 
 START = {"topology": "pair", "inputs": PAIR_INPUTS}
 

@@ -18,7 +18,7 @@ import pytest
 from rclc_graph.run.event_log import log_path
 from rclc_graph.server.sse import frame, run_events
 
-from _server_helpers import PAIR_INPUTS, live_server, read_sse, tiny_pool, write_topologies
+from tests.helpers.servers import PAIR_INPUTS, live_server, read_sse, tiny_pool, write_topologies
 
 SEND_FAILED = "socket.send() raised exception"
 WAIT = 60.0  # bound for conditions that hold at once on any machine (never reached unless broken)

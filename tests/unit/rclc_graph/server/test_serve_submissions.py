@@ -11,7 +11,7 @@ import yaml
 
 from rclc_graph.server.submissions import SubmissionStore
 
-from _server_helpers import PAIR_INPUTS, PAIR_YAML
+from tests.helpers.servers import PAIR_INPUTS, PAIR_YAML
 
 SPEC = yaml.safe_load(PAIR_YAML)
 INPUTS = PAIR_INPUTS

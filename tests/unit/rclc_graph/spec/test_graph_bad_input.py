@@ -6,8 +6,8 @@ model work" is checked by making every weight load fail the test: only tokenizer
 configs may be read.
 
 Damaged snapshots in a run directory (truncated, edited, another model, another layout
-version) are refused by resume with the directory unchanged: tests/unit/test_graph_resume.py;
-for single agents: tests/unit/test_agent_snapshot.py and tests/unit/test_snapshot.py."""
+version) are refused by resume with the directory unchanged: tests/unit/rclc_graph/run/test_graph_resume.py;
+for single agents: tests/unit/rclc/test_agent_snapshot.py and tests/unit/rclc/test_snapshot.py."""
 
 from __future__ import annotations
 

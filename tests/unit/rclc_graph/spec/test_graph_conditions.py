@@ -4,7 +4,6 @@ refuses (located, with a fix), its JSON Schema, and what each operator decides o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rclc_graph import GraphError, json_schema, load_graph, load_graph_text, to_yaml
 from rclc_graph.spec import predicates as p
 from rclc_graph.spec.predicates import Condition
+from tests.paths import ROOT
 
 
 class _Holder(BaseModel):
@@ -152,7 +152,7 @@ def test_the_json_schema_describes_conditions_and_the_new_node_fields():
 
 
 def test_a_shipped_topology_uses_only_known_condition_keys():
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     spec = load_graph(root / "topologies" / "triage.yaml")
     assert [type(edge.when).__name__ for edge in spec.edges] == ["Matches", "Not"]
 

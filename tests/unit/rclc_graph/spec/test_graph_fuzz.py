@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 from rclc_graph import Graph, GraphError, Policy, Reasoning, load_graph_text, plan_file
 from rclc_graph.plan.builder import chain_of_agents, fan_out
 from rclc_graph.errors import ErrorCode, UsageError
+from tests.paths import ROOT
 
 CODES = {code.value for code in ErrorCode}
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ["chain_of_agents", "fanout_qa", "hierarchical", "debate", "triage", "review_loop", "tool_agent"]
 
 # Documents per test; together well over the 2,000 the issue asks for.
@@ -89,7 +89,7 @@ TEXTS = st.one_of(
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 10), st.integers(), st.floats(), TEXTS,
     st.sampled_from(["embedded", "state", "text", "full", "cacheback", "qsnap", "chunkkv", "recent", "random", "nosuch",
-                     "os:system", "_fault_plugins:flaky_selector", "latent_mass", "str", "list[str]", "float32", "auto"]),
+                     "os:system", "tests.helpers.fault_plugins:flaky_selector", "latent_mass", "str", "list[str]", "float32", "auto"]),
 )
 JSONISH = st.recursive(
     SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
@@ -152,7 +152,7 @@ LEAF_CONDITIONS = st.one_of(
     st.fixed_dictionaries({"json": mapping({
         "path": field(st.sampled_from(["route", "a.b", "a..b", "0", ""])), "equals": field(SCALARS),
         "in": field(st.lists(SCALARS, max_size=3))}, required=("path",))}),
-    field(st.sampled_from(["mod.routes:pick", "os:system", "not a router", "_fault_plugins:flaky_selector"]), 50),
+    field(st.sampled_from(["mod.routes:pick", "os:system", "not a router", "tests.helpers.fault_plugins:flaky_selector"]), 50),
 )
 CONDITIONS = st.recursive(
     LEAF_CONDITIONS,

@@ -10,8 +10,8 @@ import pytest
 
 from rclc_graph import GraphError, SpecError, load_agent, load_graph, load_graph_text, load_model, plan_file, read_graph, validate_file
 from rclc_graph.errors import PlanError
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 VALID = """\
 name: qa

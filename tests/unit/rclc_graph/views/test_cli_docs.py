@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import typer
 
 from rclc_graph import plan_file
 from rclc_graph.views.cli import app
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CLI_DOC = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
 
 

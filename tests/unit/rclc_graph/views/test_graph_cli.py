@@ -4,7 +4,6 @@ on a tiny random model registered in a private pool."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anyio
 import pytest
@@ -16,10 +15,10 @@ from rclc_graph.views.run_inputs import read_inputs
 from rclc_graph.run import RunSettings
 from rclc_graph.run.record import read_record
 
-from _graph_run_helpers import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
+from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
+from tests.paths import ROOT
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[2]
 CHAIN = ROOT / "topologies" / "chain_of_agents.yaml"
 CHAIN_INPUT = ROOT / "examples" / "inputs" / "chain_of_agents.json"
 
