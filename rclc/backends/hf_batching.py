@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .._per_object import PerObject
-from ..generation import Batching
+from ..generation import Batching, BatchingLoop
 from .batch_cache import BatchCache, decode_step, prefill
 from .hf_sequences import Sequence, TracedSequence, digest, margins
 
@@ -66,14 +66,13 @@ class Statistics:
     decode_seconds: float = 0.0
 
 
-class BatchingEngine:
+class BatchingEngine(BatchingLoop):
     """The prefill and decode threads of one HF model (see the module docs)."""
 
     def __init__(self, model: Any, batching: Batching) -> None:
+        super().__init__(batching)
         self._model = weakref.ref(model)  # the registry is keyed weakly by the model
-        self.batching = batching
         self.stats = Statistics()
-        self._cond = threading.Condition()
         self._pending: list[Sequence] = []  # submitted, not prefilled yet
         self._prefilling: Sequence | None = None
         self._ready: list[tuple[Sequence, Layers]] = []  # prefilled, joining at the next step
@@ -87,12 +86,6 @@ class BatchingEngine:
         self._trace: list[TracedSequence] | None = None
 
     # -- callers -------------------------------------------------------------------------
-
-    def configure(self, batching: Batching) -> None:
-        """New options; they apply from the next step on."""
-        with self._cond:
-            self.batching = batching
-            self._cond.notify_all()
 
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence for its prefill."""
