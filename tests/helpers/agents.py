@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_layers, cache_length
 
 DOC = (

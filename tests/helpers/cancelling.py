@@ -15,8 +15,11 @@ import anyio.to_thread
 import torch
 
 from rclc import testing
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_layers
+# private on purpose: the worker thread's cancellation internals under test
 from rclc._worker import stop_requested
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import reachable_configs
 from rclc_graph import EventStream, LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text
 from rclc_graph.run.scheduler import run_plan

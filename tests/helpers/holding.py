@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+# private on purpose: the worker thread's cancellation internals under test
 from rclc._worker import stop_requested
 
 

@@ -39,6 +39,7 @@ def _engine_cancelled(model) -> bool:
 
 
 def _pause(marker: Path, hold: float | None, model=None) -> None:
+    # private on purpose: the worker thread's cancellation internals under test
     from rclc._worker import stop_requested
 
     temporary = marker.with_suffix(".tmp")
@@ -98,6 +99,7 @@ def _install(point: str, marker: Path, hold: float | None) -> None:
         recorder.write_json_atomic = write_json_atomic
     elif kind == "forward":
         wanted = int(value)
+        # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
         from rclc._cache import backbone
         from rclc_graph.executors import pool
 

@@ -24,6 +24,7 @@ import safetensors.torch
 import torch
 
 from rclc import testing
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone
 from rclc.backends import hf_sequences
 from rclc_graph import LocalExecutor

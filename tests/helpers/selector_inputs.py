@@ -11,8 +11,11 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM
 
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_keyword, cache_layers, clone_cache, crop_cache, prefill
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors import _attention_capture as _capture
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import reachable_configs
 from rclc.state import SenderState
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 import rclc
+# private on purpose: the literal-text splitter under test, piece by piece
 from rclc.literal import _encode_split, control_strings
 from tests.paths import ROOT
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rclc
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models, testing
 from rclc.backends import Backend, VLLMBackend
 from rclc.selectors import cacheback, cacheback_scores

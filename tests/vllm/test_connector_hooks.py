@@ -117,6 +117,7 @@ def test_discard_stops_tracking(config):
 
 @pytest.mark.parametrize("layout", ["flash", "cpu"])
 def test_worker_copies_pages_into_the_registry(config, layout):
+    # private on purpose: the vLLM connector's internals under test, without an engine
     from rclc.vllm.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
 
     worker = _connector(config, "WORKER")
@@ -148,6 +149,7 @@ def test_worker_copies_pages_into_the_registry(config, layout):
 
 
 def test_worker_without_pages_reports_failure(config):
+    # private on purpose: the vLLM connector's internals under test, without an engine
     from rclc.vllm.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
 
     worker = _connector(config, "WORKER")

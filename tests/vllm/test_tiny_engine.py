@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import pytest
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models
 from rclc.vllm.capture import registry
 from rclc.vllm import (

@@ -9,6 +9,7 @@ import torch
 
 import rclc
 from rclc import sender_from_hf, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers, cache_length, prefill
 from rclc.hf_senders import render_messages
 from rclc.testing import tiny_model

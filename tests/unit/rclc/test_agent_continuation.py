@@ -11,6 +11,7 @@ import torch
 
 import rclc
 from rclc import transfer, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_length, generation_cache, prefill
 from rclc.hf_senders import render_messages
 from tests.helpers.agents import (

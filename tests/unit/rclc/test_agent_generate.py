@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 
 import rclc
 from rclc import Sampling, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_layers, prefill
 from tests.helpers.agents import (
     HISTORY_A,

@@ -14,6 +14,7 @@ import torch
 
 import rclc
 from rclc import latent_mass_sync, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import prefill
 from rclc.testing import tiny_model
 from rclc.snapshot import model_identity, write_snapshot

@@ -14,7 +14,9 @@ import pytest
 
 import rclc
 from rclc import sender_from_hf, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone
+# private on purpose: the forward-slot internals under test
 from rclc._locks import forward_slot, set_forward_width
 
 WAIT = 20.0  # seconds a test waits for the other thread before it calls the work serialised
@@ -126,6 +128,7 @@ def test_worker_forwards_is_checked_and_reported(tiny):
 def test_an_unchanged_width_keeps_the_slots_held(tiny):
     """Re-applying the same options (the graph's pool does, per run) must not hand out a
     fresh set of slots while forwards hold the old ones."""
+    # private on purpose: the forward-slot internals under test
     from rclc._locks import _slots
 
     model, _ = tiny

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rclc import HFReceiver, sender_from_hf
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers, cache_length, prefill
 from rclc.state import Delivery, Message
 

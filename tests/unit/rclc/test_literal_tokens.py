@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import rclc
 from rclc import testing
+# private on purpose: the literal-text splitter under test, piece by piece
 from rclc.literal import _encode_split, control_strings
 from rclc_graph import Graph, ModelPool
 from rclc_graph.run.preflight import prompt_tokens

@@ -8,6 +8,7 @@ from hypothesis import given, strategies as st
 import rclc
 from rclc import policy, selectors
 from rclc.errors import ContextLimitError, RclcError
+# private on purpose: the transfer plan's internals under test
 from rclc._transfer_plan import ReasoningOptions
 from rclc.policy import BudgetPolicy, fit, floor, policy_label
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rclc import sender_from_hf, testing, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_from_layers, cache_layers, prefill
 from rclc.reasoning import (
     apply_reasoning,

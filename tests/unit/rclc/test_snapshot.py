@@ -15,6 +15,7 @@ import torch
 
 import rclc.snapshot as snapshot
 from rclc import testing
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers, prefill
 from rclc.reasoning import latent_mass_sync
 from rclc.snapshot import model_identity, read_snapshot, restore_state, write_snapshot

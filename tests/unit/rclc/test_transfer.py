@@ -11,6 +11,7 @@ import torch
 
 import rclc
 from rclc import HFReceiver, sender_from_hf, transfer, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers
 from rclc.state import Delivery
 

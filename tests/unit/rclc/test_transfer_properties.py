@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import rclc
 from rclc import Exclusion, HFReceiver, RclcError, transfer_sync
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers
 from rclc.policy import EXCLUSION_REASONS, REASONING_CONTEXTS, SPAN_KINDS, BudgetPolicy
 from rclc.selectors import cacheback, chunkkv, qsnap, recent

@@ -107,6 +107,7 @@ def test_a_selector_declared_thread_safe_runs_concurrently(tiny_qwen3, declare):
 # issue 24 item 12: built-ins keep running concurrently
 def test_built_in_selectors_and_baselines_are_exempt():
     from rclc.selectors import recent, random_selector
+    # private on purpose: the thread-safety exemption table under test
     from rclc.user_code import _exempt
 
     assert rclc.is_thread_safe(recent) and rclc.is_thread_safe(random_selector(3))

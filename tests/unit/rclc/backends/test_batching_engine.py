@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 import rclc
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone
 from rclc.backends import hf_batching
 from rclc.backends.batch_cache import BatchCache

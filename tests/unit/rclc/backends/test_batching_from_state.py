@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rclc
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers
 from rclc.backends.hf_batching import engine_for
 

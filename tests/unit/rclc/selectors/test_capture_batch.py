@@ -9,12 +9,18 @@ import pytest
 import torch
 
 import rclc
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 import rclc.selectors._receiver_aware as receiver_aware
 from rclc.selectors import transfer_steps
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors import _attention_capture as _capture
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors import _prefetch, _support, cacheback, qsnap
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import capture, capture_each, reachable_configs
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._support import SupportFold, offering, request_fold, request_folds
 from tests.helpers.selector_inputs import make_sender, request
 

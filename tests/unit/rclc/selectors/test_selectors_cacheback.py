@@ -9,8 +9,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from rclc.selectors import cacheback, cacheback_scores, qsnap, qsnap_scores
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors import _support
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import capture
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._support import SupportFold, composite_score, correction
 from tests.helpers.selector_inputs import (
     LiteralSupportFold,
@@ -166,6 +169,7 @@ def test_sender_state_unchanged_after_selection(tiny, selector):
 
 @pytest.mark.parametrize("selector", [cacheback, qsnap])
 def test_early_exit_runs_no_forward(tiny, selector, monkeypatch):
+    # private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
     from rclc.selectors import _attention_capture as _capture
 
     model, tokenizer = tiny

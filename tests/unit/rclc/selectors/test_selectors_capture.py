@@ -6,8 +6,11 @@ import pytest
 import torch
 
 from rclc import testing
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers, forward_rows, view_cache
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors import _attention_capture as _capture
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import CAPTURE_NAME, capture, reachable_configs
 from tests.helpers.selector_inputs import assert_unchanged, make_sender, request, snapshot
 
@@ -159,6 +162,7 @@ def test_other_threads_are_served_without_folding(tiny):
 
     def other_thread():
         # call the backbone directly, as a user would (forward_rows would wait for the forward slot).
+        # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
         from rclc._cache import backbone, cache_keyword
 
         decoder = backbone(model)
@@ -270,6 +274,7 @@ def test_a_capture_never_holds_up_the_batching_engine(tiny):
         if threading.current_thread().name.startswith("rclc-batching"):
             time.sleep(0.005)  # the engine decodes while the capture below runs, not before it
 
+    # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
     from rclc._cache import backbone
 
     handle = backbone(model).register_forward_pre_hook(slow_engine_steps)

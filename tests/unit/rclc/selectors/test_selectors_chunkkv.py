@@ -110,6 +110,7 @@ def test_window_as_long_as_the_state_raises(tiny):
 
 
 def test_early_exit_runs_no_forward(tiny, monkeypatch):
+    # private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
     from rclc.selectors import _attention_capture as _capture
 
     model, tokenizer = tiny

@@ -22,7 +22,9 @@ from rclc.selectors import (
     random_selector,
     recent,
 )
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._sentences import partition, token_pieces
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._spans import refine
 from tests.helpers.selector_inputs import make_sender, request
 

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from rclc.selectors import fixed_span_keep, fixed_spans, keep_spans
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._spans import pin_first, span_means
 
 

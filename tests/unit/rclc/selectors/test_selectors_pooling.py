@@ -10,8 +10,11 @@ from hypothesis import given, settings, strategies as st
 
 from rclc import Exclusion, HFReceiver, transfer_sync
 from rclc.selectors import cacheback, qsnap, random_selector, recent
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._common import SpanProfile
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._pooling import comparable, pooled_counts, scoring_selector
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._spans import span_means
 from tests.helpers.selector_inputs import make_sender
 

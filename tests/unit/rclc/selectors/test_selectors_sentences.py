@@ -12,7 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from rclc import HFReceiver, transfer_sync
 from rclc.selectors import cacheback, cacheback_scores, chunkkv, chunkkv_scores, is_builtin, keep_spans, qsnap
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors import _attention_capture as _capture, qsnap_scores
+# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._sentences import (
     partition,
     sender_sentence_spans,

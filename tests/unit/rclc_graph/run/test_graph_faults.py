@@ -14,7 +14,9 @@ import anyio
 import pytest
 
 from rclc import testing
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import reachable_configs
 from rclc_graph import LocalExecutor, ModelPool, ModelSpec, compile_plan, load_graph_text, resume_run_sync
 from rclc_graph.run.record import NODES_DIR, read_record, safe_name

@@ -251,6 +251,7 @@ def test_every_sending_agent_holds_the_cache_its_snapshot_restores(reference, tm
     """Why resumed runs select exactly what uninterrupted runs select: a generating sender's
     cache is rebuilt from its rows after generation (Agent.refresh), so it is bit for bit the
     cache `load()` builds from its snapshot."""
+    # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
     from rclc._cache import cache_layers, prefill
 
     from rclc_graph import run_plan_sync

@@ -172,6 +172,7 @@ def test_the_json_schema_describes_servers():
 
 
 def render(*blocks, structured=None):
+    # private on purpose: the MCP content conversion under test
     from rclc_graph.executors.mcp_servers import _content_value
     from rclc_graph.executors.tools import result_text
 
