@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._arguments import is_exact_int, optional_int, require_bool, require_int
@@ -122,16 +122,23 @@ class Batching:
 
     def to_dict(self) -> dict[str, Any]:
         """The options as plain data (reports, `rclc.check()`)."""
-        return {
-            "enabled": self.enabled,
-            "max_batch": self.max_batch,
-            "wait_ms": float(self.wait_ms),
-            "worker_forwards": self.worker_forwards,
-            "shared_prefixes": self.shared_prefixes,
-            "prefill_batch": self.prefill_batch,
-            "prefix_cache_mib": self.prefix_cache_mib,
-        }
+        return {**asdict(self), "wait_ms": float(self.wait_ms)}
 
+
+
+class BatchingLoop:
+    """What the HF batching engine and the vLLM submission loop share: the options in force,
+    replaced under the loop's condition so a waiting loop sees them at its next step."""
+
+    def __init__(self, batching: Batching) -> None:
+        self.batching = batching
+        self._cond = threading.Condition()
+
+    def configure(self, batching: Batching) -> None:
+        """New options; they apply from the next step on."""
+        with self._cond:
+            self.batching = batching
+            self._cond.notify_all()
 
 @dataclass(frozen=True)
 class GenerationResult:

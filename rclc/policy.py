@@ -81,7 +81,7 @@ class BuiltinSelector:
     positions (a baseline does none of these, and budget fitting treats it as custom code);
     `seeded`: `function(seed)` makes the selector. `options` are the keyword options it takes
     and what each must be (`selector_option_problems` checks them without torch, so a graph
-    refuses `span_size: 0` before any model loads; tests/unit/test_policy.py checks them against
+    refuses `span_size: 0` before any model loads; tests/unit/rclc/test_policy.py checks them against
     the selectors' signatures). `exclude` and `span_starts` are keywords the transfer fills in
     (from the edge's `exclude:` field and from lineage), so a graph may not set them."""
 

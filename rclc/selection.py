@@ -8,7 +8,7 @@ in spacing or split multi-byte characters.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: selection records stay importable without torch
@@ -45,15 +45,8 @@ class Span:
         return cls(int(start), int(stop), bool(kept), str(kind), text, None if excluded is None else str(excluded))
 
     def inspect(self) -> dict[str, Any]:
-        """A plain, JSON-serialisable copy."""
-        return {
-            "start": self.start,
-            "stop": self.stop,
-            "kept": self.kept,
-            "kind": self.kind,
-            "text": self.text,
-            "excluded": self.excluded,
-        }
+        """A plain, JSON-serialisable copy (its fields by name)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tool
 ("edges", 2, "policy", "ratio")) and `location` (file, line, column) when the graph came from
 YAML. One GraphError may carry several problems so a user sees every typo of a file at once.
 The codes are documented once, on `ErrorCode`'s members; docs/yaml_reference.md#error-codes
-shows the same table, and tests/unit/test_graph_errors.py keeps the two equal.
+shows the same table, and tests/unit/rclc_graph/test_graph_errors.py keeps the two equal.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from rclc import models, testing
 # Property and fuzz tests draw their examples from a fixed seed unless asked otherwise, so every
 # CI run tries the same inputs and a red run means a change broke something, not that a new
 # random draw found an old bug (issue 24: CI passes every time). Exploration with fresh draws:
-# HYPOTHESIS_PROFILE=explore python -m pytest tests/unit/test_graph_fuzz.py
+# HYPOTHESIS_PROFILE=explore python -m pytest tests/unit/rclc_graph/spec/test_graph_fuzz.py
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

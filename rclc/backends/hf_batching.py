@@ -48,7 +48,7 @@ import torch
 
 from .._per_object import PerObject
 from .._shared_prefill import BATCHED_TOKENS, shared_prefill
-from ..generation import Batching
+from ..generation import Batching, BatchingLoop
 from .batch_cache import BatchCache, decode_step, prefill, prefill_many
 from .hf_sequences import Sequence, TracedSequence, digest, margins
 
@@ -68,14 +68,13 @@ class Statistics:
     prefill_batches: Counter = field(default_factory=Counter)  # sequences prefilled together -> forwards
 
 
-class BatchingEngine:
+class BatchingEngine(BatchingLoop):
     """The prefill and decode threads of one HF model (see the module docs)."""
 
     def __init__(self, model: Any, batching: Batching) -> None:
+        super().__init__(batching)
         self._model = weakref.ref(model)  # the registry is keyed weakly by the model
-        self.batching = batching
         self.stats = Statistics()
-        self._cond = threading.Condition()
         self._pending: list[Sequence] = []  # submitted, not prefilled yet
         self._prefilling: list[Sequence] = []  # taken by the prefill thread, not prefilled yet
         self._ready: list[tuple[Sequence, Layers]] = []  # prefilled, joining at the next step
@@ -89,12 +88,6 @@ class BatchingEngine:
         self._trace: list[TracedSequence] | None = None
 
     # -- callers -------------------------------------------------------------------------
-
-    def configure(self, batching: Batching) -> None:
-        """New options; they apply from the next step on."""
-        with self._cond:
-            self.batching = batching
-            self._cond.notify_all()
 
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence for its prefill."""

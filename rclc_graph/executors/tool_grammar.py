@@ -90,16 +90,8 @@ def turn_format(
     return answer
 
 
-def turn_constraint(
-    tools: Sequence[Mapping[str, Any]],
-    *,
-    form: CallForm,
-    may_call: bool,
-    must_call: bool,
-    answer_schema: Mapping[str, Any] | None = None,
-) -> Any:
-    """`turn_format` as an `rclc.Constraint` (compiled once per distinct turn)."""
-    tree = turn_format(tools, form=form, may_call=may_call, must_call=must_call, answer_schema=answer_schema)
+def format_constraint(tree: Mapping[str, Any]) -> Any:
+    """A format tree (`turn_format`'s) as an `rclc.Constraint`, compiled once per distinct tree."""
     return _compiled(json.dumps(tree))
 
 

@@ -47,7 +47,7 @@ from ..errors import CallTimedOut, UsageError
 from ..spec.models import AgentSpec, mcp_server_name, tool_name
 from .mcp_servers import McpServers, McpTool
 from .tool_calls import ToolCall, parse_tool_calls
-from .tool_grammar import CallForm, call_form, turn_constraint
+from .tool_grammar import CallForm, call_form, format_constraint, turn_format
 from .trusted_code import import_callable
 from .user_threads import call_in_own_thread
 
@@ -370,9 +370,9 @@ async def run_tool_loop(
             return None
         # required: no answer before a call returned without an error (within max_tool_calls)
         answered = any(call.error is None for call in loop.calls)
-        return turn_constraint(toolbox.schemas, form=conversation.form, may_call=len(loop.calls) < agent_spec.max_tool_calls,
-                               must_call=agent_spec.tool_choice == "required" and not answered,
-                               answer_schema=answer_schema)
+        return format_constraint(turn_format(
+            toolbox.schemas, form=conversation.form, may_call=len(loop.calls) < agent_spec.max_tool_calls,
+            must_call=agent_spec.tool_choice == "required" and not answered, answer_schema=answer_schema))
 
     # the first turn: the prompt as the agent takes it
     result = await generate(prompt, deliveries=deliveries, constraint=constraint())

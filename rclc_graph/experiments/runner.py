@@ -79,7 +79,7 @@ class Summary:
         return self.data["arms"]
 
 
-def run_experiment(
+def run_experiment(  # the public API (docs/experiments.md): one keyword per `rclc-graph experiment` option
     topology_path: str | os.PathLike[str],
     dataset_path: str | os.PathLike[str],
     arms: Sequence[Arm | str],
@@ -96,7 +96,7 @@ def run_experiment(
     compare_to: str | None = None,
     concurrency: int = 1,
     max_batch: int | None = None,
-) -> Summary:  # the public API: one keyword per `rclc-graph experiment` option
+) -> Summary:
     """Run (or resume) an experiment and write its summary, plots and report into `out_dir`.
 
     `run_case(spec, inputs, case) -> CaseResult` runs one arm's graph on one case; the

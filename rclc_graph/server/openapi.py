@@ -4,7 +4,7 @@ The operations are listed here, once (method, path, the handler, what it does, w
 and gives): app.py makes the server's routes from this list, so an endpoint is its handler
 (handlers.py), its line here and, for a new body, its model (schemas.py). Their schemas come
 from the pydantic models the handlers validate with (schemas.py), and
-tests/unit/test_serve_api.py checks that these operations are exactly the app's routes and
+tests/unit/rclc_graph/server/test_serve_api.py checks that these operations are exactly the app's routes and
 that real responses match the schemas.
 """
 

@@ -5,7 +5,7 @@ hops; and a run whose actor is killed inside the subgraph, or while the copies o
 foreach run, resumes on a fresh actor to the local run's outputs.
 
 The topologies run on a tiny random model; plan_and_execute's list comes from
-tests/_composition.py (three steps out of the planner's text, as in the crash tests: random
+tests/helpers/composition.py (three steps out of the planner's text, as in the crash tests: random
 weights write no numbered lines). Needs the optional extra (make ray); skipped without it.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray binds loopback only, before it is imported
@@ -29,12 +28,11 @@ from rclc_graph import compile_plan, load_graph, resume_run_sync, run_plan_sync,
 from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from rclc_graph.spec.models import GraphSpec  # noqa: E402
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 240  # seconds any one run may take before it fails instead of hanging CI
-sys.path.insert(0, str(ROOT / "tests"))  # _composition: the function node runs on the scheduler's side, here
 
 # per example: where its nodes go (so handoffs cross machines), and the node whose actor is killed
 PINS = {"incident_brief": {"evidence/notes": 1}, "plan_and_execute": {"worker": 1}}
@@ -78,7 +76,7 @@ def tiny_plan(name: str, source: Path):
             agent["max_new_tokens"] = 6
         for node in topology["nodes"]:
             if node.get("call") == "task_lists:numbered_lines":
-                node["call"] = "_composition:three_steps"
+                node["call"] = "tests.helpers.composition:three_steps"
             if isinstance(node.get("graph"), dict):
                 stack.append(node["graph"])
     inputs = json.loads((ROOT / "examples" / "inputs" / f"{name}.json").read_text())

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from rclc_graph.run.record import read_record
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import task_lists  # noqa: E402  (examples/: the function node of plan_and_execute.yaml)

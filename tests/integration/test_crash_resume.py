@@ -4,7 +4,7 @@ and snapshot equals the uninterrupted run's, and finished nodes do no model work
 Also Ctrl-C (SIGINT) mid-generation, then resume.
 
 The graph runs on a tiny random model saved to a directory (the topology's `source` is that
-path). A pause point (`_paused_cli.py`) holds the run at an exact place so the kill lands
+path). A pause point (`tests/helpers/paused_cli.py`) holds the run at an exact place so the kill lands
 there: after k finished nodes (k = 0..5), between a snapshot and its node file, and inside
 a generation step."""
 
@@ -22,7 +22,7 @@ import pytest
 from rclc_graph import ModelPool, finished_nodes, plan_file, read_resume_point, resume_run_sync
 from rclc_graph.run.record import read_record
 
-from _reliability import (
+from tests.helpers.reliability import (
     ROOT,
     SIX_INPUTS,
     CountingExecutor,

@@ -8,13 +8,12 @@ end are skipped again, and finished nodes do no model work again.
 
 The shipped files run with every model, the subgraph's too, swapped for a tiny random one saved
 to a directory (as the other crash tests do); plan_and_execute's list comes from
-tests/_composition.py, which always makes three steps out of the tiny planner's text (the
+tests/helpers/composition.py, which always makes three steps out of the tiny planner's text (the
 shipped function makes one per line, and random weights write no lines)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resu
 from rclc_graph.run.record import read_record
 from rclc_graph.spec.models import GraphSpec
 
-from _reliability import (
+from tests.helpers.reliability import (
     ROOT,
     CountingExecutor,
     ForwardCounter,
@@ -60,7 +59,7 @@ def _on_tiny(name: str, source: Path) -> GraphSpec:
             agent["max_new_tokens"] = 6
         for node in topology["nodes"]:
             if node.get("call") == "task_lists:numbered_lines":
-                node["call"] = "_composition:three_steps"
+                node["call"] = "tests.helpers.composition:three_steps"
             if isinstance(node.get("graph"), dict):
                 stack.append(node["graph"])
     return GraphSpec.model_validate(data)
@@ -68,7 +67,7 @@ def _on_tiny(name: str, source: Path) -> GraphSpec:
 
 def _environment() -> dict[str, str]:
     environment = cli_environment()
-    environment["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    environment["PYTHONPATH"] = str(ROOT)
     return environment
 
 
@@ -97,7 +96,6 @@ def example(request, tmp_path_factory):
             "worker[0]", "worker[1]", "worker[2]"]
     else:
         assert record["plan"]["subgraphs"][0]["returns"] == "evidence/notes" and not record["skipped"]
-    sys.path.insert(0, str(ROOT / "tests"))  # the resumes below import _composition in this process
     return {"name": name, "topology": topology, "inputs": inputs_file, "reference": reference_dir,
             "plan": compile_plan(load_graph(topology), inputs, trust_code=bool(TRUST[name])), "record": record}
 

@@ -23,7 +23,7 @@ import pytest
 from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resume_run_sync, run_plan_sync, to_yaml
 from rclc_graph.run.record import read_record
 
-from _reliability import (
+from tests.helpers.reliability import (
     ROOT,
     CountingExecutor,
     ForwardCounter,

@@ -8,13 +8,13 @@ import asyncio
 import inspect
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "streaming.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 

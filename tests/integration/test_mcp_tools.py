@@ -4,7 +4,7 @@ cannot be spawned, stays silent, crashes mid-call) and a cancelled run, each che
 no server process behind.
 
 The 135M embedded model seldom writes a tool call on its own (docs/graphs.md), so the
-tool-calling node is scripted (tests/_scripted_tools.py): it is made to write a JSON call,
+tool-calling node is scripted (tests/helpers/scripted_tools.py): it is made to write a JSON call,
 then an answer; the call really goes to the server process and its result is appended to the
 real model's state. One test runs the shipped topology unscripted through the CLI.
 """
@@ -23,17 +23,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from _scripted_tools import TOOL_AGENT_REPLIES, install, uninstall
 from rclc_graph import (DelegatingExecutor, EventStream, Graph, LocalExecutor, default_pool, plan_file,
                         run_recorded_sync)
 from rclc_graph.executors.tools import result_text
 from rclc_graph.run.record import read_record
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
+from tests.helpers.scripted_tools import TOOL_AGENT_REPLIES, install, uninstall
+from tests.paths import HELPERS, ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVER = ROOT / "tests" / "_mcp_test_server.py"
+SERVER = HELPERS / "mcp_test_server.py"
 ANSWER = "The answer is 5."
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import cache_layers, forward_rows, prefill, view_cache
+# private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors import _attention_capture as _capture, cacheback, cacheback_scores
 from rclc.state import SenderState
 
@@ -86,6 +88,7 @@ def test_question_about_one_entity_ranks_its_sentence_high(embedded, target):
 def test_a_fan_in_scored_in_one_forward_keeps_what_each_sender_keeps_alone(embedded):
     """Three readers of unequal length, one question: the batched capture's folds match the
     ones captured alone, and CacheBack r4 keeps the same positions from either."""
+    # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
     from rclc.selectors._support import offering, request_fold, request_folds
 
     model, tokenizer = embedded

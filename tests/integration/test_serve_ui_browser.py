@@ -23,7 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as expect
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from _serve_process import ROOT, ServeProcess
+from tests.helpers.serve_process import ROOT, ServeProcess
 
 pytestmark = pytest.mark.integration
 

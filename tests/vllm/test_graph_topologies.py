@@ -21,10 +21,10 @@ from rclc_graph.spec.load import read_graph
 from rclc_graph.plan.compile import compile_plan
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.executors.vllm_engine import shutdown
+from tests.paths import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 MAX_NEW_TOKENS = 6
 

@@ -13,13 +13,13 @@ import jsonschema
 import pytest
 from types import SimpleNamespace
 
-from vllm_engines import running_engine
 
 import rclc
 from rclc import models
 from rclc.backends.vllm import structured_outputs
 from rclc_graph.executors.tool_calls import parse_tool_calls
-from rclc_graph.executors.tool_grammar import turn_constraint
+from rclc_graph.executors.tool_grammar import format_constraint, turn_format
+from tests.helpers.vllm_engines import running_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -64,7 +64,7 @@ def test_a_json_schema_holds_on_vllm_and_on_hf_with_the_same_weights(llm):
 
 @pytest.mark.parametrize("must_call", [True, False])
 def test_the_tool_loops_turn_format_holds_on_vllm(llm, must_call):
-    constraint = turn_constraint([TOOL], form="json", may_call=True, must_call=must_call)
+    constraint = format_constraint(turn_format([TOOL], form="json", may_call=True, must_call=must_call))
     agent = rclc.bind(llm, backend="vllm")
     result = anyio.run(lambda: agent.generate("Where is my order A-1002?", max_new_tokens=40,
                                               sampling=rclc.Sampling(constraint=constraint)))
