@@ -20,7 +20,7 @@ import rclc
 from rclc.backends.hf_batching import engine_for
 from rclc_graph import ModelPool, ModelSpec, plan_file
 
-from test_concurrent_runs import ROOT, run_inputs
+from tests.integration.test_concurrent_runs import ROOT, run_inputs
 
 RUNS = 8
 
