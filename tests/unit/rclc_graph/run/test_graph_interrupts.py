@@ -176,7 +176,7 @@ def test_the_cli_waits_with_exit_code_3_and_resume_answers(pool, tmp_path, monke
     monkeypatch.setattr("rclc_graph.views.cli.default_pool", lambda: pool)
     topology = tmp_path / "hitl.yaml"
     spec = graph().spec()
-    nodes = [node.model_copy(update={"call": "test_graph_interrupts:approve"}) if node.call else node
+    nodes = [node.model_copy(update={"call": f"{__name__}:approve"}) if node.call else node
              for node in spec.nodes]
     topology.write_text(to_yaml(spec.model_copy(update={"nodes": nodes})))
     inputs = tmp_path / "in.json"

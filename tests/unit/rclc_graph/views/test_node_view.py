@@ -50,7 +50,7 @@ def test_each_node_shows_only_its_own_story(tmp_path):
     assert record["status"] == "waiting"
 
     router = shown(record, "router", str(run_dir))
-    assert "function test_node_view:route" in router and "reads from: triage; sends to: billing, technical" in router
+    assert f"function {__name__}:route" in router and "reads from: triage; sends to: billing, technical" in router
     assert "router → billing: fired; router → technical: did not fire" in router
     assert '{"route":"billing","seen":["triage"]}' in router
     assert "a function node holds no model state" in router
