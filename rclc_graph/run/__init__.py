@@ -3,6 +3,8 @@ recording, shape, view), resuming from one, the settings a view's runs share (se
 before any model loads (preflight.py).
 """
 
+import types as _types
+
 from .record.reader import finished_nodes, read_node, read_record
 from .record.recording import RecordingExecutor, record_run, record_with, run_recorded, run_recorded_sync
 from .record.shape import check_record
@@ -13,39 +15,5 @@ from .scheduler import RunObserver, new_run_id, run_plan, run_plan_sync, run_wit
 from .settings import RunSettings, preflight, prepare_run
 from .streaming import RunStream, SyncRunStream, astream, astream_resume, stream, stream_resume
 
-__all__ = [
-    # the scheduler
-    "RunObserver",
-    "new_run_id",
-    "run_plan",
-    "run_plan_sync",
-    "run_with",
-    # what a view's runs share, and preparing a run once
-    "RunSettings",
-    "preflight",
-    "prepare_run",
-    # records
-    "RecordingExecutor",
-    "RunRecorder",
-    "check_record",
-    "current_record",
-    "finished_nodes",
-    "read_node",
-    "read_record",
-    "record_run",
-    "record_with",
-    "run_recorded",
-    "run_recorded_sync",
-    # resume
-    "ResumePoint",
-    "read_resume_point",
-    "resume_run",
-    "resume_run_sync",
-    # watching a run
-    "RunStream",
-    "SyncRunStream",
-    "astream",
-    "astream_resume",
-    "stream",
-    "stream_resume",
-]
+# every name imported above, the submodules themselves aside (the imports say where each lives)
+__all__ = sorted(name for name, value in vars().items() if not name.startswith("_") and not isinstance(value, _types.ModuleType))
