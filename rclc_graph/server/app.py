@@ -24,10 +24,10 @@ from starlette.staticfiles import StaticFiles
 
 from rclc.models import preload
 
-from ..errors import GraphError, RequestRefused, ResumeError
+from ..errors import ErrorCode, GraphError, RequestRefused, ResumeError
 from ..executors import ModelPool, default_pool
 from . import openapi
-from .errors import E_NOT_FOUND, E_REQUEST, error_body, json_error
+from .errors import error_body, json_error
 from .handlers import UI_DIR, Api
 from .runs import RunManager
 from .security import BodyLimit, Guard
@@ -51,7 +51,7 @@ async def _api_error(request: Request, error: Exception) -> Response:
 
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
-    code = E_NOT_FOUND if error.status_code == 404 else E_REQUEST
+    code = ErrorCode.E_NOT_FOUND if error.status_code == 404 else ErrorCode.E_REQUEST
     fix = "GET /openapi.json lists the routes" if error.status_code in (404, 405) else ""
     return JSONResponse(error_body(error.status_code, code, str(error.detail), fix), error.status_code,
                         headers=getattr(error, "headers", None))

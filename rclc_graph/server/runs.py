@@ -27,13 +27,14 @@ from typing import Any, Mapping
 import anyio
 from anyio.abc import TaskGroup
 
+from ..errors import ErrorCode
 from ..plan.dag import Plan
 from ..executors import ModelPool
 from ..run import RunSettings, new_run_id, prepare_run, read_record, read_resume_point, record_with, resume_run
 from ..run.event_log import EventLogWriter
 from ..run.streaming import RunStream
 from .attempts import FailedAttempts
-from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, E_STATE, E_UNAVAILABLE, ApiError
+from .errors import ApiError
 from .settings import ServerSettings
 from .submissions import Submission, SubmissionStore
 
@@ -104,7 +105,7 @@ class RunManager:
         if len(self.queue) >= self.settings.max_queue:
             wait = self.retry_after()
             raise ApiError(
-                429, E_BUSY,
+                429, ErrorCode.E_BUSY,
                 f"the server runs {len(self.active)} runs and {len(self.queue)} wait, its limits "
                 f"(--max-concurrent {self.settings.max_concurrent}, --max-queue {self.settings.max_queue})",
                 f"retry after {wait} seconds", headers={"Retry-After": str(wait)})
@@ -125,7 +126,7 @@ class RunManager:
 
     def _start(self, submission: Submission) -> None:
         if self._group is None:
-            raise ApiError(503, E_UNAVAILABLE, "the server is starting or stopping", "retry in a moment")
+            raise ApiError(503, ErrorCode.E_UNAVAILABLE, "the server is starting or stopping", "retry in a moment")
         self.active[submission.run_id] = ActiveRun(submission)
         self._notify(submission.run_id)
         self._group.start_soon(self._execute, submission, name=f"run {submission.run_id}")
@@ -153,7 +154,7 @@ class RunManager:
         if not self.settings.trust_code and ((record or {}).get("plan") or {}).get("trust_code") is True:
             # a record's seal lets `rclc-graph resume` skip --trust-code (run/record/trust_seal.py); a server
             # started without --trust-code imports no code, whoever started the run
-            raise ApiError(422, E_REQUEST, f"run {run_id} imports code its topology names (it started with trust_code)",
+            raise ApiError(422, ErrorCode.E_REQUEST, f"run {run_id} imports code its topology names (it started with trust_code)",
                            "start the server with --trust-code to resume it, or resume it with rclc-graph resume")
         options = {} if answers is None else {"answers": dict(answers)}
         await anyio.to_thread.run_sync(
@@ -165,13 +166,13 @@ class RunManager:
     def _check_resumable(self, run_id: str, answers: Mapping[str, str] | None) -> None:
         status = self.status(run_id)
         if status in ("queued", "starting", "running"):
-            raise ApiError(409, E_STATE, f"run {run_id} is {status}", "wait until it ended, or cancel it")
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} is {status}", "wait until it ended, or cancel it")
         if status == "finished":
-            raise ApiError(409, E_STATE, f"run {run_id} finished; there is nothing to resume", "start a new run")
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} finished; there is nothing to resume", "start a new run")
         if answers is None and status == "waiting":
-            raise ApiError(409, E_STATE, f"run {run_id} waits for an answer", f"POST /runs/{run_id}/answer")
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} waits for an answer", f"POST /runs/{run_id}/answer")
         if answers is not None and status != "waiting":
-            raise ApiError(409, E_STATE, f"run {run_id} is {status}, not waiting for an answer",
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} is {status}, not waiting for an answer",
                            f"POST /runs/{run_id}/resume")
 
     def cancel(self, run_id: str) -> dict[str, Any]:
@@ -185,7 +186,7 @@ class RunManager:
                 return {"run_id": run_id, "status": "cancelled"}
         active = self.active.get(run_id)
         if active is None:
-            raise ApiError(409, E_STATE, f"run {run_id} is {self.status(run_id)}, not queued or running",
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} is {self.status(run_id)}, not queued or running",
                            "only queued and running runs can be cancelled")
         self._cancel_active(active)
         return {"run_id": run_id, "status": "cancelling"}
@@ -264,7 +265,7 @@ class RunManager:
     def run_dir(self, run_id: str) -> Path:
         """The directory of run `run_id` (400 for an id that could leave the runs directory)."""
         if not _RUN_ID.match(run_id) or run_id == SERVER_DIR:
-            raise ApiError(400, E_REQUEST, f"run_id: {run_id!r} is not a run id", "use an id GET /runs lists")
+            raise ApiError(400, ErrorCode.E_REQUEST, f"run_id: {run_id!r} is not a run id", "use an id GET /runs lists")
         return self.runs_dir / run_id
 
     def status(self, run_id: str) -> str:
@@ -280,7 +281,7 @@ class RunManager:
         submission = self.submissions.read(self.run_dir(run_id).name)
         if submission is not None:
             return str(submission.get("status"))
-        raise ApiError(404, E_NOT_FOUND, f"no run {run_id!r} in {self.runs_dir}", "GET /runs lists the runs")
+        raise ApiError(404, ErrorCode.E_NOT_FOUND, f"no run {run_id!r} in {self.runs_dir}", "GET /runs lists the runs")
 
     def live(self, run_id: str) -> bool:
         """Whether the run is queued or executing here (its event log may still grow)."""

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import GraphError, PlanError, SpecError
+from ..errors import ErrorCode, GraphError, PlanError, SpecError
 from ..executors import ModelPool
 from ..plan import plan_file, validate_file
 from ..plan.compile import compile_plan
@@ -28,7 +28,7 @@ from ..spec import safe_yaml
 from ..spec.load import DEFAULT_MAX_BYTES
 from ..spec import bounded_json
 from ..spec.models import GraphSpec, InputSpec
-from .errors import E_NOT_FOUND, ApiError
+from .errors import ApiError
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class TopologyCatalog:
                 candidate = self.directory / f"{name}{suffix}"
                 if candidate.is_file():
                     return candidate
-        raise ApiError(404, E_NOT_FOUND, f"topology {name!r} is not in {self.directory}",
+        raise ApiError(404, ErrorCode.E_NOT_FOUND, f"topology {name!r} is not in {self.directory}",
                        f"one of: {', '.join(self.names()) or '(none)'}; GET /topologies lists them")
 
     def describe(self, name: str) -> dict[str, Any]:
