@@ -58,7 +58,12 @@ def test_capture_leaves_logits_and_sender_unchanged(embedded, monkeypatch):
     monkeypatch.setattr(_capture, "forward_rows", recording)
     cacheback_scores(sender, ids)
     with torch.no_grad():
-        assert torch.equal(model.lm_head(hidden[0]), model.lm_head(plain))
+        captured_logits, plain_logits = model.lm_head(hidden[0]), model.lm_head(plain)
+    # The capture computes each global layer's attention output from its own softmax (issue
+    # 28), so its logits agree with the plain forward's to float32 rounding, not bit for bit:
+    # measured at most 3.1e-5 on logits up to 29 in magnitude; a changed forward is far off.
+    torch.testing.assert_close(captured_logits, plain_logits, rtol=1e-5, atol=1e-3)
+    assert torch.equal(captured_logits.argmax(-1), plain_logits.argmax(-1))
     for (k, v), (k0, v0) in zip(cache_layers(sender.past_key_values), cached):
         assert torch.equal(k, k0) and torch.equal(v, v0)
     assert model.config._attn_implementation == "sdpa"

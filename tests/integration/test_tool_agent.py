@@ -152,9 +152,13 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_outputs(reference,
     assert len(calls) == 1
 
 
-def test_a_run_resumed_in_process_without_trust_code_is_refused(reference, tmp_path):
+def test_a_run_resumed_in_process_without_trust_code_is_refused(reference, tmp_path, monkeypatch):
+    """A run whose trust seal does not verify here (another user's key, as for a run directory
+    copied from elsewhere) needs trust_code again: its record alone cannot grant it. (The same
+    user's sealed run resumes without it: test_graph_trust.py.)"""
     from rclc_graph import ResumeError
 
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another-user"))
     with pytest.raises(ResumeError, match="--trust-code"):
         resume_run_sync(reference, pool=ModelPool())
 
