@@ -108,7 +108,7 @@ def _refuse_plain_cycles(spec: GraphSpec, nodes: Mapping[str, NodeSpec], implied
         return
     names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
     closing = cycle[-1][:2]
-    waits = any(pair[:2] in set(implied) for pair in cycle)
+    waits = bool(set(implied) & {pair[:2] for pair in cycle})
     position = {name: index for index, name in enumerate(nodes)}
     path = ("edges", edge_index[closing]) if closing in edge_index else ("nodes", position[closing[1]], "foreach")
     raise PlanError([Problem(
