@@ -11,8 +11,10 @@ send SIGKILL (or SIGINT) at exactly that point instead of racing a fast run:
     forward:N    inside the N-th decoder forward of the run (mid-generation or mid-selection)
 
 A pause waits at most --hold seconds (default: forever); it also ends as soon as the run is
-cancelled (Ctrl-C), inside a worker or in the model's batching engine (a prefill or decode
-step of a cancelled caller's sequence), so the cancellation is what the test observes; it
+cancelled (Ctrl-C), inside a worker, inside a worker that is prefilling other callers'
+prompts (`serving_others` hides its own stop flag from the forward), or in the model's
+batching engine (a prefill or decode step of a cancelled caller's sequence), so the
+cancellation is what the test observes; it
 writes MARKER with the suffix .ended saying which of the two ended it.
 Nothing here is part of the package: the hooks wrap public methods from outside.
 """
@@ -21,8 +23,12 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+
+_hidden = threading.local()  # .stop: the worker's own stop flag while it serves other callers
 
 
 def _engine_cancelled(model) -> bool:
@@ -38,6 +44,34 @@ def _engine_cancelled(model) -> bool:
     return any(sequence.gone() for sequence in sequences)
 
 
+def _hidden_stop_set() -> bool:
+    """Whether this thread serves other callers' prompts for a worker whose own caller was
+    cancelled (the forward itself ignores that flag on purpose; the pause must not)."""
+    event = getattr(_hidden, "stop", None)
+    return event is not None and event.is_set()
+
+
+def _see_through_serving_others() -> None:
+    """Wrap the shared prefill's `serving_others` so a pause inside it still sees its
+    worker's stop flag (a Ctrl-C landing while one thread prefills a batch of prompts)."""
+    # private on purpose: the worker thread's cancellation internals under test
+    from rclc import _shared_prefill, _worker
+
+    original = _shared_prefill.serving_others
+
+    @contextmanager
+    def serving_others():
+        saved = getattr(_hidden, "stop", None)
+        _hidden.stop = _worker.current_stop()
+        try:
+            with original():
+                yield
+        finally:
+            _hidden.stop = saved
+
+    _shared_prefill.serving_others = serving_others
+
+
 def _pause(marker: Path, hold: float | None, model=None) -> None:
     # private on purpose: the worker thread's cancellation internals under test
     from rclc._worker import stop_requested
@@ -47,7 +81,7 @@ def _pause(marker: Path, hold: float | None, model=None) -> None:
     os.replace(temporary, marker)
     deadline = None if hold is None else time.monotonic() + hold
     while deadline is None or time.monotonic() < deadline:
-        if stop_requested() or _engine_cancelled(model):
+        if stop_requested() or _hidden_stop_set() or _engine_cancelled(model):
             _ended(marker, "cancelled")
             return
         time.sleep(0.01)
@@ -119,6 +153,7 @@ def _install(point: str, marker: Path, hold: float | None) -> None:
             return loaded
 
         pool.ModelPool._load = staticmethod(load)
+        _see_through_serving_others()
     else:
         raise SystemExit(f"unknown pause point {point!r}")
 

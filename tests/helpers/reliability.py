@@ -136,9 +136,22 @@ def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path,
             raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")
         if time.monotonic() > deadline:
             process.kill()
+            process.communicate()
             raise AssertionError(f"the run never reached {point}")
         time.sleep(0.01)
     return process
+
+
+def communicate_or_kill(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """`process.communicate(timeout)`, but a process that does not end in time is killed and
+    reaped before the test fails: left running, it would fail whichever test runs next in
+    this pytest worker (an unraisable "subprocess is still running" warning)."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"the process did not end within {timeout} s; stderr:\n{stderr[-4000:]}") from None
 
 
 # -- counting model work per node --------------------------------------------------------------

@@ -31,6 +31,7 @@ from tests.helpers.reliability import (
     ForwardCounter,
     assert_same_runs,
     cli_environment,
+    communicate_or_kill,
     only_run_dir,
     run_until,
     save_tiny,
@@ -108,7 +109,7 @@ def test_sigkill_mid_subgraph_and_mid_foreach_then_resume_gives_the_uninterrupte
         process = run_until(example["topology"], example["inputs"], point, out, marker, extra=TRUST[example["name"]],
                             env=_environment())
         process.send_signal(signal.SIGKILL)
-        process.communicate(timeout=60)
+        communicate_or_kill(process, 60)
         assert process.returncode == -signal.SIGKILL, point
         run_dir = only_run_dir(out)
         assert read_record(run_dir)["status"] == "running", point

@@ -23,7 +23,7 @@ import pytest
 
 from rclc_graph import ModelPool, finished_nodes, plan_file, resume_run_sync, run_recorded_sync
 from rclc_graph.run.record import read_record
-from tests.helpers.reliability import assert_same_runs
+from tests.helpers.reliability import assert_same_runs, communicate_or_kill
 from tests.helpers.scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall
 from tests.paths import HELPERS, ROOT
 
@@ -129,6 +129,7 @@ def _run_until(point: str, out: Path, marker: Path) -> subprocess.Popen:
             raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")
         if time.monotonic() > deadline:
             process.kill()
+            process.communicate()
             raise AssertionError(f"the run never reached {point}")
         time.sleep(0.02)
     return process
@@ -138,7 +139,7 @@ def _run_until(point: str, out: Path, marker: Path) -> subprocess.Popen:
 def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_outputs(reference, scripted_here, tmp_path, point):
     process = _run_until(point, tmp_path / "runs", tmp_path / "paused")
     process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
+    communicate_or_kill(process, 60)
     assert process.returncode == -signal.SIGKILL
     run_dir = _only_run_dir(tmp_path / "runs")
     assert read_record(run_dir)["status"] == "running"
