@@ -187,6 +187,19 @@ class Problem:
         """The same problem placed at `location`."""
         return Problem(self.code, self.message, self.fix, self.path, location)
 
+    @classmethod
+    def untrusted_code(cls, what: str, path: FieldPath, *, instead: str | None = None) -> Problem:
+        """E_TRUST_CODE for a reference in a topology (`what`, e.g. "call 'pkg.mod:f'") that
+        would import code without trust_code: every planning check words it this one way;
+        `instead` is the alternative that needs no trust (e.g. "use a built-in")."""
+        fix = "pass --trust-code (trust_code=True) if you trust this file"
+        return cls(
+            ErrorCode.E_TRUST_CODE,
+            f"{what} would import and run code named by the YAML",
+            fix if instead is None else f"{fix}, or {instead}",
+            path,
+        )
+
     def to_dict(self) -> dict[str, object]:
         """Plain JSON data (`rclc-graph validate --json`)."""
         where = None

@@ -88,10 +88,7 @@ def _tool_problems(spec: GraphSpec, index: int, agent: AgentSpec, trust_code: bo
                 f"declare it under mcp_servers (known: {known})" if known else "declare it under mcp_servers", path,
             ))
         elif not trust_code and server is None:
-            problems.append(Problem(
-                "E_TRUST_CODE", f"tool {reference!r} would import and run code named by the YAML",
-                "pass --trust-code (trust_code=True) if you trust this file", path,
-            ))
+            problems.append(Problem.untrusted_code(f"tool {reference!r}", path))
         elif not trust_code and spec.mcp_servers[server].runs_code:
             problems.append(Problem(
                 "E_TRUST_CODE",

@@ -405,6 +405,20 @@ def _base(name: str, source: str, description: str) -> Graph:
     return graph
 
 
+def _readers(name: str, source: str, description: str, reads: tuple[str, str], max_new_tokens: int,
+             policy: TransferPolicy) -> Graph:
+    """What chain_of_agents and fan_out start from: the question and the list the workers read
+    (`reads`: its name and description), the "worker" and "final" agents, and the "handoff"
+    policy between them."""
+    graph = _base(name, source, description)
+    list_name, list_description = reads
+    graph.input(list_name, "list[str]", description=list_description)
+    graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.agent("final", model="base", system=FINAL_SYSTEM, max_new_tokens=max_new_tokens)
+    graph.policy("handoff", policy)
+    return graph
+
+
 def _generate(policy: TransferPolicy, generate: bool | None) -> bool:
     return policy.mode == "text" if generate is None else generate
 
@@ -423,11 +437,8 @@ def chain_of_agents(
     policy = policy or Policy()
     if n < 1:
         raise UsageError("n: expected at least 1 worker")
-    graph = _base(name, source, f"chain of {n} workers reading one chunk each, then a final answer")
-    graph.input("chunks", "list[str]", description=f"the long text cut into {n} parts")
-    graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
-    graph.agent("final", model="base", system=FINAL_SYSTEM, max_new_tokens=max_new_tokens)
-    graph.policy("handoff", policy)
+    graph = _readers(name, source, f"chain of {n} workers reading one chunk each, then a final answer",
+                     ("chunks", f"the long text cut into {n} parts"), max_new_tokens, policy)
     generate = _generate(policy, worker_generate)
     for index in range(n):
         graph.node(
@@ -455,11 +466,8 @@ def fan_out(
     """Workers read one document each in parallel; a final agent answers from all of them.
     `n` fixes the number of workers (documents[0..n-1]); None makes one worker per document."""
     policy = policy or Policy()
-    graph = _base(name, source, "parallel workers over documents, one aggregating answer")
-    graph.input("documents", "list[str]", description="one document per worker")
-    graph.agent("worker", model="base", system=WORKER_SYSTEM, max_new_tokens=max_new_tokens)
-    graph.agent("final", model="base", system=FINAL_SYSTEM, max_new_tokens=max_new_tokens)
-    graph.policy("handoff", policy)
+    graph = _readers(name, source, "parallel workers over documents, one aggregating answer",
+                     ("documents", "one document per worker"), max_new_tokens, policy)
     generate = _generate(policy, worker_generate)
     workers: list[str] = []
     if n is None:

@@ -95,21 +95,12 @@ def _trust(spec: GraphSpec, trust_code: bool, functions: Mapping[str, Callable[.
     problems = []
     for index, node in enumerate(spec.nodes):
         if node.call is not None and node.call not in functions:
-            problems.append(Problem(
-                "E_TRUST_CODE",
-                f"call {node.call!r} would import and run code named by the YAML",
-                "pass --trust-code (trust_code=True) if you trust this file",
-                ("nodes", index, "call"),
-            ))
+            problems.append(Problem.untrusted_code(f"call {node.call!r}", ("nodes", index, "call")))
     for index, edge in enumerate(spec.edges):
         for field_name in ("when", "until"):
             for reference in predicates.routers(getattr(edge, field_name)):
-                problems.append(Problem(
-                    "E_TRUST_CODE",
-                    f"{field_name} router {reference!r} would import and run code named by the YAML",
-                    "pass --trust-code (trust_code=True) if you trust this file, or write a condition mapping",
-                    ("edges", index, field_name),
-                ))
+                what = f"{field_name} router {reference!r}"
+                problems.append(Problem.untrusted_code(what, ("edges", index, field_name), instead="write a condition mapping"))
     return problems
 
 

@@ -260,14 +260,8 @@ def _check_policies(index: SpecIndex) -> list[Problem]:
         ]
         for path, policy in checked:
             for field_name, reference in policy.user_code():
-                problems.append(
-                    Problem(
-                        "E_TRUST_CODE",
-                        f"{field_name} {reference!r} would import and run code named by the YAML",
-                        "pass --trust-code (trust_code=True) if you trust this file, or use a built-in",
-                        path + tuple(field_name.split(".")),
-                    )
-                )
+                field_path = path + tuple(field_name.split("."))
+                problems.append(Problem.untrusted_code(f"{field_name} {reference!r}", field_path, instead="use a built-in"))
     for index, edge in enumerate(spec.edges):
         policy = policies[index]
         source, target = nodes[edge.source], nodes[edge.target]

@@ -315,17 +315,8 @@ class RunRecorder:
                   result: RunResult | None) -> dict[str, str]:
         """Each plan node's status: finished, skipped, waiting (for a person) or not run."""
         waiting = {item["node"] for item in (result.waiting if result is not None else [])}
-        statuses = {}
-        for name in self.plan.order:
-            if name in waiting:
-                statuses[name] = "waiting"
-            elif name in nodes:
-                statuses[name] = "finished"
-            elif name in skipped:
-                statuses[name] = "skipped"
-            else:
-                statuses[name] = "not run"
-        return statuses
+        groups = (("waiting", waiting), ("finished", nodes), ("skipped", skipped))  # the first that holds it
+        return {name: next((status for status, group in groups if name in group), "not run") for name in self.plan.order}
 
     def _models(self) -> list[dict[str, Any]]:
         """Each model the plan uses; the fingerprint only where the pool has it loaded (a
