@@ -105,31 +105,22 @@ def _trust(spec: GraphSpec, trust_code: bool, functions: Mapping[str, Callable[.
 
 
 def _interrupt_problems(node: NodeSpec, index: int, inputs: Mapping[str, InputSpec]) -> list[Problem]:
-    problems: list[Problem] = []
+    """The interrupt rules of one node, a row each: (whether the node breaks it, the field to
+    fix, what is wrong, the fix); every broken one is an E_INTERRUPT problem."""
+    waits_before = answer_variable(node)
     reads_answer = any(found.name == ANSWER_VARIABLE for found in templates.fields(node.prompt))
-    if node.interrupt == "before" and not node.is_function:
-        if not reads_answer:
-            problems.append(Problem(
-                "E_INTERRUPT",
-                f"node {node.name} stops before it runs for a person's answer, but its prompt does not use {{answer}}",
-                "put {answer} in the prompt where the answer belongs, e.g. \"Reviewer's notes: {answer}\"",
-                ("nodes", index, "prompt"),
-            ))
-        if ANSWER_VARIABLE in inputs:
-            problems.append(Problem(
-                "E_INTERRUPT",
-                f"input {ANSWER_VARIABLE!r} would hide the person's answer in node {node.name}'s prompt",
-                f"rename the input {ANSWER_VARIABLE!r}",
-                ("nodes", index, "interrupt"),
-            ))
-    if node.interrupt == "after" and not node.generate:
-        problems.append(Problem(
-            "E_INTERRUPT",
-            f"node {node.name} has interrupt: after, but generate: false: it writes nothing to show",
-            "set generate: true, or use interrupt: before",
-            ("nodes", index, "interrupt"),
-        ))
-    return problems
+    rules = (
+        (waits_before and not reads_answer, "prompt",
+         f"node {node.name} stops before it runs for a person's answer, but its prompt does not use {{answer}}",
+         "put {answer} in the prompt where the answer belongs, e.g. \"Reviewer's notes: {answer}\""),
+        (waits_before and ANSWER_VARIABLE in inputs, "interrupt",
+         f"input {ANSWER_VARIABLE!r} would hide the person's answer in node {node.name}'s prompt",
+         f"rename the input {ANSWER_VARIABLE!r}"),
+        (node.interrupt == "after" and not node.generate, "interrupt",
+         f"node {node.name} has interrupt: after, but generate: false: it writes nothing to show",
+         "set generate: true, or use interrupt: before"),
+    )
+    return [Problem("E_INTERRUPT", message, fix, ("nodes", index, field)) for broken, field, message, fix in rules if broken]
 
 
 def answer_variable(node: NodeSpec) -> bool:
