@@ -21,13 +21,8 @@ from rclc.backends.batch_cache import decode_step, prefill
 from rclc.backends.hf_batching import engine_for
 
 from tests.helpers.agents import prompts_alone
+from tests.helpers.batching import PROMPTS, assert_equal_or_near_tie, concurrently, generate_alone
 
-PROMPTS = [
-    "Short one.",
-    "A somewhat longer prompt that takes more positions than the first.",
-    "Middle length prompt here.",
-    "The longest prompt of all, with many words, so that it needs the widest window in the batch of all three.",
-]
 
 
 def embeds(model, tokenizer, text):
@@ -113,10 +108,6 @@ def test_a_row_leaving_keeps_the_others_padding_zero(tiny):
             assert torch.count_nonzero(values[row, :, store.start : store.start + pad]) == 0
 
 
-def generate_alone(model, tokenizer, prompt, **options):
-    return anyio.run(lambda: rclc.bind(model, tokenizer).generate(prompt, **options))
-
-
 def test_greedy_generation_picks_what_model_generate_picks(tiny):
     model, tokenizer = tiny
     ids = tokenizer(PROMPTS[1], add_special_tokens=False, return_tensors="pt")["input_ids"]
@@ -141,35 +132,6 @@ def test_the_checkpoints_logits_processors_apply_as_in_generate(tiny_tokenizer):
     unpenalised = generate_alone(plain, tokenizer, PROMPTS[0], max_new_tokens=16)
     assert list(penalised.token_ids) == expected.sequences[0, ids.shape[1]:].tolist()
     assert penalised.token_ids != unpenalised.token_ids  # the penalty really did something
-
-
-def concurrently(agents, prompts, options, before=None):
-    """Generate on every agent at once; return their results (or exceptions) in order."""
-    results = [None] * len(agents)
-
-    async def main():
-        async with anyio.create_task_group() as group:
-            for index, agent in enumerate(agents):
-                async def one(index=index, agent=agent):
-                    try:
-                        results[index] = await agent.generate(prompts[index], **options[index])
-                    except Exception as error:  # a failing sequence is part of what is tested
-                        results[index] = error
-                group.start_soon(one)
-            if before is not None:
-                await before(group)
-
-    anyio.run(main)
-    return results
-
-
-def assert_equal_or_near_tie(batched, alone, trace):
-    """Tokens equal, or they differ first where the unbatched logits were a float32 near-tie."""
-    if batched == alone:
-        return
-    first = next(i for i, (a, b) in enumerate(zip(batched, alone)) if a != b)
-    margins = [entry.margins for entry in trace if entry.tokens == tuple(alone)]
-    assert margins and margins[0][first] < 1e-4, (first, batched, alone)
 
 
 def test_concurrent_generations_of_different_lengths_equal_their_unbatched_runs(tiny):

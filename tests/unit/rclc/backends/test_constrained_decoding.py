@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import jsonschema
 import pytest
 
 import rclc
 from rclc.backends.hf_batching import engine_for
 
-PROMPTS = [
-    "Short one.",
-    "A somewhat longer prompt that takes more positions than the first.",
-    "Middle length prompt here.",
-    "The longest prompt of all, with many words, so that it needs the widest window in the batch of all three.",
-]
+from tests.helpers.batching import PROMPTS, assert_equal_or_near_tie, concurrently, generate_alone
 
 VERDICT = {
     "type": "object",
@@ -30,37 +24,6 @@ VERDICT = {
 }
 OWNER = {"type": "object", "properties": {"owner": {"enum": ["Alice", "Bob"]}}, "required": ["owner"],
          "additionalProperties": False}
-
-
-def generate_alone(model, tokenizer, prompt, **options):
-    return anyio.run(lambda: rclc.bind(model, tokenizer).generate(prompt, **options))
-
-
-def concurrently(agents, prompts, options):
-    """Generate on every agent at once; return their results (or exceptions) in order."""
-    results = [None] * len(agents)
-
-    async def main():
-        async with anyio.create_task_group() as group:
-            for index, agent in enumerate(agents):
-                async def one(index=index, agent=agent):
-                    try:
-                        results[index] = await agent.generate(prompts[index], **options[index])
-                    except Exception as error:  # reported, not raised: the test names which one failed
-                        results[index] = error
-                group.start_soon(one)
-
-    anyio.run(main)
-    return results
-
-
-def assert_equal_or_near_tie(batched, alone, trace):
-    """Tokens equal, or they differ first where the unbatched logits were a float32 near-tie."""
-    if batched == alone:
-        return
-    first = next(i for i, (a, b) in enumerate(zip(batched, alone)) if a != b)
-    margins = [entry.margins for entry in trace if entry.tokens == tuple(alone)]
-    assert margins and margins[0][first] < 1e-4, (first, batched, alone)
 
 
 def test_a_json_schema_constraint_gives_json_that_validates(tiny):
