@@ -22,12 +22,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from rclc_graph import compile_plan, load_graph, resume_run_sync, run_plan_sync, run_recorded  # noqa: E402
+from rclc_graph import compile_plan, resume_run_sync, run_plan_sync, run_recorded  # noqa: E402
 from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
-from rclc_graph.spec.models import GraphSpec  # noqa: E402
+from tests.helpers.composition import shipped_on_tiny  # noqa: E402
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.ray
@@ -39,48 +37,10 @@ PINS = {"incident_brief": {"evidence/notes": 1}, "plan_and_execute": {"worker": 
 KILLED = {"incident_brief": "evidence/notes", "plan_and_execute": "worker[1]"}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """Two Ray nodes of one CPU each: two replicas with {CPU: 1} land on different nodes."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A tiny random Llama saved to a directory, so every actor can load it by path."""
-    from rclc import testing
-
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    model, tokenizer = testing.tiny_model("llama", max_positions=4096)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def tiny_plan(name: str, source: Path):
     """The shipped topology's plan with every model (subgraphs' too) read from `source`."""
-    data = load_graph(ROOT / "topologies" / f"{name}.yaml").model_dump(mode="json")
-    stack = [data]
-    while stack:
-        topology = stack.pop()
-        for model in topology["models"]:
-            model["source"] = str(source)
-        for agent in topology["agents"]:
-            agent["max_new_tokens"] = 6
-        for node in topology["nodes"]:
-            if node.get("call") == "task_lists:numbered_lines":
-                node["call"] = "tests.helpers.composition:three_steps"
-            if isinstance(node.get("graph"), dict):
-                stack.append(node["graph"])
     inputs = json.loads((ROOT / "examples" / "inputs" / f"{name}.json").read_text())
-    return compile_plan(GraphSpec.model_validate(data), inputs, trust_code=name == "plan_and_execute")
+    return compile_plan(shipped_on_tiny(name, source), inputs, trust_code=name == "plan_and_execute")
 
 
 def assert_same_run(local, remote):

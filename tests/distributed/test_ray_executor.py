@@ -20,8 +20,6 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
 from rclc_graph import EventStream, finished_nodes, plan_file, run_plan, run_plan_sync, run_recorded, typed  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from rclc_graph.spec.load import read_graph  # noqa: E402
@@ -38,31 +36,6 @@ LIMIT = 240  # seconds any one test may take before it fails instead of hanging 
 
 def inputs(name: str) -> dict:
     return json.loads((ROOT / "examples" / "inputs" / f"{name}.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """Two Ray nodes of one CPU each: two replicas with {CPU: 1} land on different nodes."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A tiny random Llama saved to a directory, so every actor can load it by path."""
-    from rclc import testing
-
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    model, tokenizer = testing.tiny_model("llama", max_positions=4096)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def on_model(path: Path, source: Path, data: dict, **agent_updates):

@@ -16,16 +16,15 @@ import os
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-import anyio
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
 from tests.helpers.scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall  # noqa: E402
-from rclc_graph import EventStream, LocalExecutor, ModelPool, plan_file, run_plan  # noqa: E402
+from rclc_graph import LocalExecutor, ModelPool, plan_file, run_plan  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
+from tests.helpers.event_runs import run_consumed  # noqa: E402
+from tests.helpers.ray_cluster import two_node_cluster  # noqa: E402
 from tests.paths import ROOT
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
@@ -35,19 +34,13 @@ PATHS = [str(ROOT), str(ROOT / "examples")]
 
 @pytest.fixture(scope="module")
 def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
     runtime_env = {
         "env_vars": {ENV: json.dumps(TOOL_AGENT_REPLIES),
                      "PYTHONPATH": os.pathsep.join(PATHS + [os.environ.get("PYTHONPATH", "")])},
         "worker_process_setup_hook": "tests.helpers.scripted_tools.install_from_env",
     }
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING", runtime_env=runtime_env)
-    try:
+    with two_node_cluster(runtime_env) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.fixture
@@ -65,21 +58,7 @@ def _without_seconds(calls):
 
 def _tool_events(plan, executor):
     """The run's result and its `tool` events' payloads (they come from the replica on Ray)."""
-    events = EventStream()
-    seen: list = []
-
-    async def main():
-        async def consume():
-            async for event in events:
-                seen.append(event)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(consume)
-            result = await run_plan(plan, executor=executor, events=events)
-            events.close()
-        return result
-
-    result = anyio.run(main)
+    result, seen = run_consumed(lambda events: run_plan(plan, executor=executor, events=events))
     return result, [dict(event.payload) for event in seen if event.kind == "tool"]
 
 

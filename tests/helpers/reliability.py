@@ -27,7 +27,7 @@ from rclc import testing
 # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone
 from rclc.backends import hf_sequences
-from rclc_graph import LocalExecutor
+from rclc_graph import LocalExecutor, to_yaml
 from rclc_graph.run.record import NODES_DIR, RECORD_FILE
 from tests.paths import HELPERS, ROOT
 
@@ -90,9 +90,10 @@ def finished_sets() -> list[frozenset[str]]:
     return sorted(found, key=lambda item: (len(item), sorted(item)))
 
 
-def save_tiny(directory: Path, family: str = "qwen3") -> Path:
-    """A tiny random model and its tokenizer as a local checkpoint directory."""
-    model, tokenizer = testing.tiny_model(family)
+def save_tiny(directory: Path, family: str = "qwen3", **options: Any) -> Path:
+    """A tiny random model and its tokenizer as a local checkpoint directory (`options`: those
+    of `rclc.testing.tiny_model`, e.g. max_positions)."""
+    model, tokenizer = testing.tiny_model(family, **options)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -118,6 +119,28 @@ def cli_environment() -> dict[str, str]:
 def only_run_dir(out: Path) -> Path:
     (run_dir,) = [path for path in out.iterdir() if path.is_dir()]
     return run_dir
+
+
+def write_topology(directory: Path, name: str, spec: Any, inputs: Any) -> tuple[Path, Path]:
+    """`spec` (a GraphSpec) as `name`.yaml, subgraphs inline so the run needs no other file, and
+    `inputs` as JSON, both in `directory`: (topology, inputs file)."""
+    topology = directory / f"{name}.yaml"
+    topology.write_text(to_yaml(spec))
+    inputs_file = directory / "inputs.json"
+    inputs_file.write_text(json.dumps(inputs))
+    return topology, inputs_file
+
+
+def reference_run(topology: Path, inputs: Path, out: Path, *options: str) -> Path:
+    """The uninterrupted `rclc-graph run` (in a subprocess, `options` added) that a crashed and
+    resumed run must equal: its run directory, the only one under `out`."""
+    reference = subprocess.run(
+        [sys.executable, "-m", "rclc_graph", "run", str(topology), "--input", str(inputs), "--out", str(out), "--json",
+         *options],
+        cwd=ROOT, env=cli_environment(), capture_output=True, text=True, timeout=300,
+    )
+    assert reference.returncode == 0, reference.stderr
+    return only_run_dir(out)
 
 
 def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path, *, hold: float | None = None,

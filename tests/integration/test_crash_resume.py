@@ -31,6 +31,7 @@ from tests.helpers.reliability import (
     cli_environment,
     communicate_or_kill,
     only_run_dir,
+    reference_run,
     run_until,
     save_tiny,
     write_six,
@@ -48,13 +49,8 @@ def six(tmp_path_factory):
     directory = tmp_path_factory.mktemp("six")
     source = save_tiny(directory / "tiny")
     topology, inputs = write_six(directory, source, max_new_tokens=12)
-    reference = subprocess.run(
-        [sys.executable, "-m", "rclc_graph", "run", str(topology), "--input", str(inputs),
-         "--out", str(directory / "reference"), "--json"],
-        cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300,
-    )
-    assert reference.returncode == 0, reference.stderr
-    return {"topology": topology, "inputs": inputs, "reference": _only_run_dir(directory / "reference"),
+    reference = reference_run(topology, inputs, directory / "reference")
+    return {"topology": topology, "inputs": inputs, "reference": reference,
             "plan": plan_file(topology, SIX_INPUTS)}
 
 

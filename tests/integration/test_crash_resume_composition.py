@@ -15,26 +15,24 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resume_run_sync, to_yaml
+from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resume_run_sync
 from rclc_graph.run.record import read_record
-from rclc_graph.spec.models import GraphSpec
 
+from tests.helpers.composition import shipped_on_tiny
 from tests.helpers.reliability import (
     ROOT,
     CountingExecutor,
     ForwardCounter,
     assert_same_runs,
-    cli_environment,
     communicate_or_kill,
     only_run_dir,
+    reference_run,
     run_until,
     save_tiny,
+    write_topology,
 )
 
 pytestmark = pytest.mark.integration
@@ -48,48 +46,14 @@ KILL_POINTS = {
 TRUST = {"incident_brief": (), "plan_and_execute": ("--trust-code",)}
 
 
-def _on_tiny(name: str, source: Path) -> GraphSpec:
-    """The shipped topology with every model (subgraphs' included) read from `source`."""
-    data = load_graph(ROOT / "topologies" / f"{name}.yaml").model_dump(mode="json")
-    stack = [data]
-    while stack:
-        topology = stack.pop()
-        for model in topology["models"]:
-            model["source"] = str(source)
-        for agent in topology["agents"]:
-            agent["max_new_tokens"] = 6
-        for node in topology["nodes"]:
-            if node.get("call") == "task_lists:numbered_lines":
-                node["call"] = "tests.helpers.composition:three_steps"
-            if isinstance(node.get("graph"), dict):
-                stack.append(node["graph"])
-    return GraphSpec.model_validate(data)
-
-
-def _environment() -> dict[str, str]:
-    environment = cli_environment()
-    environment["PYTHONPATH"] = str(ROOT)
-    return environment
-
-
 @pytest.fixture(scope="module", params=["incident_brief", "plan_and_execute"])
 def example(request, tmp_path_factory):
     name = request.param
     directory = tmp_path_factory.mktemp(name)
     source = save_tiny(directory / "tiny")
     inputs = json.loads((ROOT / "examples" / "inputs" / f"{name}.json").read_text())
-    spec = _on_tiny(name, source)
-    topology = directory / f"{name}.yaml"
-    topology.write_text(to_yaml(spec))  # the subgraph inline: the run needs no other file
-    inputs_file = directory / "inputs.json"
-    inputs_file.write_text(json.dumps(inputs))
-    reference = subprocess.run(
-        [sys.executable, "-m", "rclc_graph", "run", str(topology), "--input", str(inputs_file),
-         "--out", str(directory / "reference"), "--json", *TRUST[name]],
-        cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300,
-    )
-    assert reference.returncode == 0, reference.stderr
-    reference_dir = only_run_dir(directory / "reference")
+    topology, inputs_file = write_topology(directory, name, shipped_on_tiny(name, source), inputs)
+    reference_dir = reference_run(topology, inputs_file, directory / "reference", *TRUST[name])
     record = read_record(reference_dir)
     if name == "plan_and_execute":
         assert set(record["skipped"]) == {"worker[3]", "worker[4]"}, record["skipped"]
@@ -106,8 +70,7 @@ def test_sigkill_mid_subgraph_and_mid_foreach_then_resume_gives_the_uninterrupte
     states = []  # what each kill left finished
     for number, point in enumerate(KILL_POINTS[example["name"]]):
         out, marker = tmp_path / f"runs{number}", tmp_path / f"paused{number}"
-        process = run_until(example["topology"], example["inputs"], point, out, marker, extra=TRUST[example["name"]],
-                            env=_environment())
+        process = run_until(example["topology"], example["inputs"], point, out, marker, extra=TRUST[example["name"]])
         process.send_signal(signal.SIGKILL)
         communicate_or_kill(process, 60)
         assert process.returncode == -signal.SIGKILL, point

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resume_run_sync, run_plan_sync, to_yaml
+from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resume_run_sync, run_plan_sync
 from rclc_graph.run.record import read_record
 
 from tests.helpers.reliability import (
@@ -31,8 +31,10 @@ from tests.helpers.reliability import (
     cli_environment,
     communicate_or_kill,
     only_run_dir,
+    reference_run,
     run_until,
     save_tiny,
+    write_topology,
 )
 
 pytestmark = pytest.mark.integration
@@ -75,18 +77,9 @@ def example(request, tmp_path_factory):
     spec = _on_tiny(name, source)
     if name == "review_loop":
         spec = _stop_at_round_two(spec, inputs)
-    topology = directory / f"{name}.yaml"
-    topology.write_text(to_yaml(spec))
-    inputs_file = directory / "inputs.json"
-    inputs_file.write_text(json.dumps(inputs))
+    topology, inputs_file = write_topology(directory, name, spec, inputs)
     answers = [f"--answer={node}={text}" for node, text in ANSWERS[name].items()]
-    reference = subprocess.run(
-        [sys.executable, "-m", "rclc_graph", "run", str(topology), "--input", str(inputs_file),
-         "--out", str(directory / "reference"), "--json", *answers],
-        cwd=ROOT, env=cli_environment(), capture_output=True, text=True, timeout=300,
-    )
-    assert reference.returncode == 0, reference.stderr
-    reference_dir = only_run_dir(directory / "reference")
+    reference_dir = reference_run(topology, inputs_file, directory / "reference", *answers)
     record = read_record(reference_dir)
     if name == "review_loop":
         assert set(record["skipped"]) == {"writer@3", "critic@3"}, record["skipped"]

@@ -28,6 +28,7 @@ from rclc_graph import (DelegatingExecutor, EventStream, Graph, LocalExecutor, d
 from rclc_graph.executors.tools import result_text
 from rclc_graph.run.record import read_record
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
+from tests.helpers.event_runs import run_consumed
 from tests.helpers.scripted_tools import TOOL_AGENT_REPLIES, install, uninstall
 from tests.paths import HELPERS, ROOT
 
@@ -104,21 +105,7 @@ def solver_graph(server_fields: dict, *, max_tool_calls: int = 2, tool_timeout: 
 
 
 def run_with_events(plan):
-    events = EventStream()
-    seen: list = []
-
-    async def main():
-        async def consume():
-            async for event in events:
-                seen.append(event)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(consume)
-            result = await run_plan(plan, events=events)
-            events.close()
-        return result
-
-    return anyio.run(main), seen
+    return run_consumed(lambda events: run_plan(plan, events=events))
 
 
 _EXPORTER: list = []

@@ -28,6 +28,7 @@ import pytest
 
 from rclc import models
 from rclc_graph import Graph, Policy, resume_run_sync, run_recorded_sync
+from tests.helpers.event_runs import run_consumed
 from tests.helpers.openai_stub import ChatStub, free_port
 from tests.paths import ROOT
 
@@ -194,23 +195,9 @@ def test_an_unknown_model_name_is_a_404_naming_what_to_check(server, tmp_path):
 
 
 def test_the_event_stream_carries_the_served_tokens(server, uninterrupted):
-    from rclc_graph import EventStream, run_plan
+    from rclc_graph import run_plan
 
-    events = EventStream()
-    seen: list = []
-
-    async def main():
-        async def consume():
-            async for event in events:
-                seen.append(event)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(consume)
-            outcome = await run_plan(graph(server), events=events)
-            events.close()
-        return outcome
-
-    result = anyio.run(main)
+    result, seen = run_consumed(lambda events: run_plan(graph(server), events=events))
     tokens = [event.payload["text"] for event in seen if event.kind == "token" and event.payload["node"] == "final"]
     assert "".join(tokens).strip() == result.outputs["final"] == uninterrupted[0].outputs["final"]
     assert SECRET not in json.dumps([event.payload for event in seen], default=str)

@@ -14,9 +14,10 @@ import json
 import anyio
 import pytest
 
-from rclc_graph import ApiModelFailed, EventStream, Graph, ModelPool, Policy, PlanError, SpecError, read_record
+from rclc_graph import ApiModelFailed, Graph, ModelPool, Policy, PlanError, SpecError, read_record
 from rclc_graph import load_graph, load_graph_text, resume_run_sync, run_recorded
 from rclc_graph.spec.models import ModelSpec
+from tests.helpers.event_runs import run_consumed
 from tests.helpers.openai_stub import ChatStub, free_port
 from tests.paths import ROOT
 
@@ -63,21 +64,8 @@ def run(plan, pool, out, events=None):
 
 def test_an_api_model_ends_a_chain_of_local_readers(stub, pool, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VARIABLE, SECRET)
-    events = EventStream()
-    seen: list = []
-
-    async def main():
-        async def consume():
-            async for event in events:
-                seen.append(event)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(consume)
-            outcome = await run_recorded(api_graph(stub.base_url), tmp_path, pool=pool, events=events)
-            events.close()
-        return outcome
-
-    result, record, run_dir = anyio.run(main)
+    (result, record, run_dir), seen = run_consumed(
+        lambda events: run_recorded(api_graph(stub.base_url), tmp_path, pool=pool, events=events))
     assert result.status == "finished", result.error
     assert result.outputs == {"final": "The owner is Alice."}
     [request] = stub.requests

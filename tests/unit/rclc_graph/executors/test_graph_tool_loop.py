@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import pytest
 import torch
 
-from rclc_graph import EventStream, Graph, LocalExecutor, ModelPool, Policy, run_recorded_sync
+from rclc_graph import Graph, LocalExecutor, ModelPool, Policy, run_recorded_sync
 from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.spec.models import ModelSpec
+from tests.helpers.event_runs import run_consumed
 from tests.helpers.tools import call_text, family_tokenizer, scripted
 
 ANSWER = "Cedar is owned by Alice."
@@ -49,21 +49,7 @@ def tool_graph(*, tools=("tests.helpers.tools:project_owner",), max_tool_calls=2
 
 
 def run_with_events(plan, pool):
-    events = EventStream()
-    seen: list = []
-
-    async def main():
-        async def consume():
-            async for event in events:
-                seen.append(event)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(consume)
-            result = await run_plan(plan, pool=pool, events=events)
-            events.close()
-        return result
-
-    return anyio.run(main), seen
+    return run_consumed(lambda events: run_plan(plan, pool=pool, events=events))
 
 
 def test_a_call_in_the_family_format_runs_the_tool_and_the_answer_follows(tiny):
