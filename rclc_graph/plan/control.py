@@ -100,7 +100,8 @@ def _trust(spec: GraphSpec, trust_code: bool, functions: Mapping[str, Callable[.
         for field_name in ("when", "until"):
             for reference in predicates.routers(getattr(edge, field_name)):
                 what = f"{field_name} router {reference!r}"
-                problems.append(Problem.untrusted_code(what, ("edges", index, field_name), instead="write a condition mapping"))
+                path = ("edges", index, field_name)
+                problems.append(Problem.untrusted_code(what, path, instead="write a condition mapping"))
     return problems
 
 
@@ -120,7 +121,8 @@ def _interrupt_problems(node: NodeSpec, index: int, inputs: Mapping[str, InputSp
          f"node {node.name} has interrupt: after, but generate: false: it writes nothing to show",
          "set generate: true, or use interrupt: before"),
     )
-    return [Problem("E_INTERRUPT", message, fix, ("nodes", index, field)) for broken, field, message, fix in rules if broken]
+    return [Problem("E_INTERRUPT", message, fix, ("nodes", index, field))
+            for broken, field, message, fix in rules if broken]
 
 
 def answer_variable(node: NodeSpec) -> bool:

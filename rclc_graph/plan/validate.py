@@ -260,8 +260,8 @@ def _check_policies(index: SpecIndex) -> list[Problem]:
         ]
         for path, policy in checked:
             for field_name, reference in policy.user_code():
-                field_path = path + tuple(field_name.split("."))
-                problems.append(Problem.untrusted_code(f"{field_name} {reference!r}", field_path, instead="use a built-in"))
+                what, field_path = f"{field_name} {reference!r}", path + tuple(field_name.split("."))
+                problems.append(Problem.untrusted_code(what, field_path, instead="use a built-in"))
     for index, edge in enumerate(spec.edges):
         policy = policies[index]
         source, target = nodes[edge.source], nodes[edge.target]

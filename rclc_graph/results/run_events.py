@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Container, Iterable, Mapping
 
 from ..spec.bounded_json import plain
 from .events import Event
@@ -37,13 +37,19 @@ class RunEvent:
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire form: {"type", "run_id", "seq", ...fields}, plain JSON data."""
+        """The wire form: {"type", "run_id", "seq", ...fields}, plain JSON data; `extra` fields
+        follow, where they do not shadow a declared one."""
+        data = self._declared()
+        for key, value in self.extra.items():
+            data.setdefault(key, plain(value))
+        return data
+
+    def _declared(self) -> dict[str, Any]:
+        """The wire form of the declared fields, `type` first."""
         data: dict[str, Any] = {"type": self.type}
         for item in dataclasses.fields(self):
             if item.name != "extra":
                 data[item.name] = plain(getattr(self, item.name))
-        for key, value in self.extra.items():
-            data.setdefault(key, plain(value))
         return data
 
     @classmethod
@@ -53,9 +59,7 @@ class RunEvent:
         names = {item.name for item in dataclasses.fields(cls)} - {"run_id", "seq", "extra"}
         known = {key: _frozen(key, value) for key, value in data.items() if key in names}
         extra = {key: value for key, value in data.items() if key not in names}
-        missing = sorted(name for name in required_fields(cls) if name in names and name not in known)
-        if missing:
-            raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")
+        _check_present(cls.type, sorted(required_fields(cls)), names, data)
         return cls(run_id=run_id, seq=seq, extra=extra, **known)
 
     @property
@@ -193,22 +197,18 @@ class HopDelivered(RunEvent):
             return getattr(object.__getattribute__(self, "hop"), name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form, flat: {"type", "run_id", "seq", ...the hop's fields, "kept"}."""
+    def _declared(self) -> dict[str, Any]:
+        """The wire form is flat: {"type", "run_id", "seq", ...the hop's fields, "kept"}."""
         data: dict[str, Any] = {"type": self.type, "run_id": self.run_id, "seq": self.seq}
         hop = self.hop.to_dict()
         data.update((name, plain(hop[name])) for name in _HOP_FIELDS)
         data["kept"] = plain(self.kept)
-        for key, value in self.extra.items():
-            data.setdefault(key, plain(value))
         return data
 
     @classmethod
     def from_fields(cls, data: Mapping[str, Any], *, run_id: str, seq: int) -> HopDelivered:
         """The event of a flat wire form: the hop's fields make its `HopRecord`, `kept` its segments."""
-        missing = [name for name in required_fields(HopRecord) if name not in data and name in _HOP_FIELDS]
-        if missing:
-            raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")
+        _check_present(cls.type, required_fields(HopRecord), _HOP_FIELDS, data)
         hop = HopRecord.from_dict({name: data[name] for name in _HOP_FIELDS if name in data})
         extra = {key: value for key, value in data.items() if key not in _HOP_FIELDS and key != "kept"}
         return cls(run_id=run_id, seq=seq, extra=extra, hop=hop, kept=_frozen("kept", data.get("kept", [])))
@@ -327,6 +327,14 @@ def hop_payload(hop: Hop) -> dict[str, Any]:
     data.pop("generation_seconds", None)
     data["kept"] = [segment.to_list() for segment in hop.lineage.segments]
     return data
+
+
+def _check_present(event_type: str, required: Iterable[str], declared: Container[str], data: Mapping[str, Any]) -> None:
+    """UsageError naming, in the order of `required`, each of its fields the event declares
+    and the wire form `data` lacks."""
+    missing = [name for name in required if name in declared and name not in data]
+    if missing:
+        raise UsageError(f"{event_type} event: missing {', '.join(missing)}")
 
 
 def _frozen(key: str, value: Any) -> Any:

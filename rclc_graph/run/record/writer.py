@@ -316,7 +316,8 @@ class RunRecorder:
         """Each plan node's status: finished, skipped, waiting (for a person) or not run."""
         waiting = {item["node"] for item in (result.waiting if result is not None else [])}
         groups = (("waiting", waiting), ("finished", nodes), ("skipped", skipped))  # the first that holds it
-        return {name: next((status for status, group in groups if name in group), "not run") for name in self.plan.order}
+        return {name: next((status for status, group in groups if name in group), "not run")
+                for name in self.plan.order}
 
     def _models(self) -> list[dict[str, Any]]:
         """Each model the plan uses; the fingerprint only where the pool has it loaded (a
