@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rclc_graph import Graph, Policy
+
 from rclc_graph.testing import FakeExecutor as _FakeExecutor
 from rclc_graph.testing import NodeReading, word_offsets
 
@@ -50,3 +52,19 @@ edges:
 """
 
 CHAIN_INPUTS = {"question": f"Who? {DANGER}", "chunks": [f"first {DANGER} part", "second part of the text"]}
+
+
+def review_loop(rounds: int = 3) -> Graph:
+    """A writer and a critic in a bounded loop of `rounds` rounds that stops once the critic
+    writes APPROVED, and a final node reading both (text edges); input `brief`."""
+    text = Policy(mode="text")
+    graph = Graph("review").input("brief")
+    graph.model("base").agent("a", model="base")
+    graph.node("writer", agent="a", prompt="{brief} round {round}")
+    graph.node("critic", agent="a", prompt="Review:")
+    graph.node("final", agent="a", prompt="Final:", output=True)
+    graph.edge("writer", "critic")
+    graph.edge("critic", "writer", rounds=rounds, until={"contains": "APPROVED"})
+    graph.edge("writer", "final", text)
+    graph.edge("critic", "final", text)
+    return graph

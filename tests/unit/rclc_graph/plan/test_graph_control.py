@@ -9,21 +9,9 @@ import pytest
 
 from rclc_graph import Graph, PlanError, Policy, load_graph_text
 from rclc_graph import to_yaml as to_text
+from tests.helpers.graph_runs import review_loop
 
 TEXT = Policy(mode="text")
-
-
-def review_loop(rounds: int = 3) -> Graph:
-    graph = Graph("review").input("brief")
-    graph.model("base").agent("a", model="base")
-    graph.node("writer", agent="a", prompt="{brief} round {round}")
-    graph.node("critic", agent="a", prompt="Review:")
-    graph.node("final", agent="a", prompt="Final:", output=True)
-    graph.edge("writer", "critic")
-    graph.edge("critic", "writer", rounds=rounds, until={"contains": "APPROVED"})
-    graph.edge("writer", "final", TEXT)
-    graph.edge("critic", "final", TEXT)
-    return graph
 
 
 def test_a_loop_that_may_stop_is_left_from_every_round():

@@ -13,6 +13,7 @@ import pytest
 
 from rclc_graph import EventStream, Graph, Policy, run_plan, run_plan_sync, run_recorded, run_recorded_sync
 from rclc_graph.testing import FakeExecutor
+from tests.helpers.graph_runs import review_loop
 from tests.paths import ROOT
 
 TEXT = Policy(mode="text")
@@ -82,24 +83,11 @@ def test_no_route_at_all_skips_every_branch_and_the_run_still_finishes():
     assert result.status == "finished" and result.outputs == {} and set(result.skipped) == {"x", "y"}
 
 
-def review(rounds=3) -> Graph:
-    graph = Graph("review").input("brief")
-    graph.model("base").agent("a", model="base")
-    graph.node("writer", agent="a", prompt="{brief} round {round}")
-    graph.node("critic", agent="a", prompt="Review:")
-    graph.node("final", agent="a", prompt="Final:", output=True)
-    graph.edge("writer", "critic")
-    graph.edge("critic", "writer", rounds=rounds, until={"contains": "APPROVED"})
-    graph.edge("writer", "final", TEXT)
-    graph.edge("critic", "final", TEXT)
-    return graph
-
-
 @pytest.mark.parametrize("stop_at", [1, 2, 3, None])
 def test_until_stops_the_loop_and_what_follows_reads_the_round_it_stopped_at(stop_at):
     approvals = {} if stop_at is None else {f"critic@{stop_at}": "APPROVED, ship it"}
     executor = FakeExecutor(text=texts(approvals))
-    result = run_plan_sync(review().plan({"brief": "b"}), executor=executor)
+    result = run_plan_sync(review_loop().plan({"brief": "b"}), executor=executor)
     assert result.status == "finished", result.error
     last = 3 if stop_at is None else stop_at
     ran = [name for kind, name, _ in executor.log if kind == "start"]
@@ -212,7 +200,7 @@ def test_an_until_router_must_answer_true_or_false(monkeypatch):
     module = types.ModuleType("until_router")
     module.stop = lambda text: "yes"
     monkeypatch.setitem(sys.modules, "until_router", module)
-    graph = review()
+    graph = review_loop()
     spec = graph.spec()
     edges = [edge.model_copy(update={"until": "until_router:stop"}) if edge.rounds else edge for edge in spec.edges]
     from rclc_graph import compile_plan
