@@ -34,6 +34,30 @@ def start(client, body=START):
     return response
 
 
+def cancelled_at_first_hop(client) -> str:
+    """A run started and cancelled once its first handoff was delivered (a resume has work
+    left): its id, once the run is cancelled."""
+    run_id = start(client).json()["run_id"]
+    with client.stream("GET", f"/runs/{run_id}/events") as response:
+        for line in response.iter_lines():
+            if line == "event: hop.delivered":
+                client.post(f"/runs/{run_id}/cancel")
+                break
+    wait_status(client, run_id, ("cancelled",))
+    return run_id
+
+
+def with_error(client, run_id: str, detail: dict) -> dict:
+    """The run's detail (from `detail` on) once a resume's background start has ended with an
+    error, or after 60 s."""
+    for _ in range(1200):
+        if detail.get("error"):
+            break
+        threading.Event().wait(0.05)
+        detail = client.get(f"/runs/{run_id}").json()
+    return detail
+
+
 def test_admission_runs_queues_then_refuses_with_retry_after(tmp_path, slow):
     write_topologies(tmp_path)
     with live_server(tmp_path, tiny_pool(slow), max_concurrent=1, max_queue=1) as (url, _):
@@ -80,13 +104,7 @@ def test_a_resumed_run_appends_to_its_event_log_and_reproduces_the_run(tmp_path,
         with httpx.Client(base_url=url, timeout=60) as client:
             reference = start(client).json()["run_id"]
             wait_status(client, reference, ("finished",))
-            stopped = start(client).json()["run_id"]
-            with client.stream("GET", f"/runs/{stopped}/events") as response:
-                for line in response.iter_lines():
-                    if line == "event: hop.delivered":
-                        client.post(f"/runs/{stopped}/cancel")
-                        break
-            wait_status(client, stopped, ("cancelled",))
+            stopped = cancelled_at_first_hop(client)
             with client.stream("GET", f"/runs/{stopped}/events") as response:
                 before = read_sse(response)[:-1]
             resumed = client.post(f"/runs/{stopped}/resume")
@@ -109,23 +127,12 @@ def test_a_resume_that_fails_after_its_202_says_why_in_the_api(tmp_path, slow):
     write_topologies(tmp_path)
     with live_server(tmp_path, tiny_pool(slow)) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as client:
-            stopped = start(client).json()["run_id"]
-            with client.stream("GET", f"/runs/{stopped}/events") as response:
-                for line in response.iter_lines():
-                    if line == "event: hop.delivered":
-                        client.post(f"/runs/{stopped}/cancel")
-                        break
-            wait_status(client, stopped, ("cancelled",))
+            stopped = cancelled_at_first_hop(client)
             held = DirectoryLock(tmp_path / "runs" / stopped)  # another writer appears after the checks
             held.acquire()
             try:
                 assert client.post(f"/runs/{stopped}/resume").status_code == 202
-                detail = wait_status(client, stopped, ("cancelled",))
-                for _ in range(1200):  # the resume's background start has ended (at most 60 s)
-                    if detail.get("error"):
-                        break
-                    threading.Event().wait(0.05)
-                    detail = client.get(f"/runs/{stopped}").json()
+                detail = with_error(client, stopped, wait_status(client, stopped, ("cancelled",)))
             finally:
                 held.release()
             assert detail["status"] == "cancelled"
@@ -147,23 +154,12 @@ def test_a_failed_attempts_error_goes_once_the_run_is_resumed_elsewhere(tmp_path
     pool = tiny_pool(slow)
     with live_server(tmp_path, pool) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as client:
-            stopped = start(client).json()["run_id"]
-            with client.stream("GET", f"/runs/{stopped}/events") as response:
-                for line in response.iter_lines():
-                    if line == "event: hop.delivered":
-                        client.post(f"/runs/{stopped}/cancel")
-                        break
-            wait_status(client, stopped, ("cancelled",))
+            stopped = cancelled_at_first_hop(client)
             held = DirectoryLock(tmp_path / "runs" / stopped)  # the server's resume fails: another writer holds it
             held.acquire()
             try:
                 assert client.post(f"/runs/{stopped}/resume").status_code == 202
-                detail = client.get(f"/runs/{stopped}").json()
-                for _ in range(1200):  # the resume's background start has ended (at most 60 s)
-                    if detail.get("error"):
-                        break
-                    threading.Event().wait(0.05)
-                    detail = client.get(f"/runs/{stopped}").json()
+                detail = with_error(client, stopped, client.get(f"/runs/{stopped}").json())
             finally:
                 held.release()
             assert detail["error"].startswith("resume failed: ")

@@ -23,7 +23,7 @@ from rclc_graph.views.cli import app
 from rclc_graph.errors import PlanError, SpecError
 
 runner = CliRunner()
-LIMIT = 256  # the saved tiny model's context, so an overflow is cheap to write
+LIMIT = 256  # the `checkpoint` fixture's context (conftest.py), so an overflow is cheap to write
 
 TOPOLOGY = """\
 version: 1
@@ -53,25 +53,6 @@ edges:
 """
 POLICY_LINE = 24  # the line of `policy:` above
 GOOD = {"question": "Who owns Cedar?", "documents": ["Cedar is owned by Alice.", "Birch is owned by Bob."]}
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny model on disk with a 256-position context."""
-    directory = tmp_path_factory.mktemp("tiny") / "model"
-    model, tokenizer = testing.tiny_model("qwen3", max_positions=LIMIT)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Any attempt to load a model's weights fails the test."""
-    def refuse(self, spec, base_dir=None):
-        raise AssertionError(f"model {spec.name!r} was loaded: the refusal came after model work began")
-
-    monkeypatch.setattr(ModelPool, "get", refuse)
 
 
 def write_topology(directory: Path, checkpoint: Path, text: str = TOPOLOGY) -> Path:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rclc import testing
-from rclc_graph import Graph, ModelPool, Policy, load_graph_text, plan_file, validate_file
+from rclc_graph import Graph, Policy, load_graph_text, plan_file, validate_file
 from rclc_graph.errors import GraphError, JSONLimitError, PlanError, SpecError
 from rclc_graph.run import preflight
 from rclc_graph.spec.bounded_json import loads
@@ -21,7 +20,6 @@ from rclc_graph.views.cli import app
 from rclc_graph.views.run_inputs import read_inputs
 
 runner = CliRunner()
-LIMIT = 256
 
 BASE = """\
 version: 1
@@ -35,23 +33,6 @@ agents:
 nodes:
   - {name: answer, agent: reader, prompt: "{question}", output: true}
 """
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny") / "model"
-    model, tokenizer = testing.tiny_model("qwen3", max_positions=LIMIT)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-    def refuse(self, spec, base_dir=None):
-        raise AssertionError(f"model {spec.name!r} was loaded: the refusal came after model work began")
-
-    monkeypatch.setattr(ModelPool, "get", refuse)
 
 
 def write(tmp_path: Path, text: str, checkpoint: Path | None = None, name: str = "qa.yaml") -> Path:
