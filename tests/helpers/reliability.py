@@ -144,16 +144,19 @@ def reference_run(topology: Path, inputs: Path, out: Path, *options: str) -> Pat
 
 
 def run_until(topology: Path, inputs: Path, point: str, out: Path, marker: Path, *, hold: float | None = None,
-              extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen:
+              extra: tuple[str, ...] = (), env: dict[str, str] | None = None, script: Path = PAUSED_CLI,
+              within: float = 300) -> subprocess.Popen:
     """`rclc-graph run` in a subprocess that pauses at `point` (see tests/helpers/paused_cli.py) and writes
     `marker` there; returns once the marker exists, so a signal lands exactly at that point.
-    `env`: the subprocess's environment (default `cli_environment()`)."""
-    command = [sys.executable, str(PAUSED_CLI)] + ([] if hold is None else ["--hold", str(hold)])
+    `env`: the subprocess's environment (default `cli_environment()`); `script`: a script taking
+    paused_cli.py's arguments (scripted_cli.py also scripts tool calls); `within`: the seconds
+    the run may take to get there."""
+    command = [sys.executable, str(script)] + ([] if hold is None else ["--hold", str(hold)])
     command += [point, str(marker), "--", "run", str(topology), "--input", str(inputs), "--out", str(out), "--json",
                 *extra]
     process = subprocess.Popen(command, cwd=ROOT, env=env or cli_environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + within
     while not marker.exists():
         if process.poll() is not None:
             raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")

@@ -16,14 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rclc_graph import ModelPool, finished_nodes, plan_file, resume_run_sync, run_recorded_sync
 from rclc_graph.run.record import read_record
-from tests.helpers.reliability import assert_same_runs, communicate_or_kill
+from tests.helpers.reliability import assert_same_runs, communicate_or_kill, run_until
 from tests.helpers.scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall
 from tests.paths import HELPERS, ROOT
 
@@ -119,20 +118,8 @@ def test_the_builder_example_runs_and_equals_the_yaml(tmp_path):
 
 
 def _run_until(point: str, out: Path, marker: Path) -> subprocess.Popen:
-    command = [sys.executable, str(SCRIPTED_CLI), point, str(marker), "--", "run", str(TOPOLOGY), "--input",
-               str(INPUTS), "--trust-code", "--out", str(out), "--json"]
-    process = subprocess.Popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while not marker.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended before reaching {point}: {process.communicate()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            process.communicate()
-            raise AssertionError(f"the run never reached {point}")
-        time.sleep(0.02)
-    return process
+    return run_until(TOPOLOGY, INPUTS, point, out, marker, extra=("--trust-code",), env=_environment(),
+                     script=SCRIPTED_CLI, within=600)
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
