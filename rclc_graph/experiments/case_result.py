@@ -103,7 +103,7 @@ def case_result_from_run(run: Any, plan: Plan, case: Case, *, model_fingerprints
     answer = run.outputs.get(output) if run.status == "finished" else None
     evidence = None
     if run.status == "finished":
-        survival = evidence_survival(nodes, run.hops, plan.outputs, evidence=case.evidence, document=case.gold_text)
+        survival = evidence_survival(nodes, run.hops, plan.outputs, items=case.evidence_items())
         evidence = None if survival is None else survival.to_dict()
     hops = tuple(HopFigures.from_record(record) for record in run.hops)
     return CaseResult(
