@@ -158,3 +158,16 @@ def test_an_answer_needing_two_documents_counts_both_facts():
     one = evidence_survival(nodes, hops, ["final"], items=[(DOC, EVIDENCE)])
     assert one.to_dict() == evidence_survival(nodes, hops, ["final"], evidence=EVIDENCE, document=DOC).to_dict()
     assert evidence_survival(nodes, hops, ["final"], items=[]) is None
+
+
+def test_kept_text_names_what_reached_the_answerer():
+    from rclc_graph.experiments.kept_text import kept_text
+
+    gold = reader("reader[1]", "Question: who?\nDocument 1:\n" + DOC)
+    evidence = evidence_positions(gold)
+    hop = compose_hop(gold.lineage, [0, *evidence[:3], evidence[-1]], source="reader[1]", target="final",
+                      inherited_positions=0, budget=5)
+    final = reader("final", "Question: who?\nAnswer:", [hop.lineage])
+    pieces = kept_text({"reader[1]": gold, "final": final}, "final")
+    assert pieces == [["reader[1]", "Question:"], ["reader[1]", "The Cedar project"], ["reader[1]", "Lee."]]
+    assert kept_text({"reader[1]": gold}, "final") is None
