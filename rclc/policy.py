@@ -72,7 +72,8 @@ ALLOCATIONS = ("per_sender", "pooled")
 """How a transfer with several senders spends its budget: each sender its own fitted count,
 or the senders' total where the scores are highest across them."""
 
-_SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage"}
+_SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage",
+          "relevance": "fraction"}
 """The span options every attention selector takes."""
 
 SELECTOR_OPTIONS: dict[str, dict[str, str]] = {
@@ -93,6 +94,7 @@ _OPTION_KINDS = {
     "odd_int": ("an odd whole number >= 1", lambda v: type(v) is int and v >= 1 and v % 2 == 1),
     "span": ("one of " + ", ".join(repr(kind) for kind in SPAN_KINDS), lambda v: v in SPAN_KINDS),
     "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),
+    "fraction": ("a number in (0, 1]", lambda v: isinstance(v, (int, float)) and 0 < v <= 1),
 }
 _SET_BY_THE_TRANSFER = {
     "edge_field": "write it as the edge policy's `exclude:` field (a list of template, instruction, known)",

@@ -18,7 +18,7 @@ from ..errors import ContextLimitError, RclcError
 from ..models import context_limit_of
 from ..state import SenderState
 from ._sentences import check_max_span, check_span_option, check_span_starts, partition
-from ._spans import Span, keep_spans, protected_positions, refine
+from ._spans import Span, check_relevance, keep_spans, protected_positions, refine
 
 
 def check_sender(sender: Any) -> SenderState:
@@ -118,6 +118,27 @@ def excluded_flags(exclude: Sequence[str | None] | None) -> list[bool] | None:
     return [reason is not None for reason in exclude]
 
 
+def whole_span_flags(spans: Sequence[Span], exclude: Sequence[str | None]) -> list[bool] | None:
+    """Exclusion flags for text-aligned spans: chat markup (`template`) is passed over position
+    by position, as always; any other reason passes over a whole span when it covers more than
+    half of the span's other positions, and none of it otherwise.
+
+    Why: `known` matches runs of words the receiver holds, which inside a document sentence
+    ("975 people work for the Falcon studio." against "How many people work for the Lemur
+    cooperative?") are a part of the sentence; cutting them out left orphan fragments ("975",
+    "Falcon studio.") that ranked as spans of their own and reached the receiver without the
+    words that give them meaning. A sentence is kept or passed over whole.
+    """
+    flags = [reason == "template" for reason in exclude]
+    for start, stop in spans:
+        others = [p for p in range(start, stop) if exclude[p] != "template"]
+        passed = sum(1 for p in others if exclude[p] is not None)
+        if others and 2 * passed > len(others):
+            for position in others:
+                flags[position] = True
+    return flags if any(flags) else None
+
+
 @dataclass(frozen=True)
 class SpanOptions:
     """How a built-in selector cuts a sender into the spans it keeps whole, and what it passes
@@ -127,8 +148,12 @@ class SpanOptions:
     longer spans; `exclude`: None, or one entry per position (None, or why it is passed over);
     `starts`: positions where a run of the sender's rows begins (text-aligned spans do not
     cross them); `size_field`: the name the caller gave `size` (ChunkKV says chunk_size), for
-    error messages. (They used to travel as five loose keywords through four layers of every
-    selector, each layer re-listing them.)
+    error messages; `relevance`: None, or the fraction of the best span's score a span needs
+    to be kept (`keep_spans`). (They used to travel as five loose keywords through four layers
+    of every selector, each layer re-listing them.)
+
+    Text-aligned spans are passed over whole (`whole_span_flags`); the fixed grid is cut where
+    exclusion flags change, as the seed's keep step defines.
     """
 
     span: Any = "fixed"
@@ -137,6 +162,7 @@ class SpanOptions:
     exclude: Any = None
     starts: Any = None
     size_field: str = "span_size"
+    relevance: Any = None
 
     @classmethod
     def from_keywords(cls, keywords: dict[str, Any], size_field: str = "span_size") -> tuple[SpanOptions, dict[str, Any]]:
@@ -144,7 +170,8 @@ class SpanOptions:
         with `functools.partial`, as pooled allocation reads them."""
         rest = dict(keywords)
         values = {name: rest.pop(keyword) for name, keyword in (("span", "span"), ("size", size_field),
-                  ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts")) if keyword in rest}
+                  ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts"),
+                  ("relevance", "relevance")) if keyword in rest}
         return cls(**values, size_field=size_field), rest
 
     def check(self, sender: SenderState) -> tuple[list[bool] | None, tuple[int, ...] | None]:
@@ -153,13 +180,17 @@ class SpanOptions:
         check_span_option(sender, self.span)
         check_span_size(self.size, self.size_field)
         check_max_span(self.max_span)
+        check_relevance(self.relevance)
         starts = check_span_starts(self.starts, sender.positions)
         return excluded_flags(check_exclude(self.exclude, sender.positions)), starts
 
     def spans(self, sender: SenderState) -> tuple[list[Span], list[bool] | None]:
         """The sender's spans (cut at exclusion boundaries) and its exclusion flags."""
         flags, starts = self.check(sender)
-        return refine(partition(sender, self.span, self.size, self.max_span, starts), flags), flags
+        spans = partition(sender, self.span, self.size, self.max_span, starts)
+        if flags is not None and self.span != "fixed":
+            flags = whole_span_flags(spans, self.exclude)
+        return refine(spans, flags), flags
 
 
 @dataclass(frozen=True)
@@ -173,6 +204,7 @@ class SpanProfile:
     spans: list[Span]
     excluded: list[bool] | None
     latent_steps: int
+    relevance: float | None = None
 
     @property
     def positions(self) -> int:
@@ -182,8 +214,11 @@ class SpanProfile:
     def protected(self) -> list[int]:
         return protected_positions(self.positions, self.latent_steps)
 
-    def keep(self, budget: int) -> list[int]:
-        return keep_spans(self.scores, budget, self.spans, self.latent_steps, self.excluded)
+    def keep(self, budget: int, *, relevant_only: bool = True) -> list[int]:
+        """The selection for `budget`; `relevant_only=False` ignores `relevance` (pooled
+        allocation applies it across senders before it calls keep)."""
+        relevance = self.relevance if relevant_only else None
+        return keep_spans(self.scores, budget, self.spans, self.latent_steps, self.excluded, relevance)
 
 
 Scores = Callable[[list[Span]], torch.Tensor]
@@ -197,7 +232,7 @@ def span_profile(sender: Any, options: SpanOptions, *, name: str, scores: Scores
     spans, flags = options.spans(sender)
     scored = scores(spans)
     check_finite(scored, name)
-    return SpanProfile(scored, spans, flags, sender.latent_steps)
+    return SpanProfile(scored, spans, flags, sender.latent_steps, check_relevance(options.relevance))
 
 
 def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str, scores: Scores) -> list[int]:
@@ -237,8 +272,9 @@ def request_selector(
         max_span: int | None = None,
         exclude: Sequence[str | None] | None = None,
         span_starts: Sequence[int] | None = None,
+        relevance: float | None = None,
     ) -> list[int]:
-        options = SpanOptions(span, span_size, max_span, exclude, span_starts)
+        options = SpanOptions(span, span_size, max_span, exclude, span_starts, relevance=relevance)
         return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids))
 
     def scored(sender: SenderState, request_ids: Any) -> torch.Tensor:
@@ -263,6 +299,8 @@ _SPAN_OPTIONS_DOC = """
     tokenizer and token IDs); `max_span` splits longer spans. `exclude` (one entry per
     position, None or the reason) ranks the excluded positions after all others.
     `span_starts` (positions where a run of rows begins, e.g. a chain's inherited runs) also
-    cut the text-aligned spans; the fixed grid ignores them.
+    cut the text-aligned spans; the fixed grid ignores them. `relevance` (a fraction in (0, 1])
+    keeps only spans scoring at least that fraction of the best span, so fewer than `budget`
+    positions when few are relevant.
     Returns every position, without any model work, when `budget >= T`.
     """

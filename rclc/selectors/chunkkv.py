@@ -125,11 +125,12 @@ def chunkkv(
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
     span_starts: Sequence[int] | None = None,
+    relevance: float | None = None,
 ) -> list[int]:
     """Keep `budget` positions by chunk-averaged attention from the sender's own last window
-    (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span` and `exclude`
-    as in `cacheback`)."""
-    options = SpanOptions(span, chunk_size, max_span, exclude, span_starts, size_field="chunk_size")
+    (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span`, `exclude` and
+    `relevance` as in `cacheback`)."""
+    options = SpanOptions(span, chunk_size, max_span, exclude, span_starts, size_field="chunk_size", relevance=relevance)
     return keep_best_spans(sender, budget, options, name=NAME,
                            scores=_window_scores(sender, chunk_size, window_size, kernel_size))
 

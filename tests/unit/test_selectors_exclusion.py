@@ -24,6 +24,7 @@ from rclc.selectors import (
     recent,
 )
 from rclc.selectors._sentences import partition, token_pieces
+from rclc.selectors._common import whole_span_flags
 from rclc.selectors._spans import refine
 
 DOCUMENT = (
@@ -176,11 +177,24 @@ def test_attention_selectors_keep_over_the_refined_partition(tiny, selector, spa
     flags = [reason is not None for reason in mask]
     ids = request(tokenizer)
     scores = SCORES[selector](sender, ids)
+    if span != "fixed":  # text-aligned spans are passed over whole (whole_span_flags)
+        flags = whole_span_flags(partition(sender, span, 4), mask) or [False] * len(mask)
     spans = refine(partition(sender, span, 4), flags)
     for budget in (3, 8, 15):
         kept = selector(sender, ids, budget, span=span, span_size=4, exclude=mask)
         assert kept == keep_spans(scores, budget, spans, 0, flags)
         assert not any(flags[p] for p in kept if p != 0) or budget > flags.count(False)
+
+
+def test_text_spans_are_passed_over_whole_and_markup_alone():
+    """A sentence mostly known is passed over whole; one partly known is kept whole (not cut
+    into orphan fragments); chat markup is passed over position by position."""
+    spans = [(0, 2), (2, 8), (8, 14)]
+    reasons = ["template", None, None, "known", "known", "known", "known", None,  # 4 of 6 known: passed over
+               None, "known", "known", None, None, "template"]  # 2 of 5: kept whole, markup still out
+    flags = whole_span_flags(spans, reasons)
+    assert flags == [True, False] + [True] * 6 + [False] * 5 + [True]
+    assert whole_span_flags([(0, 3)], [None, "known", None]) is None
 
 
 def test_chunkkv_and_baselines_pass_over_excluded_positions(tiny):
