@@ -94,7 +94,7 @@ _OPTION_KINDS = {
     "odd_int": ("an odd whole number >= 1", lambda v: type(v) is int and v >= 1 and v % 2 == 1),
     "span": ("one of " + ", ".join(repr(kind) for kind in SPAN_KINDS), lambda v: v in SPAN_KINDS),
     "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),
-    "fraction": ("a number in (0, 1]", lambda v: isinstance(v, (int, float)) and 0 < v <= 1),
+    "fraction": ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
 }
 _SET_BY_THE_TRANSFER = {
     "edge_field": "write it as the edge policy's `exclude:` field (a list of template, instruction, known)",

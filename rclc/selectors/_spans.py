@@ -12,7 +12,7 @@ Receiver-aware selection (`exclude`, rclc.exclusion) adds one rule: spans are fi
 positions change between excluded and not, and every excluded span ranks after every other
 span, so excluded rows only fill what is left once the rest is kept.
 
-`relevance` (a fraction r in (0, 1]) keeps less when less is relevant: spans are kept in
+`relevance` (a fraction r in (0, 1]; 0 or None: off) keeps less when less is relevant: spans are kept in
 rank order only while their mean score is at least r times the best candidate span's (a
 candidate: not excluded, not only protected positions; raw scores, the first position not
 pinned), so a sender whose state holds one relevant sentence sends that sentence and not
@@ -129,12 +129,14 @@ def relevant_spans(
 
 
 def check_relevance(relevance: object) -> float | None:
-    """None (keep the whole budget) or a fraction in (0, 1]."""
+    """None or 0 (keep the whole budget), or a fraction in (0, 1]; returns None for "keep the
+    whole budget" and the fraction otherwise."""
     if relevance is None:
         return None
-    if isinstance(relevance, bool) or not isinstance(relevance, (int, float)) or not 0 < relevance <= 1:
-        raise RclcError(f"relevance: expected None or a number in (0, 1] (a fraction of the best span's score), got {relevance!r}")
-    return float(relevance)
+    if isinstance(relevance, bool) or not isinstance(relevance, (int, float)) or not 0 <= relevance <= 1:
+        raise RclcError(f"relevance: expected a number in [0, 1] (a fraction of the best span's score; 0: keep the "
+                        f"whole budget), got {relevance!r}")
+    return float(relevance) or None
 
 
 def keep_spans(

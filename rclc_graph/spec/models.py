@@ -388,8 +388,8 @@ class ReasoningSpec(_Spec):
         return self
 
 
-_STATE_ONLY = ("ratio", "budget", "selector", "selector_options", "span", "max_span", "exclude", "allocation")
-_SPAN_FIELDS = ("span", "max_span")
+_STATE_ONLY = ("ratio", "budget", "selector", "selector_options", "span", "max_span", "relevance", "exclude", "allocation")
+_SPAN_FIELDS = ("span", "max_span", "relevance")
 _NOT_TEXT = _STATE_ONLY + ("reasoning", "representation", "request")
 
 
@@ -414,6 +414,12 @@ class TransferPolicy(_Spec):
     )
     max_span: PositiveInt | None = Field(
         None, description="split spans longer than this many positions into near-equal pieces; default: the graph's"
+    )
+    relevance: float | None = Field(
+        None, ge=0, le=1,
+        description="keep only spans scoring at least this fraction of the best one (pooled: of the best across the "
+        "group's senders), so a sender holding little that is relevant sends little; 0 keeps the whole budget; "
+        "default: the graph's",
     )
     exclude: list[Literal[EXCLUSION_REASONS]] | None = Field(  # type: ignore[valid-type]
         None,
@@ -463,7 +469,7 @@ class TransferPolicy(_Spec):
         return self
 
     def _check_selection_fields(self) -> None:
-        """span, max_span and allocation need a selector that has spans and scores."""
+        """span, max_span, relevance and allocation need a selector that has spans and scores."""
         twice = [name for name in _SPAN_FIELDS if getattr(self, name) is not None and name in self.selector_options]
         if twice:
             raise _error(
