@@ -41,6 +41,20 @@ def test_policy_fields_are_accepted_and_resolved():
     assert data["exclude"] == ["known"] and data["allocation"] == "pooled" and data["span"] == "line"
 
 
+def test_relevance_is_a_policy_field_and_0_keeps_the_whole_budget(monkeypatch):
+    policy = resolve_policy(TransferPolicy(relevance=0.4, exclude=["template", "known"]))
+    assert policy.relevance == 0.4 and policy.options == {"span": "sentence", "max_span": 32, "relevance": 0.4}
+    assert policy.to_dict()["relevance"] == 0.4
+    assert resolve_policy(TransferPolicy(relevance=0)).relevance is None
+    monkeypatch.setattr(plan_policy, "DEFAULT_RELEVANCE", 0.3)
+    assert resolve_policy(TransferPolicy()).options["relevance"] == 0.3  # the default fills text-aligned spans
+    assert "relevance" not in resolve_policy(TransferPolicy(span="fixed")).options  # not the seed's grid
+    assert resolve_policy(TransferPolicy(relevance=0)).relevance is None  # 0 turns the default off
+    assert resolve_policy(TransferPolicy(selector_options={"relevance": 0.6})).options["relevance"] == 0.6
+    spec = load_graph_text(FAN_IN.replace("POLICY", "{mode: state, ratio: 4, relevance: 0.5}"))
+    assert Graph.from_spec(spec).to_yaml().count("relevance: 0.5") == 1
+
+
 def test_defaults_fill_only_what_is_not_said(monkeypatch):
     monkeypatch.setattr(plan_policy, "DEFAULT_SPAN", "sentence")
     monkeypatch.setattr(plan_policy, "DEFAULT_MAX_SPAN", 24)
@@ -86,12 +100,30 @@ def test_the_graph_defaults_are_the_measured_ones():
         ({"exclude": ["question"]}, "exclude"),
         ({"span": "chapter"}, "span"),
         ({"max_span": 0}, "max_span"),
+        ({"relevance": 1.5}, "relevance"),
+        ({"relevance": -0.1}, "relevance"),
+        ({"selector": "recent", "relevance": 0.5}, "selector 'recent' keeps no spans"),
+        ({"relevance": 0.5, "selector_options": {"relevance": 0.5}}, "relevance is set both"),
         ({"allocation": "shared"}, "allocation"),
     ],
 )
 def test_bad_selection_fields_are_refused(fields, message):
     with pytest.raises(SpecError, match=message):
         Policy(**fields)
+
+
+FAN_IN = """
+version: 1
+name: fan
+inputs: {question: str, documents: "list[str]"}
+models: [{name: base, source: embedded}]
+agents: [{name: reader, model: base}]
+nodes:
+  - {name: r, agent: reader, foreach: documents, item: doc, generate: false, prompt: "Q: {question} D: {doc}"}
+  - {name: final, agent: reader, output: true, prompt: "{question}"}
+edges:
+  - {source: r, target: final, policy: POLICY}
+"""
 
 
 def test_yaml_and_builder_carry_the_fields():
