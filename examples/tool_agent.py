@@ -18,6 +18,18 @@ from shop_tools import lookup_order, orders_of_customer  # this directory is on 
 
 from rclc_graph import Graph, Policy, load_graph, run_recorded_sync
 
+# The writer's structured reply (output_schema), as the YAML file writes it in JSON Schema.
+REPLY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string", "pattern": "^A-[0-9]{4}$"},
+        "status": {"enum": ["processing", "shipped", "delivered", "cancelled", "unknown"]},
+        "expected_delivery": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+        "message": {"type": "string", "maxLength": 160},
+    },
+    "required": ["order_id", "status", "expected_delivery", "message"],
+}
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -27,14 +39,15 @@ def build() -> Graph:
     graph.input("question")
     graph.model("base", "embedded")
     graph.agent("support", model="base", max_new_tokens=64, tools=[lookup_order, orders_of_customer],
-                max_tool_calls=2, tool_timeout=10,
+                tool_choice="required", max_tool_calls=2, tool_timeout=10,
                 system="You are the support agent of an online shop. Look orders up with the tools instead of guessing.")
-    graph.agent("writer", model="base", max_new_tokens=64,
+    graph.agent("writer", model="base", max_new_tokens=128,
                 system="You write short, friendly replies to customers of an online shop, using only the facts you "
                        "were given.")
-    graph.policy("findings", Policy(mode="state", budget=96, request="{question}"))
+    graph.policy("findings", Policy(mode="state", budget=256, request="{question}"))
     graph.node("support", agent="support", prompt="Customer: {question}")
-    graph.node("reply", agent="writer", output=True, prompt="Write the reply to the customer's question: {question}")
+    graph.node("reply", agent="writer", output=True, output_schema=REPLY_SCHEMA,
+               prompt="Reply to the customer's question with the order details you were given: {question}")
     graph.edge("support", "reply", "findings")
     return graph
 

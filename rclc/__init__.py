@@ -35,7 +35,7 @@ _LAZY: dict[str, str] = {
     "Agent": "agent",
     "bind": "agent",
     "HFReceiver": "receiver",
-    "sender_from_hf": "hf",
+    "sender_from_hf": "hf_senders",
     "transfer": "pipeline",
     "transfer_sync": "pipeline",
     "Delivery": "state",
@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
     "GenerationResult": "generation",
     "Sampling": "generation",
     "Batching": "generation",
+    "Constraint": "constraints",
     "configure_batching": "backends.batching",
     "batching_report": "backends.batching",
     "model_identity": "snapshot",
@@ -84,6 +85,7 @@ __all__ = [
     "latent_mass_sync",
     # native generation, and how concurrent generations share a model
     "Batching",
+    "Constraint",
     "GenerationResult",
     "Sampling",
     "batching_report",
@@ -128,10 +130,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at runtime these load lazi
     from ._worker import run_in_worker
     from .agent import Agent, bind
     from .backends.batching import batching_report, configure_batching
+    from .constraints import Constraint
     from .doctor import check
     from .exclusion import Exclusion
     from .generation import Batching, GenerationResult, Sampling
-    from .hf import sender_from_hf
+    from .hf_senders import sender_from_hf
     from .literal import Encoding, encode_chat, encode_literal
     from .pipeline import transfer, transfer_sync
     from .reasoning import latent_mass, latent_mass_sync

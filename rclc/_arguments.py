@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import RclcError
@@ -28,4 +29,15 @@ def require_bool(name: str, value: Any) -> bool:
     """Return `value` when it is exactly True or False, else raise RclcError naming `name`."""
     if type(value) is not bool:
         raise RclcError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def require_entries(name: str, value: Any, count: int, *, expected: str, wrong_count: str) -> Sequence[Any]:
+    """Return `value` when it is a sequence (not a string) of exactly `count` entries, else raise
+    RclcError naming `name`: "{name}: expected {expected}, got <type>" or "{name}: <n> entries
+    for {wrong_count}"."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise RclcError(f"{name}: expected {expected}, got {type(value).__name__}")
+    if len(value) != count:
+        raise RclcError(f"{name}: {len(value)} entries for {wrong_count}")
     return value

@@ -18,7 +18,8 @@ changed (attention dispatch, locks) on the way out.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import anyio
@@ -53,6 +54,19 @@ def check_stop() -> None:
     """Raise `WorkCancelled` when the current worker call's caller was cancelled."""
     if stop_requested():
         raise WorkCancelled("the caller was cancelled; stopping before the next model step")
+
+
+@contextmanager
+def serving_others() -> Iterator[None]:
+    """Within the block this thread's forwards ignore its own caller's cancellation: it is
+    doing other callers' work (a slot holder prefilling prompts that wait on it), which must
+    not stop because this caller was cancelled. Its own result is dropped afterwards."""
+    saved = getattr(_current, "stop", None)
+    _current.stop = None
+    try:
+        yield
+    finally:
+        _current.stop = saved
 
 
 async def run_in_worker(function: Callable[..., T], *args: object) -> T:

@@ -24,7 +24,7 @@ from .backends import BACKENDS, Backend, TokenCallback, open_backend
 from .backends.native import generate_continuation
 from .errors import AgentStateError, ContextLimitError, RclcError
 from .generation import GenerationResult, Sampling, check_generate_options
-from .hf import is_messages, prompt_ids, render_messages
+from .hf_senders import is_messages, prompt_ids, render_messages
 from .literal import encode_literal
 from .receiver import HFReceiver
 from .snapshot import model_identity, read_snapshot, write_snapshot
@@ -50,7 +50,7 @@ class Agent(HFReceiver):
     receives. Its position in `transfer` decides whether it sends or receives.
     """
 
-    def __init__(
+    def __init__(  # rclc.bind's public signature (api.md): one keyword per way to start an agent, so 11 parameters
         self,
         model: Any,
         tokenizer: Any = None,

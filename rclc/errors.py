@@ -9,6 +9,7 @@
         ├── SnapshotError                a snapshot file rclc cannot or must not restore
         ├── SelectorError                a selector returned invalid positions
         ├── ReasoningError               a reasoning method returned an invalid state
+        ├── ConstraintError              a generation constraint (JSON Schema, grammar) that cannot be used
         └── EmptyInboxError  (also IndexError)   popping more handoffs than are queued
     RuntimeError
     ├── EngineBusyError                  a vLLM engine has unfinished requests right now
@@ -29,6 +30,7 @@ from __future__ import annotations
 __all__ = [
     "AgentStateError",
     "CaptureError",
+    "ConstraintError",
     "ContextLimitError",
     "EmptyInboxError",
     "EngineBusyError",
@@ -71,6 +73,10 @@ class SelectorError(RclcError):
 
 class ReasoningError(RclcError):
     """Raised when a reasoning method's result is not the sender plus consistent appended rows."""
+
+
+class ConstraintError(RclcError):
+    """Raised when a JSON Schema or grammar cannot be compiled by the constrained decoder, or an output broke it."""
 
 
 class EmptyInboxError(RclcError, IndexError):

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._arguments import is_exact_int, optional_int, require_bool, require_int
+from .constraints import Constraint
 from .errors import RclcError
-from .policy import DEFAULT_MAX_BATCH, DEFAULT_WAIT_MS, DEFAULT_WORKER_FORWARDS
+from .policy import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_PREFILL_BATCH,
+    DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_WAIT_MS,
+    DEFAULT_WORKER_FORWARDS,
+)
 
 __all__ = ["Batching", "GenerationResult", "Sampling", "check_generate_options"]
 
@@ -29,11 +36,16 @@ class Sampling:
     request's (vLLM), so what is drawn does not depend on other generations decoded in the
     same batch, and the caller's global random state is never touched. Greedy decoding
     draws nothing.
+
+    `constraint` (an `rclc.Constraint`: a JSON Schema or a grammar) restricts every token to
+    those that keep the output matching it (constrained decoding): the HF backend masks the
+    sequence's logits with llguidance before choosing, vLLM uses its structured outputs.
     """
 
     temperature: float | None = None
     top_p: float | None = None
     seed: int = 0
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.temperature is not None:
@@ -48,6 +60,11 @@ class Sampling:
                 raise RclcError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         if not is_exact_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
             raise RclcError(f"seed: expected an int in [0, 2**64 - 1] (what torch's generator takes), got {self.seed!r}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise RclcError(
+                f"constraint: expected rclc.Constraint (Constraint.json_schema(...) or Constraint.lark(...)) or None, "
+                f"got {type(self.constraint).__name__}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -69,17 +86,31 @@ class Batching:
     prompts and received rows, selectors' captures, refreshes), which run in callers' worker
     threads, may run at once (HF models; a vLLM engine runs one step at a time). Set per
     model with `rclc.configure_batching(model, Batching(...))`.
+
+    Prompts (HF models): with `shared_prefixes` a token prompt starting with the same token
+    IDs as one the model prefilled before reuses that prefix's KV (kept in a store of at most
+    `prefix_cache_mib` MiB per model) and forwards only the rest; up to `prefill_batch`
+    token prompts that wait for the model together are prefilled in one forward over the
+    prefix they share. Both agree with one causal prefill up to float32 rounding
+    (docs/performance.md); `shared_prefixes=False, prefill_batch=1` prefills every prompt
+    alone and whole, exactly as before they existed.
     """
 
     enabled: bool = True
     max_batch: int = DEFAULT_MAX_BATCH
     wait_ms: float = DEFAULT_WAIT_MS
     worker_forwards: int = DEFAULT_WORKER_FORWARDS
+    shared_prefixes: bool = True
+    prefill_batch: int = DEFAULT_PREFILL_BATCH
+    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
 
     def __post_init__(self) -> None:
         require_bool("enabled", self.enabled)
         require_int("max_batch", self.max_batch, minimum=1)
         require_int("worker_forwards", self.worker_forwards, minimum=1)
+        require_bool("shared_prefixes", self.shared_prefixes)
+        require_int("prefill_batch", self.prefill_batch, minimum=1)
+        require_int("prefix_cache_mib", self.prefix_cache_mib, minimum=0)
         wait = self.wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
             raise RclcError(f"wait_ms: expected a finite number of milliseconds >= 0, got {wait!r}")
@@ -91,13 +122,23 @@ class Batching:
 
     def to_dict(self) -> dict[str, Any]:
         """The options as plain data (reports, `rclc.check()`)."""
-        return {
-            "enabled": self.enabled,
-            "max_batch": self.max_batch,
-            "wait_ms": float(self.wait_ms),
-            "worker_forwards": self.worker_forwards,
-        }
+        return {**asdict(self), "wait_ms": float(self.wait_ms)}
 
+
+
+class BatchingLoop:
+    """What the HF batching engine and the vLLM submission loop share: the options in force,
+    replaced under the loop's condition so a waiting loop sees them at its next step."""
+
+    def __init__(self, batching: Batching) -> None:
+        self.batching = batching
+        self._cond = threading.Condition()
+
+    def configure(self, batching: Batching) -> None:
+        """New options; they apply from the next step on."""
+        with self._cond:
+            self.batching = batching
+            self._cond.notify_all()
 
 @dataclass(frozen=True)
 class GenerationResult:

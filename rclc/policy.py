@@ -25,17 +25,22 @@ __all__ = [
     "BUILTIN_REASONING",
     "BUILTIN_SELECTORS",
     "BudgetPolicy",
+    "BuiltinSelector",
     "DEFAULT_MAX_BATCH",
+    "DEFAULT_PREFILL_BATCH",
+    "DEFAULT_PREFIX_CACHE_MIB",
     "DEFAULT_RATIO",
     "DEFAULT_REPRESENTATION",
     "DEFAULT_SELECTOR",
     "DEFAULT_WAIT_MS",
     "DEFAULT_WORKER_FORWARDS",
     "EXCLUSION_REASONS",
+    "EXCLUSION_UNITS",
     "MODES",
     "POSITION_ROLES",
     "REASONING_CONTEXTS",
     "REPRESENTATIONS",
+    "SELECTORS",
     "SELECTOR_OPTIONS",
     "SPAN_KINDS",
     "check_caps",
@@ -47,14 +52,6 @@ __all__ = [
 
 DEFAULT_RATIO = 4
 """The relative budget when a transfer names neither `ratio` nor `budget` (r4)."""
-
-ATTENTION_SELECTORS = ("cacheback", "qsnap", "chunkkv")
-"""Built-in selectors that score with the model's attention and reserve protected positions."""
-BASELINE_SELECTORS = ("recent", "random")
-"""Built-in baselines for experiments; budget fitting treats them as custom selectors."""
-BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
-"""Every selector name a graph may use without importing code."""
-DEFAULT_SELECTOR = "cacheback"
 
 SPAN_KINDS = ("fixed", "sentence", "paragraph", "line")
 """How the attention selectors cut a sender into the spans they keep whole: the fixed
@@ -68,26 +65,62 @@ POSITION_ROLES = ("material", "instruction", "template")
 """What a sender position holds, as a caller who built the prompt knows it: material the
 sender read or wrote, its instructions, or chat-template markup."""
 
+EXCLUSION_UNITS = ("position", "span")
+"""How `instruction` and `known` exclusion pass over a sender's spans (`exclude_by`): position
+by position, cutting a span where its flags change (the seed's keep step), or a whole span when
+they cover more than half of it (none of it otherwise), so a partly known sentence is never cut
+into fragments. Chat markup (`template`) is always passed over position by position."""
+
 ALLOCATIONS = ("per_sender", "pooled")
 """How a transfer with several senders spends its budget: each sender its own fitted count,
 or the senders' total where the scores are highest across them."""
 
 _SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage",
-          "relevance": "fraction"}
+          "relevance": "fraction", "exclude_by": "exclusion_unit"}
 """The span options every attention selector takes."""
 
-SELECTOR_OPTIONS: dict[str, dict[str, str]] = {
-    "cacheback": {"span_size": "positive_int", **_SPANS},
-    "qsnap": {"span_size": "positive_int", **_SPANS},
-    "chunkkv": {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", **_SPANS},
-    "recent": {"exclude": "edge_field"},
-    "random": {"seed": "seed"},
+
+@dataclass(frozen=True)
+class BuiltinSelector:
+    """One built-in selector as every layer knows it, without torch.
+
+    `function` is its name in `rclc.selectors` (`rclc.selectors.builtin` resolves it);
+    `attention`: it scores with the model's attention, keeps whole spans and reserves protected
+    positions (a baseline does none of these, and budget fitting treats it as custom code);
+    `seeded`: `function(seed)` makes the selector. `options` are the keyword options it takes
+    and what each must be (`selector_option_problems` checks them without torch, so a graph
+    refuses `span_size: 0` before any model loads; tests/unit/rclc/test_policy.py checks them against
+    the selectors' signatures). `exclude` and `span_starts` are keywords the transfer fills in
+    (from the edge's `exclude:` field and from lineage), so a graph may not set them."""
+
+    function: str
+    attention: bool
+    options: dict[str, str]
+    seeded: bool = False
+
+
+SELECTORS: dict[str, BuiltinSelector] = {
+    "cacheback": BuiltinSelector("cacheback", True, {"span_size": "positive_int", **_SPANS}),
+    "qsnap": BuiltinSelector("qsnap", True, {"span_size": "positive_int", **_SPANS}),
+    "chunkkv": BuiltinSelector(
+        "chunkkv", True, {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", **_SPANS}
+    ),
+    "recent": BuiltinSelector("recent", False, {"exclude": "edge_field"}),
+    "random": BuiltinSelector("random_selector", False, {"seed": "seed"}, seeded=True),
 }
-"""The keyword options each built-in selector takes, and what each must be (checked without
-torch by `selector_option_problems`, so a graph refuses `span_size: 0` before any model
-loads; tests/unit/test_policy.py checks the table against the selectors' signatures).
-`exclude` and `span_starts` are keywords the transfer fills in (from the edge's `exclude:`
-field and from lineage), so a graph may not set them as selector options."""
+"""The built-in selectors by the name a graph or `rclc.transfer` caller uses: the one place
+their names are kept (the tuples below, `rclc.selectors.BUILTIN` and the graph's checks are
+derived from it)."""
+
+ATTENTION_SELECTORS = tuple(name for name, selector in SELECTORS.items() if selector.attention)
+"""Built-in selectors that score with the model's attention and reserve protected positions."""
+BASELINE_SELECTORS = tuple(name for name, selector in SELECTORS.items() if not selector.attention)
+"""Built-in baselines for experiments; budget fitting treats them as custom selectors."""
+BUILTIN_SELECTORS = ATTENTION_SELECTORS + BASELINE_SELECTORS
+"""Every selector name a graph may use without importing code."""
+DEFAULT_SELECTOR = "cacheback"
+SELECTOR_OPTIONS: dict[str, dict[str, str]] = {name: selector.options for name, selector in SELECTORS.items()}
+"""The keyword options each built-in selector takes (`BuiltinSelector.options`), by name."""
 
 _OPTION_KINDS = {
     "positive_int": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),
@@ -95,6 +128,7 @@ _OPTION_KINDS = {
     "span": ("one of " + ", ".join(repr(kind) for kind in SPAN_KINDS), lambda v: v in SPAN_KINDS),
     "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),
     "fraction": ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
+    "exclusion_unit": ("one of " + ", ".join(repr(unit) for unit in EXCLUSION_UNITS), lambda v: v in EXCLUSION_UNITS),
 }
 _SET_BY_THE_TRANSFER = {
     "edge_field": "write it as the edge policy's `exclude:` field (a list of template, instruction, known)",
@@ -148,6 +182,13 @@ DEFAULT_WORKER_FORWARDS = 2
 (`rclc.Batching.worker_forwards`). Two, measured: on this project's 2-core CPU, 32 concurrent
 fanout_qa runs went from 1.69x to 2.11x the sequential runs/minute when one became two
 (docs/performance.md); each extra forward holds its own activations, so more is not free."""
+DEFAULT_PREFILL_BATCH = 8
+"""Token prompts waiting together that one forward prefills at most (`rclc.Batching.prefill_batch`;
+1: each alone). docs/performance.md has the measurement behind it."""
+DEFAULT_PREFIX_CACHE_MIB = 128
+"""Memory one HF model's store of prompt prefixes may hold (`rclc.Batching.prefix_cache_mib`):
+about 2,800 positions of the embedded model. Entries share the tensors of the states that
+made them, so they cost memory only once those states are gone."""
 
 
 def policy_label(mode: str, ratio: int | None = None, budget: int | None = None) -> str:

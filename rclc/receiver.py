@@ -16,7 +16,7 @@ import torch
 
 from ._arguments import is_exact_int, optional_int
 from .errors import ContextLimitError, EmptyInboxError, RclcError
-from .hf import check_compatible, hf_generation_inputs, prompt_ids, render_messages
+from .hf_senders import check_compatible, hf_generation_inputs, prompt_ids, render_messages
 from .models import check_model, context_window
 from .state import Delivery, SenderState, embedding_weight, request_ids
 

@@ -7,8 +7,8 @@ in spacing or split multi-byte characters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: selection records stay importable without torch
@@ -34,16 +34,19 @@ class Span:
     text: str | None
     excluded: str | None = None
 
+    def to_list(self) -> list[Any]:
+        """[start, stop, kept, kind, text, excluded]: the compact plain form `Selection.to_dict` uses."""
+        return [self.start, self.stop, self.kept, self.kind, self.text, self.excluded]
+
+    @classmethod
+    def from_list(cls, item: Sequence[Any]) -> Span:
+        """The inverse of `to_list`."""
+        start, stop, kept, kind, text, excluded = item
+        return cls(int(start), int(stop), bool(kept), str(kind), text, None if excluded is None else str(excluded))
+
     def inspect(self) -> dict[str, Any]:
-        """A plain, JSON-serialisable copy."""
-        return {
-            "start": self.start,
-            "stop": self.stop,
-            "kept": self.kept,
-            "kind": self.kind,
-            "text": self.text,
-            "excluded": self.excluded,
-        }
+        """A plain, JSON-serialisable copy (its fields by name)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,40 @@ class Selection:
                 counts[span.excluded] = counts.get(span.excluded, 0) + span.stop - span.start
         return counts
 
-    def inspect(self) -> dict[str, Any]:
-        """A plain, JSON-serialisable copy."""
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data, every field as it is (`from_dict` reads it back equal): what
+        moves between processes. `inspect` is the reading for people."""
         return {
             "source_positions": self.source_positions,
             "budget": self.budget,
             "indices": list(self.indices),
-            "spans": [span.inspect() for span in self.spans],
+            "spans": [span.to_list() for span in self.spans],
             "added_latent_positions": self.added_latent_positions,
             "allocation": self.allocation,
-            "cap": self.budget if self.cap is None else self.cap,
-            "excluded": self.excluded,
+            "cap": self.cap,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Selection:
+        """The inverse of `to_dict`."""
+        return cls(
+            source_positions=int(data["source_positions"]),
+            budget=int(data["budget"]),
+            indices=tuple(int(index) for index in data["indices"]),
+            spans=tuple(Span.from_list(item) for item in data["spans"]),
+            added_latent_positions=int(data["added_latent_positions"]),
+            allocation=str(data["allocation"]),
+            cap=None if data["cap"] is None else int(data["cap"]),
+        )
+
+    def inspect(self) -> dict[str, Any]:
+        """A plain, JSON-serialisable copy for people: spans as mappings, `cap` filled in (the
+        budget when not pooled) and the positions passed over by reason."""
+        data = self.to_dict()
+        data["spans"] = [span.inspect() for span in self.spans]
+        data["cap"] = self.budget if self.cap is None else self.cap
+        data["excluded"] = self.excluded
+        return data
 
 
 def _kinds(total: int, latent_steps: int, token_ids: torch.Tensor | None) -> list[str]:

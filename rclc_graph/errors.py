@@ -11,10 +11,12 @@
     ├── NodeFailed             a node failed; names the node, the edge and the cause
     ├── ObserverFailed         a run observer's callback raised after a node finished
     ├── OutputTooLarge         a node's output text is over MAX_NODE_TEXT_BYTES (a ValueError)
+    ├── OutputSchemaFailed     a node's output does not match its output_schema (a ValueError)
     ├── CallTimedOut           a function node or tool did not return within its timeout (a TimeoutError)
     ├── RunStopped             a node's generation saw its run stopped (turned into the run's cancellation)
     ├── RemoteNodeFailure      a node failed on a replica whose exceptions cannot travel (plain data)
     ├── ApiModelFailed         a request to a `backend: openai` model failed after its retries (a RuntimeError)
+    ├── ToolServerFailed       an MCP server an agent's tools come from did not start or died (a RuntimeError)
     ├── HostDied               the process or actor holding a replica is gone (a RuntimeError)
     ├── ExecutorUnavailable    the chosen executor needs a package that is not installed (an ImportError)
     ├── Interrupt              raised by a function node to stop the run for a person's answer (not an error)
@@ -27,7 +29,7 @@ still do. A `Problem` is data: `code` (an `ErrorCode`, stable for tests and tool
 ("edges", 2, "policy", "ratio")) and `location` (file, line, column) when the graph came from
 YAML. One GraphError may carry several problems so a user sees every typo of a file at once.
 The codes are documented once, on `ErrorCode`'s members; docs/yaml_reference.md#error-codes
-shows the same table, and tests/unit/test_graph_errors.py keeps the two equal.
+shows the same table, and tests/unit/rclc_graph/test_graph_errors.py keeps the two equal.
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class ErrorCode(str, Enum):
     E_CYCLE = "E_CYCLE", "A cycle that is not a declared bounded loop."
     E_LOOP = "E_LOOP", "A malformed loop (rounds closing no loop, disagreeing rounds, above the limit)."
     E_FOREACH = "E_FOREACH", (
-        "A foreach over a non-list input, an item name hiding an input, or edges joining different lists."
+        "A foreach over a non-list input or over a node that cannot write a list, an item name hiding an input, "
+        "or edges joining different lists."
     )
     E_INPUT = "E_INPUT", (
         "Run inputs missing, unknown, of the wrong type, too short for `{x[i]}`, or an empty foreach list."
@@ -115,6 +118,11 @@ class ErrorCode(str, Enum):
         "A node whose own prompt plus `max_new_tokens` cannot fit its context (counted with "
         "the tokenizer before any model is loaded), an agent `context_limit` above its model's, a `full` edge "
         "whose senders cannot fit the receiver, or a receiver whose deliveries cannot fit with its prompt."
+    )
+    E_SUBGRAPH = "E_SUBGRAPH", (
+        "A subgraph node that cannot work: fields a subgraph node does not use, inputs the subgraph does not "
+        "declare or lacks, no single node to return, an edge its entry or returned nodes cannot take, or topology "
+        "files that include each other."
     )
     # The server's own refusals (docs/serve.md#errors); a GraphError's problems keep the codes above.
     E_REQUEST = "E_REQUEST", "An HTTP body or parameter that is not what the route takes (400)."
@@ -297,6 +305,11 @@ class OutputTooLarge(RclcGraphError, ValueError):
     the node fails with it, so its record, events and report stay bounded."""
 
 
+class OutputSchemaFailed(RclcGraphError, ValueError):
+    """A node's output is not JSON matching its `output_schema` (constrained decoding keeps every token
+    inside the schema, so this means generation was cut off: by max_new_tokens, or a stopped run)."""
+
+
 class CallTimedOut(RclcGraphError, TimeoutError):
     """User code (a function node, a tool) did not return within its timeout; the run stopped
     waiting and abandoned its thread (executors/user_threads.py)."""
@@ -319,6 +332,16 @@ class RemoteNodeFailure(RclcGraphError):
 class ApiModelFailed(RclcGraphError, RuntimeError):
     """A request to a `backend: openai` model failed for good (refused connection, timeout,
     an error status) after its retries; names the model, the server and what to check."""
+
+
+class ToolServerFailed(RclcGraphError, RuntimeError):
+    """An MCP server an agent's tools come from could not be started, stayed silent during
+    its start, or died while the run used it; names the server, what happened, its last
+    stderr lines and the fix (executors/mcp_servers.py). The node that needed it fails."""
+
+    def __init__(self, server: str, message: str, fix: str) -> None:
+        super().__init__(f"{message} (fix: {fix})")
+        self.server, self.fix = server, fix
 
 
 class HostDied(RclcGraphError, RuntimeError):

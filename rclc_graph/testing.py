@@ -229,7 +229,7 @@ class _InProcessReplicaHandle:
         result = getattr(self.replica, method)(*args)
         return await result if inspect.isawaitable(result) else result
 
-    async def run_node(self, ticket: Any, node: str, inbound: Inbound, refs: dict[int, list[Any]], publish: Any) -> Any:
+    async def run_node(self, ticket: Any, node: PlanNode, inbound: Inbound, refs: dict[int, list[Any]], publish: Any) -> Any:
         if self.dead:
             raise HostDied(f"replica {self.replica.label} was stopped")
         return await self.replica.execute(ticket, node, inbound, refs, publish)

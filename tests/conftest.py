@@ -7,6 +7,7 @@ embedded SmolLM2-135M and are marked `integration`.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -16,7 +17,7 @@ from rclc import models, testing
 # Property and fuzz tests draw their examples from a fixed seed unless asked otherwise, so every
 # CI run tries the same inputs and a red run means a change broke something, not that a new
 # random draw found an old bug (issue 24: CI passes every time). Exploration with fresh draws:
-# HYPOTHESIS_PROFILE=explore python -m pytest tests/unit/test_graph_fuzz.py
+# HYPOTHESIS_PROFILE=explore python -m pytest tests/unit/rclc_graph/spec/test_graph_fuzz.py
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -26,6 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # may not depend on where they run). Removed before any test or subprocess starts.
 for _variable in ("COLUMNS", "LINES"):
     os.environ.pop(_variable, None)
+
+# Runs started with trust_code are sealed with a key in $XDG_CONFIG_HOME (run/record/trust_seal.py):
+# tests keep theirs in a directory of their own, never in the home of whoever runs them.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="rclc-graph-tests-config-")
 
 
 @pytest.fixture(scope="session")

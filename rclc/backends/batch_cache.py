@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .._cache import cache_from_layers, cache_layers
+from .._cache import backbone, cache_from_layers, cache_layers
 from ..errors import IncompatibleStateError
 
 ROOM_STEP = 64
@@ -237,6 +237,46 @@ def prefill(
         logits_to_keep=1,
     )
     return output.logits[0, -1].to(dtype=torch.float32), cache_layers(cache)
+
+
+def prefill_many(
+    model: Any, prompts: list[torch.Tensor], past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+) -> list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]]:
+    """Several prompts forwarded together, right-padded to the longest: per prompt, its last
+    position's `[vocab]` float32 logits and its KV per layer (`[1, kv_heads, n, head_dim]`,
+    private copies). `prompts` are `[n_i, hidden]` input rows after `past`, the KV
+    (`[1, kv_heads, p, head_dim]` per layer) of a prefix every prompt starts with (None: the
+    prompts start at position 0); each prompt's KV then holds the prefix too.
+
+    Padding sits after every real position, so causal attention never lets a real position
+    see it and no padding mask is needed: each prompt gets what its own forward computes, up
+    to the rounding of batched matmuls (docs/performance.md measures it)."""
+    count, width = len(prompts), max(int(rows.shape[0]) for rows in prompts)
+    start = 0 if past is None else int(past[0][0].shape[2])
+    first = prompts[0]
+    rows = first.new_zeros(count, width, first.shape[1])
+    for index, prompt in enumerate(prompts):
+        rows[index, : prompt.shape[0]] = prompt
+    if past is None:
+        cache = DynamicCache(config=model.config)
+    else:
+        cache = cache_from_layers(model, [(k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)) for k, v in past])
+    output = backbone(model)(
+        inputs_embeds=rows,
+        attention_mask=torch.ones(count, start + width, dtype=torch.long, device=rows.device),
+        position_ids=torch.arange(start, start + width, device=rows.device).expand(count, -1),
+        cache=cache,
+        use_cache=True,
+    )
+    lengths = [int(prompt.shape[0]) for prompt in prompts]
+    last = output.last_hidden_state[torch.arange(count, device=rows.device), torch.tensor(lengths, device=rows.device) - 1]
+    logits = model.get_output_embeddings()(last).to(dtype=torch.float32)  # [count, vocab]
+    layers = cache_layers(cache)
+    return [
+        (logits[index], [(k[index : index + 1, :, : start + length].clone(),
+                          v[index : index + 1, :, : start + length].clone()) for k, v in layers])
+        for index, length in enumerate(lengths)
+    ]
 
 
 def decode_step(model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP) -> torch.Tensor:

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from .._locks import set_forward_width
+from .._shared_prefill import PrefillOptions, existing_shared_prefill, shared_prefill
 from ..errors import RclcError
 from ..generation import Batching
 from .hf_batching import engine_for, existing_engine
@@ -57,6 +58,9 @@ def configure_batching(model: Any, batching: Batching | None = None, **changes: 
     runner.configure(current)
     if not _is_vllm(target):
         set_forward_width(target, current.worker_forwards)
+        shared_prefill(target).configure(
+            PrefillOptions(current.shared_prefixes, current.prefix_cache_mib, current.prefill_batch)
+        )
     return current
 
 
@@ -73,6 +77,11 @@ def batching_report(model: Any) -> dict[str, Any]:
         runner = existing_engine(target)
         backend = "hf"
     if runner is None:
-        return {**Batching().to_dict(), "backend": backend, "running": False, "active": 0, "waiting": 0,
-                "sequences": 0, "decode_steps": 0, "batch_sizes": {}, "mean_batch": 0.0}
-    return runner.report()
+        report = {**Batching().to_dict(), "backend": backend, "running": False, "active": 0, "waiting": 0,
+                  "sequences": 0, "decode_steps": 0, "batch_sizes": {}, "mean_batch": 0.0}
+    else:
+        report = runner.report()
+    if backend == "hf":
+        prefills = existing_shared_prefill(target)
+        report["prompt_prefills"] = prefills.report() if prefills is not None else None
+    return report

@@ -19,12 +19,13 @@ from .._cache import cache_from_layers, cache_keyword, cache_layers, cache_lengt
 from .._worker import WorkCancelled, check_stop, current_stop
 from ..errors import IncompatibleStateError, RclcError
 from ..generation import Sampling
-from ..hf import generation_parts, complete_state, hf_generation_inputs, sender_from_hf
+from ..hf_senders import generation_parts, complete_state, hf_generation_inputs, sender_from_hf
 from ..models import check_model, context_window
 from ..snapshot import restore_state
 from ..state import SenderState, appended_rows, build_state
 from .contract import Backend, NativeGeneration, TokenCallback
 from .hf_batching import engine_for
+from .grammar_mask import GrammarMask
 from .hf_sequences import Sequence
 from .streamed_text import StreamedText
 from .token_choice import TokenChooser, end_tokens, generation_config
@@ -127,18 +128,20 @@ class HFBackend(Backend):
         token_prompt = "input_ids" in inputs
         device = self.weight.device
         past = self._past_layers(inputs, token_prompt)
+        ends = end_tokens(config)
+        mask = self._grammar_mask(sampling, ends)
         if token_prompt:
             prompt_ids = inputs["input_ids"].to(device)
-            chooser = TokenChooser(model, config, sampling.seed, prompt_ids)
+            chooser = TokenChooser(model, config, sampling.seed, prompt_ids, mask)
         else:
             prompt_ids = None
-            chooser = TokenChooser(model, config, sampling.seed, torch.empty(1, 0, dtype=torch.long, device=device))
+            chooser = TokenChooser(model, config, sampling.seed, torch.empty(1, 0, dtype=torch.long, device=device), mask)
         sequence = Sequence(
             input_ids=prompt_ids,
             inputs_embeds=None if token_prompt else inputs["inputs_embeds"].to(device),
             max_new_tokens=output,
             past=past,
-            end_tokens=end_tokens(config),
+            end_tokens=ends,
             chooser=chooser,
             stop=stop,
             cancel=current_stop(),
@@ -162,6 +165,15 @@ class HFBackend(Backend):
         sequences = torch.cat([prompt_ids[0], generated]) if token_prompt else generated
         cache = cache_from_layers(model, outcome.layers) if outcome.layers else None
         return NativeGeneration(generated, BatchedGeneration(sequences.unsqueeze(0), cache), outcome.stopped)
+
+    def _grammar_mask(self, sampling: Sampling, ends: frozenset[int]) -> GrammarMask | None:
+        """The sequence's constraint compiled for this model's tokenizer and logits (None when
+        free); built here, in the waiting thread, so compiling never delays the engine's steps.
+        The grammar's end token is the model's (the lowest ID when it names several)."""
+        if sampling.constraint is None:
+            return None
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        return GrammarMask(sampling.constraint, self.tokenizer, vocab, min(ends) if ends else None)
 
     def _past_layers(self, inputs: dict[str, Any], token_prompt: bool) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """The cache `state_inputs` put in `inputs` (a prefix of its rows), as layers the

@@ -47,8 +47,9 @@ from typing import Any
 import torch
 
 from .._per_object import PerObject
-from ..generation import Batching
-from .batch_cache import BatchCache, decode_step, prefill
+from .._shared_prefill import BATCHED_TOKENS, shared_prefill
+from ..generation import Batching, BatchingLoop
+from .batch_cache import BatchCache, decode_step, prefill, prefill_many
 from .hf_sequences import Sequence, TracedSequence, digest, margins
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
@@ -64,18 +65,18 @@ class Statistics:
     failed: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    prefill_batches: Counter = field(default_factory=Counter)  # sequences prefilled together -> forwards
 
 
-class BatchingEngine:
+class BatchingEngine(BatchingLoop):
     """The prefill and decode threads of one HF model (see the module docs)."""
 
     def __init__(self, model: Any, batching: Batching) -> None:
+        super().__init__(batching)
         self._model = weakref.ref(model)  # the registry is keyed weakly by the model
-        self.batching = batching
         self.stats = Statistics()
-        self._cond = threading.Condition()
         self._pending: list[Sequence] = []  # submitted, not prefilled yet
-        self._prefilling: Sequence | None = None
+        self._prefilling: list[Sequence] = []  # taken by the prefill thread, not prefilled yet
         self._ready: list[tuple[Sequence, Layers]] = []  # prefilled, joining at the next step
         self._active: list[Sequence] = []  # in the batch (the decode thread's)
         # taken from _ready by the decode thread and joining outside the lock: still counted,
@@ -87,12 +88,6 @@ class BatchingEngine:
         self._trace: list[TracedSequence] | None = None
 
     # -- callers -------------------------------------------------------------------------
-
-    def configure(self, batching: Batching) -> None:
-        """New options; they apply from the next step on."""
-        with self._cond:
-            self.batching = batching
-            self._cond.notify_all()
 
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence for its prefill."""
@@ -156,7 +151,7 @@ class BatchingEngine:
                 "backend": "hf",
                 "running": any(self._running.values()),
                 "active": self._in_batch(),
-                "waiting": len(self._pending) + (self._prefilling is not None),
+                "waiting": len(self._pending) + len(self._prefilling),
                 "sequences": stats.sequences,
                 "failed": stats.failed,
                 "tokens": stats.tokens,
@@ -164,6 +159,7 @@ class BatchingEngine:
                 "batch_sizes": {str(size): count for size, count in sorted(stats.steps.items())},
                 "mean_batch": round(decoded / steps, 3) if steps else 0.0,
                 "prefill_seconds": round(stats.prefill_seconds, 3),
+                "prefill_batches": {str(size): count for size, count in sorted(stats.prefill_batches.items())},
                 "decode_seconds": round(stats.decode_seconds, 3),
             }
 
@@ -174,24 +170,26 @@ class BatchingEngine:
         try:
             with torch.no_grad():
                 while True:
-                    sequence = self._next_prefill(model is not None)
-                    if sequence is None:
+                    sequences = self._next_prefills(model is not None)
+                    if sequences is None:
                         return
-                    self._prefill(model, sequence)
+                    if len(sequences) == 1:
+                        self._prefill(model, sequences[0])
+                    else:
+                        self._prefill_together(model, sequences)
         except BaseException as error:  # a bug in the loop itself: fail its sequences, never hang a waiter
             with self._cond:
-                stranded, self._pending = self._pending, []
-                if self._prefilling is not None:
-                    stranded.append(self._prefilling)
-                self._prefilling = None
+                stranded, self._pending = self._pending + self._prefilling, []
+                self._prefilling = []
                 self._running["prefill"] = False
                 self._cond.notify_all()
             for sequence in stranded:
                 sequence.finish(None, error)
             raise
 
-    def _next_prefill(self, alive: bool) -> Sequence | None:
-        """The next sequence to prefill, once the batch has room; None when the thread ends."""
+    def _next_prefills(self, alive: bool) -> list[Sequence] | None:
+        """The next sequences to prefill (in arrival order, together when `_batchable`), once
+        the batch has room; None when the thread ends."""
         with self._cond:
             while True:
                 gone = [sequence for sequence in self._pending if sequence.gone() or not alive]
@@ -203,42 +201,103 @@ class BatchingEngine:
                     self._running["prefill"] = False
                     self._cond.notify_all()
                     return None
-                if self._in_batch() < self.batching.batch_limit:
-                    self._prefilling = self._pending.pop(0)
-                    return self._prefilling
+                room = self.batching.batch_limit - self._in_batch()
+                if room > 0:
+                    self._prefilling = self._take_prefills(min(room, self.batching.prefill_batch))
+                    return list(self._prefilling)
                 self._cond.wait()  # the batch is full: a sequence leaving makes room
 
+    def _take_prefills(self, most: int) -> list[Sequence]:
+        """The oldest waiting sequence and, while it is batchable, the next batchable ones of
+        its kind (token prompts with token prompts, input rows with input rows), up to
+        `most` and `BATCHED_TOKENS` padded positions twice over (caller holds the condition)."""
+        first = self._pending.pop(0)
+        taken = [first]
+        if most > 1 and _batchable(first):
+            for sequence in list(self._pending):
+                if len(taken) >= most:
+                    break
+                if not _batchable(sequence) or (sequence.input_ids is None) != (first.input_ids is None):
+                    continue
+                width = max(_prompt_length(other) for other in taken + [sequence])
+                if width * (len(taken) + 1) <= 2 * BATCHED_TOKENS:
+                    taken.append(sequence)
+                    self._pending.remove(sequence)
+        return taken
+
     def _prefill(self, model: Any, sequence: Sequence) -> None:
-        """Prefill one sequence alone and pick its first token; queue it to join the batch."""
+        """Prefill one sequence alone (over the longest stored prefix of a token prompt) and
+        pick its first token; queue it to join the batch."""
         began = time.perf_counter()
         try:
             # The prefill is this sequence's own work: it runs in its submitter's context
             # (context variables, e.g. tracing, see it as theirs); batched steps serve many.
-            logits, layers = sequence.context.run(
-                prefill, model, sequence.input_ids, sequence.inputs_embeds, sequence.past
-            )
-            if self._trace is not None:
-                prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
-                sequence.traced = (digest(prompt), margins(logits))
-            ended = sequence.add(sequence.chooser(logits))
-        except Exception as error:  # this sequence's input or choice failed: only it fails
-            with self._cond:
-                self.stats.failed += 1
-                self.stats.prefill_seconds += time.perf_counter() - began
-                self._prefilling = None
-                self._cond.notify_all()
-            sequence.finish(None, error)
+            prompts = shared_prefill(model)
+            sharing = sequence.past is None and sequence.input_ids is not None and prompts.options.shared_prefixes
+            past = sequence.past
+            if sharing:
+                shared = prompts.store.longest(sequence.input_ids[0])  # a prefix some prompt prefilled before
+                past = None if shared is None else shared.layers
+            logits, layers = sequence.context.run(prefill, model, sequence.input_ids, sequence.inputs_embeds, past)
+            if sharing:
+                prompts.store.add(sequence.input_ids[0], layers)
+        except Exception as error:  # this sequence's input failed: only it fails
+            self._prefilled(sequence, None, None, began, error)
+            return
+        self._prefilled(sequence, logits, layers, began)
+
+    def _prefill_together(self, model: Any, sequences: list[Sequence]) -> None:
+        """Prefill several sequences in one forward (right-padded, `prefill_many`), token
+        prompts over the longest stored prefix they all start with; if that fails, each is
+        prefilled alone, so one sequence's trouble fails only it."""
+        began = time.perf_counter()
+        prompts = shared_prefill(model)
+        sharing = sequences[0].input_ids is not None and prompts.options.shared_prefixes
+        try:
+            found = prompts.common_stored_prefix([s.input_ids[0] for s in sequences]) if sharing else None
+            start = 0 if found is None else found.length
+            rows = [_prompt_rows(model, sequence)[start:] for sequence in sequences]
+            outcomes = prefill_many(model, rows, None if found is None else found.layers)
+        except Exception:
+            for sequence in sequences:
+                self._prefill(model, sequence)
             return
         with self._cond:
+            self.stats.prefill_batches[len(sequences)] += 1
+        for sequence, (logits, layers) in zip(sequences, outcomes):
+            if sharing:
+                prompts.store.add(sequence.input_ids[0], layers)
+            self._prefilled(sequence, logits, layers, began)
+            began = time.perf_counter()
+
+    def _prefilled(
+        self, sequence: Sequence, logits: torch.Tensor | None, layers: Layers | None, began: float,
+        error: BaseException | None = None,
+    ) -> None:
+        """Pick a prefilled sequence's first token and queue it to join the batch (or end it)."""
+        ended = False
+        if error is None:
+            try:
+                if self._trace is not None:
+                    prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
+                    sequence.traced = (digest(prompt), margins(logits))
+                ended = sequence.add(sequence.chooser(logits))
+            except Exception as failure:  # this sequence's choice failed: only it fails
+                error = failure
+        with self._cond:
             self.stats.prefill_seconds += time.perf_counter() - began
-            self._prefilling = None
-            if ended:
+            self._prefilling = [other for other in self._prefilling if other is not sequence]
+            if error is not None:
+                self.stats.failed += 1
+            elif ended:
                 self._count_finished(sequence)
             else:
                 self._ready.append((sequence, layers))
                 self._start("decode")
             self._cond.notify_all()
-        if ended:
+        if error is not None:
+            sequence.finish(None, error)
+        elif ended:
             sequence.finish(layers)
 
     # -- the decode thread ---------------------------------------------------------------
@@ -272,13 +331,13 @@ class BatchingEngine:
         """Prefilled sequences to join before the next step; None when the thread ends."""
         with self._cond:
             while not self._active and not self._ready:
-                if self._prefilling is None and not self._pending:
+                if not self._prefilling and not self._pending:
                     self._running["decode"] = False
                     self._cond.notify_all()
                     return None
                 self._cond.wait()  # a prefill under way will bring a sequence
             room = self._in_batch() < self.batching.batch_limit
-            if self._active and not self._ready and room and self._prefilling is not None and self.batching.wait_ms > 0:
+            if self._active and not self._ready and room and self._prefilling and self.batching.wait_ms > 0:
                 self._cond.wait(self.batching.wait_ms / 1000)  # a sequence is nearly ready: wait for it briefly
             joining, self._ready = self._ready, []
             self._joining = [sequence for sequence, _ in joining]
@@ -369,6 +428,24 @@ class BatchingEngine:
         if self._trace is not None and sequence.traced is not None:
             prompt, found = sequence.traced
             self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
+
+
+def _batchable(sequence: Sequence) -> bool:
+    """Prefilled with others: a prompt from position 0 (no retained cache), short enough that
+    its forward is not compute-bound on a CPU."""
+    return sequence.past is None and _prompt_length(sequence) <= BATCHED_TOKENS
+
+
+def _prompt_length(sequence: Sequence) -> int:
+    prompt = sequence.inputs_embeds if sequence.inputs_embeds is not None else sequence.input_ids
+    return int(prompt.shape[1])
+
+
+def _prompt_rows(model: Any, sequence: Sequence) -> torch.Tensor:
+    """A sequence's prompt as input rows `[n, hidden]` (a token prompt's are its embeddings)."""
+    if sequence.inputs_embeds is not None:
+        return sequence.inputs_embeds[0]
+    return model.get_input_embeddings().weight[sequence.input_ids[0]]
 
 
 _engines: PerObject[BatchingEngine] = PerObject(lambda model: BatchingEngine(model, Batching()))

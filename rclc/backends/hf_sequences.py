@@ -69,12 +69,14 @@ class Sequence:
 
     def add(self, token: int) -> bool:
         """Record and report a token; True when it ends the sequence (checked as `generate`'s
-        stopping criteria are: after every token, the first included)."""
+        stopping criteria are: after every token, the first included; and once a constraint
+        allows nothing more)."""
         self.tokens.append(token)
         self._events.put(("token", token))
         by_event = self.stop is not None and self.stop.is_set()
         self.stopped = self.stopped or by_event
-        return token in self.end_tokens or len(self.tokens) >= self.max_new_tokens or by_event or self.gone()
+        return (token in self.end_tokens or len(self.tokens) >= self.max_new_tokens or by_event or self.gone()
+                or self.chooser.finished)
 
     def outcome(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None, error: BaseException | None = None) -> Outcome:
         """How the sequence ended, for `deliver` (the engine never touches it afterwards)."""

@@ -13,6 +13,10 @@ The processors are the ones `generate` builds for the same settings (the checkpo
 built by transformers itself so the two never drift apart. That uses two private
 `GenerationMixin` methods; `test_token_choice.py` pins their behaviour on the tested
 transformers range.
+
+A constrained sequence (`Sampling.constraint`) also holds a `GrammarMask`: its disallowed
+tokens are masked before the processors run (so sampling's temperature and `top_p` spread
+only over allowed tokens), and the chosen token advances its matcher.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ..generation import Sampling
+from .grammar_mask import GrammarMask
 
 
 def generation_config(model: Any, tokenizer: Any, sampling: Sampling, max_new_tokens: int) -> GenerationConfig:
@@ -59,9 +64,12 @@ def end_tokens(config: GenerationConfig) -> frozenset[int]:
 class TokenChooser:
     """Next-token choice for one sequence (called from the engine thread, in step order)."""
 
-    def __init__(self, model: Any, config: GenerationConfig, seed: int, prompt: torch.Tensor) -> None:
+    def __init__(
+        self, model: Any, config: GenerationConfig, seed: int, prompt: torch.Tensor, mask: GrammarMask | None = None
+    ) -> None:
         """`prompt` is what `generate` treats as the sequence's input IDs: the prompt IDs
-        `[1, n]` for a token prompt, an empty `[1, 0]` for an embedding prompt."""
+        `[1, n]` for a token prompt, an empty `[1, 0]` for an embedding prompt. `mask`: the
+        sequence's constraint, if it has one."""
         merged, model_kwargs = model._prepare_generation_config(config)
         self.processors: LogitsProcessorList = model._get_logits_processor(
             generation_config=merged,
@@ -73,6 +81,7 @@ class TokenChooser:
             model_kwargs=model_kwargs,
         )
         self.greedy = not merged.do_sample
+        self.mask = mask
         self.history = prompt
         self.generator: torch.Generator | None = None
         if not self.greedy:
@@ -81,12 +90,19 @@ class TokenChooser:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no processor: the engine may take one argmax over the whole batch."""
-        return self.greedy and len(self.processors) == 0
+        """Greedy with no processor and no constraint: the engine may take one argmax over the whole batch."""
+        return self.greedy and len(self.processors) == 0 and self.mask is None
+
+    @property
+    def finished(self) -> bool:
+        """True when the constraint allows nothing more: the sequence ends after this token."""
+        return self.mask is not None and self.mask.exhausted
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from this sequence's `[vocab]` float32 logits."""
         scores = logits.unsqueeze(0)
+        if self.mask is not None:
+            scores = self.mask.apply(scores.clone())
         if len(self.processors):
             scores = self.processors(self.history, scores)
         if self.greedy:
@@ -98,7 +114,9 @@ class TokenChooser:
         return token
 
     def record(self, token: int) -> None:
-        """Append a chosen token to the history the processors read."""
+        """Append a chosen token to the history the processors read (and the constraint's matcher)."""
+        if self.mask is not None:
+            self.mask.advance(token)
         if len(self.processors):
             tail = torch.tensor([[token]], dtype=self.history.dtype, device=self.history.device)
             self.history = torch.cat([self.history, tail], dim=1)

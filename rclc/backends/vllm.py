@@ -22,6 +22,7 @@ The engine must not hold requests of a user's own loop whenever the agent does m
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -30,9 +31,10 @@ import torch
 
 from .._arguments import is_exact_int, optional_int, require_bool
 from .._worker import WorkCancelled, current_stop
-from ..errors import ContextLimitError, IncompatibleStateError, RclcError, UnsupportedModelError
+from ..constraints import Constraint
+from ..errors import ConstraintError, ContextLimitError, IncompatibleStateError, RclcError, UnsupportedModelError
 from ..generation import Sampling
-from ..hf import prompt_ids
+from ..hf_senders import prompt_ids
 from ..models import context_limit_of
 from ..state import SenderState, appended_rows, checkpoint_vocabulary, embedding_weight
 from ..vllm.capture.engine_checks import check_version
@@ -215,11 +217,14 @@ class VLLMBackend(Backend):
 
     def _sampling_params(self, sampling: Sampling, max_tokens: int) -> Any:
         """`sampling` as vLLM settings: greedy is temperature 0 (and draws nothing, so no seed).
-        Only the final output is wanted (as `llm.generate` asks for it)."""
+        Only the final output is wanted (as `llm.generate` asks for it). A constraint becomes
+        vLLM's own structured outputs (`structured_outputs`)."""
         import vllm  # the optional extra: only an agent bound to an engine gets here
         from vllm.sampling_params import RequestOutputKind  # the same optional extra
 
-        final = {"output_kind": RequestOutputKind.FINAL_ONLY}
+        final: dict[str, Any] = {"output_kind": RequestOutputKind.FINAL_ONLY}
+        if sampling.constraint is not None:
+            final["structured_outputs"] = structured_outputs(sampling.constraint, self.engine)
         if sampling.greedy:
             return vllm.SamplingParams(max_tokens=max_tokens, temperature=0.0, **final)
         options: dict[str, Any] = {"temperature": sampling.temperature, "seed": sampling.seed}
@@ -311,3 +316,52 @@ class VLLMBackend(Backend):
         state = dataclasses.replace(state, latent_steps=latent_steps, inherited_positions=inherited)
         state.validate()
         return state
+
+
+def structured_outputs(constraint: Constraint, engine: Any = None) -> Any:
+    """An `rclc.Constraint` as vLLM's `StructuredOutputsParams`: a JSON Schema as `json=`
+    (one line, no free whitespace), a format tree as an xgrammar structural tag
+    (`structural_tag=`). vLLM compiles both with xgrammar (its "auto" default).
+
+    Why not llguidance, the HF backend's library, here too: vLLM's llguidance backend
+    cannot start on an engine with `enable_prompt_embeds` (which rclc needs): the engine's
+    tokenizer gains a `<prompt_embeds>` token past the model's vocabulary, which llguidance
+    refuses ("vocab size too small"). An engine configured for another backend is refused
+    here with the fix, and a Lark grammar (HF only) is refused too.
+    """
+    from vllm.sampling_params import StructuredOutputsParams  # the optional extra
+
+    configured = _structured_backend(engine)
+    if configured not in (None, "auto", "xgrammar"):
+        raise ConstraintError(
+            f"constraint: this vLLM engine's structured outputs backend is {configured!r}; rclc's constraints run on "
+            "xgrammar in vLLM: create the engine with structured_outputs_config={'backend': 'auto'} (the default)"
+        )
+    if constraint.kind == "json_schema":
+        return StructuredOutputsParams(json=constraint.schema, disable_any_whitespace=True)
+    if constraint.kind == "format":
+        tag = {"type": "structural_tag", "format": _bounded_whitespace(json.loads(constraint.source))}
+        return StructuredOutputsParams(structural_tag=json.dumps(tag))
+    raise ConstraintError(
+        "constraint: a Lark grammar runs on the HF backend only; on vLLM use Constraint.json_schema or Constraint.format"
+    )
+
+
+def _bounded_whitespace(node: Any) -> Any:
+    """The format tree with at most one white-space character between a JSON document's tokens
+    (what the HF backend's one-line JSON allows, near enough): free white space lets a small
+    model spend its tokens on blank lines."""
+    if isinstance(node, dict):
+        node = {key: _bounded_whitespace(value) for key, value in node.items()}
+        if node.get("type") == "json_schema":
+            node.setdefault("max_whitespace_cnt", 1)
+        return node
+    if isinstance(node, list):
+        return [_bounded_whitespace(value) for value in node]
+    return node
+
+
+def _structured_backend(engine: Any) -> str | None:
+    """The engine's configured structured-outputs backend (None when it cannot be read)."""
+    config = getattr(getattr(getattr(engine, "llm_engine", None), "vllm_config", None), "structured_outputs_config", None)
+    return getattr(config, "backend", None)

@@ -10,6 +10,16 @@ name whose functions delegate to the model's original implementation with the sa
 arguments, so every output is exactly what it would have been, and a capture's fold sees
 the tensors in passing.
 
+One exception, on purpose (issue 28): a fold that can compute a layer's output itself (the
+support fold behind CacheBack and QSnap: `attend`) gets the capturing thread's global
+layers. It computes the softmax the scores need anyway and returns that softmax times the
+values as the layer's output, so the capture runs attention once per layer instead of twice
+(the model's kernel, then the fold's own), which brought selection from 1.2-1.3x to about
+1.0x its forward floor (docs/performance.md). The output agrees with the model's kernel to
+float32 rounding, so the capture's later layers, and its scores, may differ from a capture
+through the kernel in the last bits; every other forward (other threads, other layers, any
+other fold) is served by the original implementation, unchanged.
+
 Per thread, not per process: a capture is recorded in the capturing thread only
 (`threading.local`). While at least one capture of a model runs (in any thread), the
 model's configs name the delegating implementation; a forward of that model in any other
@@ -172,15 +182,34 @@ def _capture_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *arg
     active = _capturing(config)
     if active is not None and active.elements:
         return _attend_each(active, module, attention, query, key, args, kwargs), None
-    output = attention(module, query, key, *args, **kwargs)[0]
     if active is None:
         # Another thread's capture switched this model: serve this forward, fold nothing.
-        return output, None
+        return attention(module, query, key, *args, **kwargs)[0], None
     layer = _seen_layer(active, module)
-    if layer in active.global_layers and active.fold is not None:
-        _check_keys(layer, key, active.keys_expected)
-        active.fold(query, key, _scaling(module, query, kwargs))
+    if layer not in active.global_layers or active.fold is None:
+        return attention(module, query, key, *args, **kwargs)[0], None
+    _check_keys(layer, key, active.keys_expected)
+    scaling = _scaling(module, query, kwargs)
+    attend = _attending(active.fold, args, kwargs)
+    if attend is not None:  # the fold's own softmax gives the layer's output: attention runs once
+        return attend(query, key, args[0], scaling), None
+    output = attention(module, query, key, *args, **kwargs)[0]
+    active.fold(query, key, scaling)
     return output, None
+
+
+def _attending(fold: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., torch.Tensor] | None:
+    """`fold.attend` when the fold can compute the layer's output itself (a support fold) and
+    the layer's attention is plain softmax attention (no dropout, window, soft cap or sinks,
+    which the fold's arithmetic does not model); None otherwise."""
+    attend = getattr(fold, "attend", None)
+    if attend is None or not args:
+        return None
+    if float(kwargs.get("dropout") or 0.0) != 0.0:
+        return None
+    if any(kwargs.get(name) is not None for name in ("sliding_window", "softcap", "s_aux", "sinks")):
+        return None
+    return attend
 
 
 def _seen_layer(active: _ActiveCapture, module: Any) -> Any:
@@ -245,11 +274,17 @@ def _attend_each(
         own_value = torch.cat([memory_values, value[index : index + 1, :, :rows]], dim=-2)
         if isinstance(positions, torch.Tensor) and positions.dim() == 2:
             kwargs["position_ids"] = positions[index : index + 1, :rows]
-        output = attention(module, own_query, own_key, own_value, _causal_mask(element, query.device), *rest, **kwargs)[0]
-        outputs.append(F.pad(output, (0, 0, 0, 0, 0, width - rows)))
+        attend = _attending(element.fold, args, kwargs) if folding else None
         if folding:
             _check_keys(layer, own_key, element.memory + rows)
-            element.fold(own_query, own_key, scaling)
+        if attend is not None:  # as in `_capture_attention`: the fold's softmax gives the output
+            output = attend(own_query, own_key, own_value, scaling)
+        else:
+            output = attention(module, own_query, own_key, own_value, _causal_mask(element, query.device), *rest,
+                               **kwargs)[0]
+            if folding:
+                element.fold(own_query, own_key, scaling)
+        outputs.append(F.pad(output, (0, 0, 0, 0, 0, width - rows)))
     return torch.cat(outputs)
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from .._arguments import is_exact_int, require_int
+from .._arguments import is_exact_int, require_entries, require_int
 from ..errors import ContextLimitError, RclcError
 from ..models import context_limit_of
+from ..policy import EXCLUSION_UNITS
 from ..state import SenderState
 from ._sentences import check_max_span, check_span_option, check_span_starts, partition
 from ._spans import Span, check_relevance, keep_spans, protected_positions, refine
@@ -98,13 +99,8 @@ def check_exclude(exclude: Any, total: int) -> list[str | None] | None:
     and the reason (a non-empty string) where something does (`rclc.Exclusion` builds them)."""
     if exclude is None:
         return None
-    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Sequence):
-        raise RclcError(
-            "exclude: expected one entry per sender position (None, or the reason it is passed over), "
-            f"got {type(exclude).__name__}"
-        )
-    if len(exclude) != total:
-        raise RclcError(f"exclude: {len(exclude)} entries for a sender of {total} positions; give one per position")
+    require_entries("exclude", exclude, total, expected="one entry per sender position (None, or the reason it is "
+                    "passed over)", wrong_count=f"a sender of {total} positions; give one per position")
     for reason in exclude:
         if reason is not None and (not isinstance(reason, str) or not reason):
             raise RclcError(f"exclude: entries must be None or a non-empty reason string, got {reason!r}")
@@ -118,16 +114,25 @@ def excluded_flags(exclude: Sequence[str | None] | None) -> list[bool] | None:
     return [reason is not None for reason in exclude]
 
 
+def check_exclude_by(exclude_by: Any) -> str:
+    """The `exclude_by` option: one of `rclc.policy.EXCLUSION_UNITS`."""
+    if exclude_by not in EXCLUSION_UNITS:
+        raise RclcError(f"exclude_by: expected one of {', '.join(map(repr, EXCLUSION_UNITS))} (how instruction and "
+                        f"known exclusion pass over spans), got {exclude_by!r}")
+    return exclude_by
+
+
 def whole_span_flags(spans: Sequence[Span], exclude: Sequence[str | None]) -> list[bool] | None:
-    """Exclusion flags for text-aligned spans: chat markup (`template`) is passed over position
+    """Exclusion flags for `exclude_by="span"`: chat markup (`template`) is passed over position
     by position, as always; any other reason passes over a whole span when it covers more than
     half of the span's other positions, and none of it otherwise.
 
-    Why: `known` matches runs of words the receiver holds, which inside a document sentence
-    ("975 people work for the Falcon studio." against "How many people work for the Lemur
-    cooperative?") are a part of the sentence; cutting them out left orphan fragments ("975",
-    "Falcon studio.") that ranked as spans of their own and reached the receiver without the
-    words that give them meaning. A sentence is kept or passed over whole.
+    Why an option: `known` matches runs of words the receiver holds, which inside a document
+    sentence ("975 people work for the Falcon studio." against "How many people work for the
+    Lemur cooperative?") are a part of the sentence; cutting them out leaves orphan fragments
+    ("975", "Falcon studio.") that rank as spans of their own and reach the receiver without the
+    words that give them meaning. Passing spans over whole avoids that, but changes selections
+    and has not been measured against the default (`exclude_by="position"`, the seed's rule).
     """
     flags = [reason == "template" for reason in exclude]
     for start, stop in spans:
@@ -149,11 +154,9 @@ class SpanOptions:
     `starts`: positions where a run of the sender's rows begins (text-aligned spans do not
     cross them); `size_field`: the name the caller gave `size` (ChunkKV says chunk_size), for
     error messages; `relevance`: None, or the fraction of the best span's score a span needs
-    to be kept (`keep_spans`). (They used to travel as five loose keywords through four layers
-    of every selector, each layer re-listing them.)
-
-    Text-aligned spans are passed over whole (`whole_span_flags`); the fixed grid is cut where
-    exclusion flags change, as the seed's keep step defines.
+    to be kept (`keep_spans`); `exclude_by`: "position" (spans are cut where exclusion flags
+    change, as the seed's keep step defines) or "span" (`whole_span_flags`). (They used to
+    travel as loose keywords through four layers of every selector, each layer re-listing them.)
     """
 
     span: Any = "fixed"
@@ -163,6 +166,7 @@ class SpanOptions:
     starts: Any = None
     size_field: str = "span_size"
     relevance: Any = None
+    exclude_by: Any = "position"
 
     @classmethod
     def from_keywords(cls, keywords: dict[str, Any], size_field: str = "span_size") -> tuple[SpanOptions, dict[str, Any]]:
@@ -171,7 +175,7 @@ class SpanOptions:
         rest = dict(keywords)
         values = {name: rest.pop(keyword) for name, keyword in (("span", "span"), ("size", size_field),
                   ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts"),
-                  ("relevance", "relevance")) if keyword in rest}
+                  ("relevance", "relevance"), ("exclude_by", "exclude_by")) if keyword in rest}
         return cls(**values, size_field=size_field), rest
 
     def check(self, sender: SenderState) -> tuple[list[bool] | None, tuple[int, ...] | None]:
@@ -181,6 +185,7 @@ class SpanOptions:
         check_span_size(self.size, self.size_field)
         check_max_span(self.max_span)
         check_relevance(self.relevance)
+        check_exclude_by(self.exclude_by)
         starts = check_span_starts(self.starts, sender.positions)
         return excluded_flags(check_exclude(self.exclude, sender.positions)), starts
 
@@ -188,7 +193,7 @@ class SpanOptions:
         """The sender's spans (cut at exclusion boundaries) and its exclusion flags."""
         flags, starts = self.check(sender)
         spans = partition(sender, self.span, self.size, self.max_span, starts)
-        if flags is not None and self.span != "fixed":
+        if flags is not None and self.exclude_by == "span":
             flags = whole_span_flags(spans, self.exclude)
         return refine(spans, flags), flags
 
@@ -273,8 +278,10 @@ def request_selector(
         exclude: Sequence[str | None] | None = None,
         span_starts: Sequence[int] | None = None,
         relevance: float | None = None,
+        exclude_by: str = "position",
     ) -> list[int]:
-        options = SpanOptions(span, span_size, max_span, exclude, span_starts, relevance=relevance)
+        options = SpanOptions(span, span_size, max_span, exclude, span_starts, relevance=relevance,
+                              exclude_by=exclude_by)
         return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids))
 
     def scored(sender: SenderState, request_ids: Any) -> torch.Tensor:
@@ -301,6 +308,8 @@ _SPAN_OPTIONS_DOC = """
     `span_starts` (positions where a run of rows begins, e.g. a chain's inherited runs) also
     cut the text-aligned spans; the fixed grid ignores them. `relevance` (a fraction in (0, 1])
     keeps only spans scoring at least that fraction of the best span, so fewer than `budget`
-    positions when few are relevant.
+    positions when few are relevant. `exclude_by="span"` passes over a whole span when
+    instruction/known exclusion covers more than half of it (none of it otherwise) instead of
+    cutting the span where the flags change (`"position"`, the default).
     Returns every position, without any model work, when `budget >= T`.
     """

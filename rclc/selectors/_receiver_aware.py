@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .._arguments import require_entries
 from ..errors import RclcError
 from ..exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
 from ..policy import ALLOCATIONS
@@ -55,15 +56,8 @@ def check_span_starts_option(span_starts: Any, totals: Sequence[int]) -> list[tu
     sender where a run of rows begins; rclc.selectors._sentences says what they cut)."""
     if span_starts is None:
         return None
-    if isinstance(span_starts, (str, bytes)) or not isinstance(span_starts, Sequence):
-        raise RclcError(
-            "span_starts: expected one entry per sender (None, or the positions where a run of its rows begins), "
-            f"got {type(span_starts).__name__}"
-        )
-    if len(span_starts) != len(totals):
-        raise RclcError(
-            f"span_starts: {len(span_starts)} entries for {len(totals)} senders; give one per sender (None: no runs)"
-        )
+    require_entries("span_starts", span_starts, len(totals), expected="one entry per sender (None, or the positions "
+                    "where a run of its rows begins)", wrong_count=f"{len(totals)} senders; give one per sender (None: no runs)")
     result: list[tuple[int, ...] | None] = []
     for index, (entry, total) in enumerate(zip(span_starts, totals)):
         try:

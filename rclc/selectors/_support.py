@@ -58,6 +58,21 @@ class SupportFold:
         self._masks: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
 
     def __call__(self, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        self._fold(query, key, scaling, None)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Fold one global layer and return its attention output `[1, rows, H, d]` (the
+        layout transformers' attention functions return), computed from the very softmax
+        the fold takes: the capture's forward then runs each global layer's attention once
+        instead of twice (the model's kernel for the output, the fold's for the scores).
+        The output agrees with the model's kernel to float32 rounding."""
+        output = self._fold(query, key, scaling, value)
+        assert output is not None
+        return output
+
+    def _fold(
+        self, query: torch.Tensor, key: torch.Tensor, scaling: float, value: torch.Tensor | None
+    ) -> torch.Tensor | None:
         _, heads, rows, head_dim = query.shape
         kv_heads, total = key.shape[1], key.shape[2]
         group = heads // kv_heads
@@ -76,13 +91,18 @@ class SupportFold:
         keys_t = key[0].transpose(-1, -2)  # [K, d, M+R], model dtype
         row_sum = torch.zeros(kv_heads, memory, dtype=torch.float32, device=device) if self.moments else None
         row_acc = torch.zeros(memory, dtype=torch.float32, device=device) if self.moments else None
+        output = None if value is None else query.new_empty(heads, rows, value.shape[-1])
         for start in range(0, rows, ROW_CHUNK):
             stop = min(start + ROW_CHUNK, rows)
             count = stop - start
             stacked = query[0, :, start:stop].reshape(kv_heads, group * count, head_dim)
             logits = torch.bmm(stacked, keys_t).view(heads, count, total).mul_(scaling)  # [H, c, M+R]
             logits[..., memory:].masked_fill_(self._hidden(start, count, rows, device), float("-inf"))
-            attention = torch.softmax(logits.float(), dim=-1)[..., :memory]  # [H, c, M]
+            weights = torch.softmax(logits.float(), dim=-1)  # [H, c, M+R]
+            if output is not None:  # the layer's output from the same weights, per KV head
+                mixed = torch.bmm(weights.to(value.dtype).view(kv_heads, group * count, total), value[0])
+                output[:, start:stop] = mixed.view(heads, count, -1)
+            attention = weights[..., :memory]  # [H, c, M]
             self.votes += attention.sum(dim=(0, 1))
             if not self.moments:
                 continue
@@ -93,6 +113,7 @@ class SupportFold:
             self.energy += (MOMENT_SCALE * pool7(row_sum / rows)).square().sum(0)
             self.row_energy += row_acc / rows
         self.layers += 1
+        return None if output is None else output.transpose(0, 1).unsqueeze(0).contiguous()
 
     def _hidden(self, start: int, count: int, rows: int, device: torch.device) -> torch.Tensor:
         """Request keys a chunk's rows may not see (key c hidden from row r when c > r), reused across layers."""

@@ -27,7 +27,7 @@ from collections import Counter
 from typing import Any
 
 from .._per_object import PerObject
-from ..generation import Batching
+from ..generation import Batching, BatchingLoop
 from .capture import registry
 
 
@@ -52,24 +52,18 @@ class Submitted:
         self.done.set()
 
 
-class EngineLoop:
+class EngineLoop(BatchingLoop):
     """The submission loop of one in-process engine (see the module docs)."""
 
     def __init__(self, llm: Any, batching: Batching) -> None:
+        super().__init__(batching)
         self._llm = weakref.ref(llm)
-        self.batching = batching
         self.step_lock = threading.RLock()
-        self._cond = threading.Condition()
         self._waiting: list[Submitted] = []
         self._in_engine: dict[str, Submitted] = {}  # external and internal ID -> request
         self._running = False
         self.steps: Counter = Counter()  # requests in the engine -> steps
         self.finished = 0
-
-    def configure(self, batching: Batching) -> None:
-        with self._cond:
-            self.batching = batching
-            self._cond.notify_all()
 
     def submit(self, submitted: Submitted) -> Submitted:
         with self._cond:

@@ -39,6 +39,9 @@ class RunContext:
     seed: int = 0
     base_dir: Path | None = None
     stop: threading.Event = field(default_factory=threading.Event)  # set when the run is cancelled
+    # the run's MCP servers (mcp_servers.McpServers), opened by the scheduler around the run;
+    # None where a node runs outside it (a replica opens its own around the node)
+    tool_servers: Any = None
 
 
 class Executor(ABC):
@@ -84,11 +87,21 @@ class Executor(ABC):
         """Forget a run: drop its agents and whatever else it holds. Called by the scheduler
         when a run fails or is cancelled, and by callers done with a finished run."""
 
+    def consumed(self, run_id: str, node: str) -> None:
+        """Every receiver of `node` in run `run_id` has settled (or it has none): the run
+        needs its state no more. Called by the scheduler; an executor may drop the state
+        now (`LocalExecutor(keep_agents=False)` does), so a run holds the states its
+        unfinished receivers still read, not every state it made. Does nothing by default."""
+
     @abstractmethod
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         """Load the plan's models (start replicas) before a run, so its timing shows the run.
         Called by the CLI and by benchmarks. Returns where each replica runs ({"replica",
         "node", ...}); [] when models live in this process."""
+
+    def preparing(self, plan: Plan) -> str:
+        """What `prepare` is about to do for `plan`, as a status line says it."""
+        return ", ".join(f"loading model {spec.name} ({spec.source})" for spec in plan.models())
 
     @abstractmethod
     async def fingerprints(self, plan: Plan, base_dir: Path | None = None) -> dict[str, str]:
@@ -133,8 +146,14 @@ class DelegatingExecutor(Executor):
     def release(self, run_id: str) -> None:
         self.inner.release(run_id)
 
+    def consumed(self, run_id: str, node: str) -> None:
+        self.inner.consumed(run_id, node)
+
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         return await self.inner.prepare(plan, base_dir)
+
+    def preparing(self, plan: Plan) -> str:
+        return self.inner.preparing(plan)
 
     async def fingerprints(self, plan: Plan, base_dir: Path | None = None) -> dict[str, str]:
         return await self.inner.fingerprints(plan, base_dir)

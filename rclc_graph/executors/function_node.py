@@ -4,9 +4,10 @@ The contract a function follows (docs/graphs.md#function-nodes):
 
     def fn(inputs: dict, senders: dict[str, str]) -> str | dict | list | int | float | bool
 
-- `inputs`: the run's inputs (lists as lists), plus the node's own variables: its foreach
-  item (under the node's `item` name) and `index`, `round` in a loop, and `answer` once a
-  person answered the node (it raised `Interrupt`, or has `interrupt: before`).
+- `inputs`: the run's inputs (lists as lists; in a subgraph, the subgraph's inputs), plus
+  the node's own variables: its foreach item (under the node's `item` name; for a run-time
+  foreach, the item read from its producer's list) and `index`, `round` in a loop, and
+  `answer` once a person answered the node (it raised `Interrupt`, or has `interrupt: before`).
 - `senders`: each sender whose edge fired, by plan node name, to the text it wrote (in
   arrival order). Only `text` edges reach a function node (validation refuses others).
 - It returns text, or JSON data, which is stored as canonical JSON text (sorted keys, no
@@ -57,13 +58,14 @@ def function_of(plan: Plan, node: PlanNode) -> Callable[..., Any]:
 
 
 def _declared(plan: Plan, node: PlanNode) -> NodeSpec:
-    return next(item for item in plan.spec.nodes if item.name == node.declared)
+    return plan.spec_node(node)
 
 
 def function_inputs(plan: Plan, node: PlanNode) -> dict[str, Any]:
-    """What a function node receives as `inputs` (see the module docstring)."""
+    """What a function node receives as `inputs` (see the module docstring); in a subgraph,
+    the inputs its subgraph node gave the subgraph."""
     values: dict[str, Any] = {key: list(value) if isinstance(value, tuple) else value
-                              for key, value in plan.inputs.items()}
+                              for key, value in plan.scope_inputs(node.scope).items()}
     spec = _declared(plan, node)
     if node.index is not None:
         values[spec.item] = node.item
@@ -118,17 +120,4 @@ async def run_function_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -
             raise TimeoutError(f"{error}; raise the node's timeout: (seconds), or make the "
                                "function return sooner") from None
         text = canonical_text(value, node.name)
-    return NodeResult(
-        node=node.name,
-        text=text,
-        positions=0,
-        inherited_positions=0,
-        lineage=Lineage(),
-        prompt_text="",
-        prompt_start=0,
-        prompt_offsets=[],
-        started_at=started,
-        finished_at=time.time(),
-        hops=hops,
-        kind="function",
-    )
+    return NodeResult.stateless(node.name, text, started_at=started, hops=hops, kind="function")

@@ -8,7 +8,8 @@ This is where the graph meets the transfer core, through rclc's public API only:
 - a `generate: true` node generates with `Agent.generate` from all its deliveries plus its
   prompt (HF or vLLM: the agent's backend decides how), which records the continuation; a
   `generate: false` node absorbs them without decoding;
-- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py), and a node
+- a node whose agent lists `tools` runs the bounded tool loop instead (tools.py; an MCP
+  server's tools come from the run's `ctx.tool_servers`, mcp_servers.py), and a node
   on a `backend: openai` model asks its server (openai_model.py) and holds no state.
 The executor keeps each run's bound agents so later nodes can send from them.
 
@@ -30,18 +31,19 @@ import anyio.from_thread
 import rclc
 
 from ..errors import NodeFailed, RunStopped, node_failed
-from ..plan.dag import Plan, PlanEdge, PlanNode
-from ..results.lineage import Hop, HopRecord, Lineage, compose_hop
-from ..results.run_events import hop_payload
+from ..plan.dag import Plan, PlanNode
+from ..results.lineage import Lineage
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, RunContext
+from .delivery import Deliver, Received, receive, transfer_group
 from .function_node import run_function_node
+from .mcp_servers import McpServers, uses_mcp
 from .openai_model import run_api_node
 from .pool import ModelPool
-from .prompts import compose_content, group_request, render_prompt
-from .roles import MATERIAL, compress, delivered_roles, prompt_roles, sender_roles, sender_span_starts
-from .tools import ToolConversation, Toolbox, encode_tool_prompt, load_toolbox, run_tool_loop, tool_prompt
-from .transfer_options import state_groups, transfer_options
+from .prompts import compose_content, render_prompt
+from .roles import MATERIAL, compress, prompt_roles
+from .structured import node_constraint, parse_output
+from .tools import ToolConversation, Toolbox, encode_tool_prompt, open_toolbox, run_tool_loop, tool_prompt
 
 
 @dataclass
@@ -95,9 +97,27 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool, *, deliver: Deliver = transfer_group, keep_agents: bool = True) -> None:
+        """`deliver` is how a transfer group reaches a receiver (delivery.py): by default
+        `rclc.transfer` from the senders' agents held here; a replica injects its own.
+        `keep_agents=False` drops each node's agent once every receiver of it settled
+        (`consumed`): a run then holds only the states its unfinished receivers read, so a
+        long chain under a bounded budget holds a bounded amount of KV. The executor a
+        `RunSettings` makes for itself (`run_plan`, `run_recorded`, `resume_run` and the
+        server's runs without an executor) does this, since nobody can ask it for an agent
+        afterwards; one you pass, or one made by name, keeps every agent until `release`."""
         self.pool = pool
+        self._deliver = deliver
+        self.keep_agents = keep_agents
         self._agents: dict[tuple[str, str], Any] = {}
+
+    @classmethod
+    def from_options(cls, pool: ModelPool, *, max_batch: int | None = None) -> LocalExecutor:
+        """The executor `make_executor("local", ...)` makes: on `pool`, whose models decode at
+        most `max_batch` sequences together when it is given (registry.py)."""
+        if max_batch is not None:
+            pool.set_max_batch(max_batch)
+        return cls(pool)
 
     def agent(self, run_id: str, node: str) -> Any:
         """The bound agent node `node` left in run `run_id` (KeyError if it holds none)."""
@@ -107,6 +127,11 @@ class LocalExecutor(Executor):
         """Drop a finished run's agents (their states live on in snapshots, if recorded)."""
         for key in [key for key in self._agents if key[0] == run_id]:
             del self._agents[key]
+
+    def consumed(self, run_id: str, node: str) -> None:
+        """Drop the node's agent unless this executor keeps agents (see `__init__`)."""
+        if not self.keep_agents:
+            self._agents.pop((run_id, node), None)
 
     def adopt(self, run_id: str, node: str, agent: Any) -> None:
         """Register an agent restored from a snapshot (resume) as node `node`'s state."""
@@ -151,148 +176,43 @@ class LocalExecutor(Executor):
             result = await run_api_node(ctx, node, inbound)
             self._agents[(ctx.run_id, node.name)] = None
             return result
+        if ctx.tool_servers is None and uses_mcp(node.agent):  # run outside a run's scope (a replica)
+            return await self._with_own_servers(ctx, node, inbound)
         started = time.time()
         agent = self.bind(ctx, node)
-        tokenizer = agent.tokenizer
-        senders = {edge.id: result for edge, result in inbound}
-        text_edges = [edge for edge, _ in inbound if edge.policy.mode == "text"]
-        state_edges = [edge for edge, _ in inbound if edge.policy.mode != "text"]
         content = compose_content(node, inbound)
-        tools: tuple[Toolbox, ToolConversation] | None = None
-        if node.agent.tools:
-            with node_failed(node.name):
-                toolbox = load_toolbox(node.agent, trust_code=ctx.plan.trust_code)
-                text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
-                prompt = encode_tool_prompt(tokenizer, text, conversation)
-            tools = (toolbox, conversation)
-        else:
-            prompt = render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate)
-        prompt_text = prompt.text
-        hops: list[Hop] = []
-        for edge in text_edges:  # a text handoff is delivered with the prompt: at once
-            sender = senders[edge.id]
-            payload = len(sender.effective_text.encode("utf-8"))
-            hops.append(
-                compose_hop(Lineage(), [], source=edge.source, target=node.name, inherited_positions=0, budget=0,
-                            payload_bytes=payload, mode="text", policy="text", edge=edge.id)
-            )
-            await ctx.publish("hop", hop_payload(hops[-1]))
-        deliveries = 0
-        received_roles: list[str] = []
-        known = (node.agent.system, content)  # what this node holds besides its handoffs
-        for group in state_groups(state_edges):
-            lead = group[0]
-            request = group_request(lead, content)
-            labels = [sender_roles(senders[edge.id], senders[edge.id].positions) for edge in group]
-            starts = [sender_span_starts(senders[edge.id], senders[edge.id].positions) for edge in group]
-            began = time.perf_counter()
-            with node_failed(node.name, lead):
-                extra = await self._deliver_group(
-                    ctx, node, agent, group, request, known=known, roles=labels, span_starts=starts
-                )
-            seconds = time.perf_counter() - began + extra
-            delivery, _ = agent.peek(deliveries)
-            deliveries += 1
-            for edge, message in zip(group, delivery.messages):
-                hops.append(self._state_hop(node, edge, senders[edge.id], message, seconds))
-                selection = message.selection
-                received_roles += delivered_roles(
-                    senders[edge.id], selection.indices, selection.source_positions, selection.added_latent_positions
-                )
-                await ctx.publish("hop", hop_payload(hops[-1]))  # the receiver holds it; it has not generated
-        inherited = sum(hop.record.kept_positions for hop in hops if hop.record.mode != "text")
-        finished = await self._finish_state(ctx, node, agent, prompt.ids, deliveries, tools)
-        generated, generation_seconds, text = finished.generated, finished.seconds, finished.text
+        prompt, tools = await self._prompt(ctx, node, agent, content)
+        received = await receive(
+            ctx, node, agent, inbound, content, self._deliver, lambda source: self.agent(ctx.run_id, source)
+        )
+        finished = await self._finish_state(ctx, node, agent, prompt.ids, received.deliveries, tools)
         # In a worker: sender_state takes the preparation lock, which another run's selection
         # may hold for a while; the event loop must never block on it (it publishes tokens).
         state = await rclc.run_in_worker(agent.sender_state)
-        lineage = Lineage.join([hop.lineage for hop in hops if hop.record.mode != "text"])
-        tail = finished.tail or [("token", generated)]
-        prompt_positions = state.positions - inherited - sum(length for _, length in tail)
-        lineage = lineage.extend(node.name, prompt_positions, "prompt")
-        for kind, length in tail:  # generated tokens, and a tool loop's results between its turns
-            lineage = lineage.extend(node.name, length, kind)  # type: ignore[arg-type]
-        if len(lineage) != state.positions:
-            raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {state.positions} positions"))
-        if prompt.offsets is None:
-            raise NodeFailed(node.name, ValueError("the model's tokenizer reports no offsets; load its fast tokenizer"))
-        offsets = [tuple(pair) for pair in prompt.offsets]
-        own = prompt_roles(tokenizer, node, inbound, prompt)
-        if len(own) != prompt_positions:  # the agent read other tokens than these: label nothing as instructions
-            own = [MATERIAL] * prompt_positions
-        roles = compress(received_roles + own + [MATERIAL] * sum(length for _, length in tail))
+        result = _node_result(node, inbound, agent.tokenizer, prompt, received, finished, state.positions, started)
         self._agents[(ctx.run_id, node.name)] = agent
-        records = [
-            hop.record if hop.record.mode == "text" else _with_generation(hop.record, generation_seconds) for hop in hops
-        ]
-        return NodeResult(
-            node=node.name,
-            text=text,
-            positions=state.positions,
-            inherited_positions=inherited,
-            lineage=lineage,
-            prompt_text=prompt_text,
-            prompt_start=inherited,
-            prompt_offsets=offsets,
-            generated_tokens=generated,
-            generation_seconds=generation_seconds,
-            started_at=started,
-            finished_at=time.time(),
-            hops=records,
-            tool_calls=finished.calls,
-            roles=roles,
-        )
+        return result
 
-    async def _deliver_group(
-        self,
-        ctx: RunContext,
-        node: PlanNode,
-        agent: Any,
-        group: list[PlanEdge],
-        request: str,
-        *,
-        known: tuple[str, ...] = (),
-        roles: list[list[str]] | None = None,
-        span_starts: list[list[int]] | None = None,
-    ) -> float:
-        """Leave one delivery of `group`'s senders in `agent` (one `rclc.transfer` call, so
-        budgets are fitted across the senders). `known` and `roles` feed the policy's
-        exclusion (what the receiver holds; each sender's position labels); `span_starts`
-        says where each sender's runs of rows begin (its lineage). Returns seconds
-        spent elsewhere on it (selection that ran before this call, e.g. on another replica);
-        0 here. Executors that place senders elsewhere override this."""
-        options = transfer_options(
-            group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=known, roles=roles,
-            span_starts=span_starts,
-        )
-        sending = [self.agent(ctx.run_id, edge.source) for edge in group]
-        await rclc.transfer(sending, agent, request, **options)
-        return 0.0
+    async def _with_own_servers(self, ctx: RunContext, node: PlanNode, inbound: Inbound) -> NodeResult:
+        """`run_node` with MCP servers of the node's own, for a node run outside a scheduler's run
+        scope (a replica): they start with the node and stop when it ends."""
+        async with McpServers(ctx.plan.spec.mcp_servers, trust_code=ctx.plan.trust_code,
+                              base_dir=ctx.base_dir) as servers:
+            return await self.run_node(replace(ctx, tool_servers=servers), node, inbound)
 
     @staticmethod
-    def _state_hop(node: PlanNode, edge: PlanEdge, sender: NodeResult, message: Any, seconds: float) -> Hop:
-        selection = message.selection
-        seen = sender.lineage
-        extra = selection.source_positions - len(seen)  # rows full-context reasoning added before selection
-        if extra > 0:
-            seen = seen.extend(edge.source, extra, "latent")
-        return compose_hop(
-            seen,
-            list(selection.indices),
-            source=edge.source,
-            target=node.name,
-            inherited_positions=sender.inherited_positions,
-            budget=selection.budget,
-            payload_bytes=message.nbytes,
-            added_latent_positions=selection.added_latent_positions,
-            mode=edge.policy.mode,
-            policy=edge.policy.label,
-            edge=edge.id,
-            selection_seconds=seconds,
-            excluded_by_reason=selection.excluded,
-            allocation=selection.allocation,
-            fitted_budget=selection.cap if selection.allocation == "pooled" else None,
-        )
+    async def _prompt(
+        ctx: RunContext, node: PlanNode, agent: Any, content: str
+    ) -> tuple[Any, tuple[Toolbox, ToolConversation] | None]:
+        """The node's prompt (its tokens and offsets), with the tool conversation of a tool-calling
+        agent (an MCP server's tools listed by the run's servers, `ctx.tool_servers`)."""
+        tokenizer = agent.tokenizer
+        if not node.agent.tools:
+            return render_prompt(tokenizer, node.agent.system, content, generation_prompt=node.generate), None
+        with node_failed(node.name):
+            toolbox = await open_toolbox(node.agent, trust_code=ctx.plan.trust_code, servers=ctx.tool_servers)
+            text, conversation = tool_prompt(tokenizer, node.agent.system, content, toolbox)
+            return encode_tool_prompt(tokenizer, text, conversation), (toolbox, conversation)
 
     async def _finish_state(
         self,
@@ -316,7 +236,8 @@ class LocalExecutor(Executor):
         if ctx.stop.is_set():  # the run was stopped before this node generated: start no model work
             raise anyio.get_cancelled_exc_class()()
         spec = node.agent
-        sampling = rclc.Sampling(temperature=spec.temperature, top_p=spec.top_p, seed=node.sampling_seed(ctx.seed))
+        sampling = rclc.Sampling(temperature=spec.temperature, top_p=spec.top_p, seed=node.sampling_seed(ctx.seed),
+                                 constraint=None if tools else node_constraint(node.output_schema))
         tokens = _TokenEvents(ctx, node.name, live=agent.backend == "hf")
         # With deliveries: their rows, then the prompt; without: the prompt alone. A node whose
         # state a receiver selects from is re-prefilled after generation (`refresh`): generation
@@ -326,23 +247,32 @@ class LocalExecutor(Executor):
         generate = functools.partial(self._generate, ctx, node, agent, tokens, sampling)
         if tools is None:
             result = await generate(prompt, deliveries=deliveries, refresh=refresh)
+            _check_structured(node, result.text, result.tokens)
             return _Finished(result.tokens, result.seconds, result.text)
         toolbox, conversation = tools
         with node_failed(node.name):
             loop = await run_tool_loop(
                 node=node.name, agent_spec=spec, toolbox=toolbox, conversation=conversation, agent=agent,
                 generate=generate, publish=ctx.publish, prompt=prompt, deliveries=deliveries,
+                answer_schema=node.output_schema,
             )
             if refresh:  # as above, once the loop's last turn is known
                 await agent.refresh()
+        _check_structured(node, loop.text, loop.tail[-1][1] if loop.tail else 0)  # the answer turn's tokens
         return _Finished(loop.generated_tokens, loop.generation_seconds, loop.text, loop.tail,
                          [call.to_dict() for call in loop.calls])
 
     async def _generate(
         self, ctx: RunContext, node: PlanNode, agent: Any, tokens: _TokenEvents, sampling: Any,
         prompt: Any = None, *, deliveries: int = 0, from_state: bool = False, refresh: bool = False,
+        constraint: Any = None,
     ) -> Any:
-        """One `Agent.generate` of a node, its stop and errors turned into the run's terms."""
+        """One `Agent.generate` of a node, its stop and errors turned into the run's terms
+        (`constraint`: this turn's, replacing the sampling's; the tool loop's grammar).
+        Eleven parameters with self: `_finish_state` binds the first five once with
+        functools.partial, the rest are `Agent.generate`'s own, passed per turn."""
+        if constraint is not None:
+            sampling = replace(sampling, constraint=constraint)
         with node_failed(node.name):
             try:
                 result = await agent.generate(
@@ -363,6 +293,14 @@ class LocalExecutor(Executor):
         return result
 
 
+def _check_structured(node: PlanNode, text: str | None, tokens: int) -> None:
+    """Fail the node (OutputSchemaFailed) when it has an output_schema its text does not match."""
+    if node.output_schema is not None:
+        with node_failed(node.name):
+            parse_output(node.name, node.output_schema, text or "", max_new_tokens=node.agent.max_new_tokens,
+                         tokens=tokens)
+
+
 def sends_state(plan: Plan, node: PlanNode) -> bool:
     """Whether some receiver selects from this node's state (a state or full edge leaves it)."""
     return any(plan.edges[edge].policy.mode != "text" for edge in node.outgoing)
@@ -375,5 +313,41 @@ def _ids_tensor(ids: tuple[int, ...]) -> Any:
     return torch.tensor([list(ids)], dtype=torch.int64)
 
 
-def _with_generation(record: HopRecord, seconds: float) -> HopRecord:
-    return replace(record, generation_seconds=float(seconds))
+def _node_result(
+    node: PlanNode, inbound: Inbound, tokenizer: Any, prompt: Any, received: Received, finished: _Finished,
+    positions: int, started: float,
+) -> NodeResult:
+    """What a node that ran here produced: its text and figures, the lineage of each of its
+    `positions` (handoffs, then its prompt, then what it generated) and their role labels."""
+    inherited = received.inherited
+    lineage = Lineage.join([hop.lineage for hop in received.hops if hop.record.mode != "text"])
+    tail = finished.tail or [("token", finished.generated)]
+    prompt_positions = positions - inherited - sum(length for _, length in tail)
+    lineage = lineage.extend(node.name, prompt_positions, "prompt")
+    for kind, length in tail:  # generated tokens, and a tool loop's results between its turns
+        lineage = lineage.extend(node.name, length, kind)  # type: ignore[arg-type]
+    if len(lineage) != positions:
+        raise NodeFailed(node.name, RuntimeError(f"lineage covers {len(lineage)} of {positions} positions"))
+    if prompt.offsets is None:
+        raise NodeFailed(node.name, ValueError("the model's tokenizer reports no offsets; load its fast tokenizer"))
+    own = prompt_roles(tokenizer, node, inbound, prompt)
+    if len(own) != prompt_positions:  # the agent read other tokens than these: label nothing as instructions
+        own = [MATERIAL] * prompt_positions
+    return NodeResult(
+        node=node.name,
+        text=finished.text,
+        positions=positions,
+        inherited_positions=inherited,
+        lineage=lineage,
+        prompt_text=prompt.text,
+        prompt_start=inherited,
+        prompt_offsets=[tuple(pair) for pair in prompt.offsets],
+        generated_tokens=finished.generated,
+        generation_seconds=finished.seconds,
+        started_at=started,
+        finished_at=time.time(),
+        hops=[hop.record if hop.record.mode == "text" else replace(hop.record, generation_seconds=float(finished.seconds))
+              for hop in received.hops],
+        tool_calls=finished.calls,
+        roles=compress(received.roles + own + [MATERIAL] * sum(length for _, length in tail)),
+    )

@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from ..errors import ApiModelFailed, ExecutorUnavailable, NodeFailed
+from ..errors import ApiModelFailed, ExecutorUnavailable, NodeFailed, node_failed
 from ..plan.dag import PlanNode
 from ..results.lineage import Lineage, compose_hop
 from ..results.run_events import hop_payload
@@ -33,6 +33,7 @@ from ..spec.models import ModelSpec
 from .contract import Inbound, RunContext
 from .loaded_model import LoadedModel, ModelKey
 from .prompts import compose_content
+from .structured import closed, parse_output, response_format
 
 NO_KEY = "unused"
 """What is sent as the key when the model names no `api_key_env` (local servers ignore it)."""
@@ -97,6 +98,8 @@ def request(node: PlanNode, content: str, seed: int) -> dict[str, Any]:
     }
     if agent.top_p is not None:
         body["top_p"] = agent.top_p
+    if node.output_schema is not None:  # the server constrains its output (structured outputs); checked after
+        body["response_format"] = response_format(node.name, closed(node.output_schema))
     return body
 
 
@@ -173,18 +176,12 @@ async def run_api_node(ctx: RunContext, node: PlanNode, inbound: Inbound) -> Nod
         raise NodeFailed(node.name, error) from error
     seconds = time.perf_counter() - began
     text = "".join(pieces).strip()
-    return NodeResult(
-        node=node.name,
-        text=text,
-        positions=0,
-        inherited_positions=0,
-        lineage=Lineage(),
-        prompt_text=json.dumps(body["messages"], ensure_ascii=False),
-        prompt_start=0,
-        prompt_offsets=[],
+    if node.output_schema is not None:
+        with node_failed(node.name):
+            parse_output(node.name, node.output_schema, text, max_new_tokens=node.agent.max_new_tokens,
+                         tokens=completion_tokens if completion_tokens is not None else len(pieces))
+    return NodeResult.stateless(
+        node.name, text, prompt_text=json.dumps(body["messages"], ensure_ascii=False), started_at=started,
+        hops=[hop.record for hop in hops], generation_seconds=seconds,
         generated_tokens=completion_tokens if completion_tokens is not None else len(pieces),
-        generation_seconds=seconds,
-        started_at=started,
-        finished_at=time.time(),
-        hops=[hop.record for hop in hops],
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..plan.dag import Plan
 from ..spec.models import ModelSpec
 from .loaded_model import model_key
 from ..errors import UsageError
@@ -74,7 +75,7 @@ def pinned(node_name: str, declared: str, pins: Mapping[str, int]) -> int | None
     return pins.get(declared)
 
 
-def check_pins(pins: Mapping[str, int], plan: Any, sizes: Mapping[str, int]) -> None:
+def check_pins(pins: Mapping[str, int], plan: Plan, sizes: Mapping[str, int]) -> None:
     """ValueError naming the pin and the fix when a pin names no node or a missing replica.
     `sizes` maps model name -> replicas of its group."""
     names = {node.name for node in plan.nodes} | {node.declared for node in plan.nodes}

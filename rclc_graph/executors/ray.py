@@ -32,7 +32,9 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from ..errors import HostDied, RemoteNodeFailure
+from ..plan.dag import Plan
 from .placement import ReplicaGroup, group_label, resources_of
+from .pool import ModelPool
 from .remote import RemoteExecutor
 from .replica import Replica, RunTicket, failure_info
 from .transport import PayloadRef, pack_messages, payload_size, unpack_messages
@@ -79,7 +81,7 @@ class RayReplica(Replica):
                 "pid": str(os.getpid()), "running": self.running}
 
     async def run_node_stream(
-        self, ticket: RunTicket, node: str, inbound: list[Any], refs: dict[int, list[PayloadRef]]
+        self, ticket: RunTicket, node: Any, inbound: list[Any], refs: dict[int, list[PayloadRef]]
     ) -> Any:
         """Yields ("event", kind, payload) while the node runs, then ("result", NodeResult,
         SenderShape) or ("error", failure info)."""
@@ -229,6 +231,12 @@ class RayExecutor(RemoteExecutor):
         self._actor_class = ray.remote(RayReplica)
         self.started = 0  # actors started (fresh ones after deaths included)
 
+    @classmethod
+    def from_options(cls, pool: ModelPool, **options: Any) -> RayExecutor:
+        """The executor `make_executor("ray", ...)` makes (registry.py): replicas load their own
+        models, so the scheduler's `pool` is not used; `options` are __init__'s."""
+        return cls(**options)
+
     def _start_host(self, group: ReplicaGroup, index: int) -> _RayHandle:
         resources = resources_of(group.spec)
         cpus = float(resources.pop("CPU", 0.0))
@@ -241,7 +249,7 @@ class RayExecutor(RemoteExecutor):
         self.started += 1
         return _RayHandle(actor, label)
 
-    def _share(self, plan: Any) -> Any:
+    def _share(self, plan: Plan) -> Any:
         # actors never run function nodes (the scheduler's side does), so their callables stay here
         return ray.put(dataclasses.replace(plan, functions={}))
 

@@ -57,7 +57,7 @@ class ReplicaHandle(Protocol):
     async def call(self, method: str, *args: Any) -> Any: ...
 
     async def run_node(
-        self, ticket: RunTicket, node: str, inbound: list[tuple[PlanEdge, NodeResult]],
+        self, ticket: RunTicket, node: PlanNode, inbound: list[tuple[PlanEdge, NodeResult]],
         refs: dict[int, list[Any]], publish: Publish,
     ) -> tuple[NodeResult, SenderShape]: ...
 
@@ -185,6 +185,9 @@ class RemoteExecutor(Executor):
             for key, index in run.replicas.items():
                 self._groups[key].active[index] -= 1
 
+    def preparing(self, plan: Plan) -> str:
+        return f"starting {self.name} replicas of {', '.join(spec.name for spec in plan.models())}"
+
     async def prepare(self, plan: Plan, base_dir: Path | None = None) -> list[dict[str, str]]:
         """Start every replica the plan's models declare and load their models (before a run,
         so its timing shows the run, not the loading). Returns the hosts' placements."""
@@ -254,7 +257,8 @@ class RemoteExecutor(Executor):
             return await ctx.publish(kind, payload)
 
         try:
-            result, shape = await self._guard(host, node.name, host.run_node(run.ticket, node.name, inbound, handoffs,
+            # the node itself travels (not its name): a run-time foreach copy carries the item it was given
+            result, shape = await self._guard(host, node.name, host.run_node(run.ticket, node, inbound, handoffs,
                                                                               publish))
         except RemoteNodeFailure as failure:
             raise remote_failure(failure.info, run.plan) from None

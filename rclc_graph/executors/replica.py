@@ -6,8 +6,8 @@ A `Replica` is what a Ray actor runs (rclc_graph.executors.ray wraps it); the sc
 side is remote.py. `rclc_graph.testing.InProcessReplicasExecutor` runs several in one process.
 Everything a replica receives or returns is small and plain (plans, node results, shapes,
 `PayloadRef`s), except snapshot bytes, which records need on the scheduler's machine. Model
-work is the local executor's: `_ReplicaExecutor` overrides only how a transfer group arrives
-when its senders were selected on other replicas.
+work is the local executor's, with one strategy injected: how a transfer group arrives when
+its senders were selected on other replicas (`Replica.deliver`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,13 @@ from ..errors import NodeFailed
 from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 from .contract import Publish, RunContext
+from .delivery import GroupHandoff, transfer_group
 from .fitting import SenderShape, shape_of, with_count
 from .local import LocalExecutor
 from .pool import ModelPool
 from .transfer_options import transfer_options
 from .transport import BytesTransport, InProcessTransport, PayloadRef, PayloadTransport
+from .trusted_code import search_beside
 
 
 @dataclass(frozen=True)
@@ -42,43 +45,11 @@ class RunTicket:
     run_id: str
     seed: int
     base_dir: str | None
-    plan: Any
+    plan: Plan | Awaitable[Plan]
 
 
 async def _no_events(kind: str, payload: dict[str, Any]) -> None:
     return None
-
-
-class _ReplicaExecutor(LocalExecutor):
-    """The local executor, except that a transfer group selected on other replicas arrives as
-    payload refs (one delivery, messages in sender order) instead of through `rclc.transfer`."""
-
-    def __init__(self, replica: Replica) -> None:
-        super().__init__(replica.pool)
-        self.replica = replica
-
-    async def _deliver_group(
-        self,
-        ctx: RunContext,
-        node: PlanNode,
-        agent: Any,
-        group: list[PlanEdge],
-        request: str,
-        *,
-        known: tuple[str, ...] = (),
-        roles: list[list[str]] | None = None,
-        span_starts: list[list[int]] | None = None,
-    ) -> float:
-        refs = self.replica.incoming.get((ctx.run_id, node.name), {}).get(group[0].id)
-        if refs is None:
-            return await super()._deliver_group(
-                ctx, node, agent, group, request, known=known, roles=roles, span_starts=span_starts
-            )
-        messages: list[Any] = []
-        for ref in refs:
-            messages.extend(await self.replica.transport(ref).receive(ref))
-        agent(rclc.Delivery(request, tuple(messages)))  # the receiver prepares its prompt for the request
-        return max(ref.seconds for ref in refs)
 
 
 class Replica:
@@ -91,7 +62,7 @@ class Replica:
         self.pool = pool if pool is not None else ModelPool()
         self.local = InProcessTransport()
         self.remote: PayloadTransport = remote_transport if remote_transport is not None else BytesTransport()
-        self.executor = _ReplicaExecutor(self)
+        self.executor = LocalExecutor(self.pool, deliver=self.deliver)
         self.incoming: dict[tuple[str, str], dict[int, list[PayloadRef]]] = {}  # (run, node) -> edge -> refs
         self.running = 0  # nodes executing here now
         self._runs: dict[str, RunContext] = {}
@@ -103,6 +74,8 @@ class Replica:
         if ctx is None:
             plan = ticket.plan if isinstance(ticket.plan, Plan) else await ticket.plan
             base_dir = None if ticket.base_dir is None else Path(ticket.base_dir)
+            if plan.trust_code:  # as the scheduler's side does: modules beside a trusted topology import
+                search_beside(base_dir)
             ctx = RunContext(run_id=ticket.run_id, plan=plan, publish=_no_events, seed=ticket.seed, base_dir=base_dir)
             self._runs.setdefault(ticket.run_id, ctx)
             ctx = self._runs[ticket.run_id]
@@ -142,6 +115,19 @@ class Replica:
         return await anyio.to_thread.run_sync(lambda: loaded.fingerprint)
 
     # -- handoffs ----------------------------------------------------------------------------
+
+    async def deliver(self, handoff: GroupHandoff, receiver: Any) -> float:
+        """The local executor's delivery strategy here (delivery.py): a transfer group whose
+        senders other replicas selected arrives as payload refs (one delivery, messages in
+        sender order) instead of through `rclc.transfer`; returns the seconds its selection took."""
+        refs = self.incoming.get((handoff.ctx.run_id, handoff.node.name), {}).get(handoff.group[0].id)
+        if refs is None:
+            return await transfer_group(handoff, receiver)
+        messages: list[Any] = []
+        for ref in refs:
+            messages.extend(await self.transport(ref).receive(ref))
+        receiver(rclc.Delivery(handoff.request, tuple(messages)))  # the receiver prepares its prompt for the request
+        return max(ref.seconds for ref in refs)
 
     async def room(self, ticket: RunTicket, node_name: str, request: str) -> int:
         """Free positions node `node_name` will have for a transfer conditioned on `request`
@@ -194,14 +180,15 @@ class Replica:
     async def execute(
         self,
         ticket: RunTicket,
-        node_name: str,
+        node: PlanNode,
         inbound: list[tuple[PlanEdge, NodeResult]],
         refs: dict[int, list[PayloadRef]],
         publish: Publish,
     ) -> tuple[NodeResult, SenderShape]:
-        """Run one node here; NodeFailed as the local executor raises it."""
+        """Run one node here (the scheduler's node: a run-time foreach copy holds its item);
+        NodeFailed as the local executor raises it."""
         ctx = await self.context(ticket)
-        node = ctx.plan.node(node_name)
+        node_name = node.name
         key = (ctx.run_id, node_name)
         self.incoming[key] = refs
         self.running += 1

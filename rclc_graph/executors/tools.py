@@ -2,12 +2,18 @@
 
 A node whose agent lists `tools` runs this loop instead of one generation:
 
+0. its tools are Python functions (`module:function`, imported with trust_code) and the tools
+   of the MCP servers it names (`mcp:<server>`, listed by the server when the run starts it:
+   mcp_servers.py); both are called the same way below;
 1. its prompt describes the tools in the chat template's own tool format
    (`apply_chat_template(..., tools=schemas)`, schemas from the functions' signatures and
-   docstrings by `transformers.utils.get_json_schema`). A template that ignores `tools`
+   docstrings by `transformers.utils.get_json_schema`, or as the MCP server lists them). A template that ignores `tools`
    (SmolLM2's renders the same text with or without them) gets a plain-text description
    in the system prompt instead, asking for a JSON call (`describe_tools`);
-2. the agent generates (`Agent.generate`); tool_calls.py reads the turn for calls;
+2. the agent generates (`Agent.generate`), each turn constrained to the tools' signatures
+   unless `constrain_tools: false` (tool_grammar.py: a call of one tool with arguments that
+   fit it, or an answer; `tool_choice: required` calls until a call returns without an
+   error); tool_calls.py reads the turn for calls;
 3. each call runs in a worker thread with the agent's `tool_timeout` (a coroutine function
    is awaited on the loop under the same timeout); a tool that raises, times out, gets
    bad arguments or does not exist gives an error *result* naming the problem, never a
@@ -38,8 +44,10 @@ import anyio
 import rclc
 
 from ..errors import CallTimedOut, UsageError
-from ..spec.models import AgentSpec, tool_name
+from ..spec.models import AgentSpec, mcp_server_name, tool_name
+from .mcp_servers import McpServers, McpTool
 from .tool_calls import ToolCall, parse_tool_calls
+from .tool_grammar import CallForm, call_form, format_constraint, turn_format
 from .trusted_code import import_callable
 from .user_threads import call_in_own_thread
 
@@ -48,14 +56,15 @@ MAX_RESULT_CHARS = 4000
 _SENTINEL = "\u2063rclc-assistant-turn\u2063"  # stands for an assistant turn's content when rendering
 
 Generate = Callable[..., Awaitable[Any]]
-"""`await generate(prompt=None, *, deliveries=0, from_state=False)` -> rclc.GenerationResult."""
+"""`await generate(prompt=None, *, deliveries=0, from_state=False, constraint=None)` -> rclc.GenerationResult."""
 
 
 @dataclass(frozen=True)
 class Toolbox:
-    """An agent's tools: name -> callable, and the JSON schemas the model is shown (tool order)."""
+    """An agent's tools: name -> callable (a Python function, or an `McpTool` of a running
+    server), and the JSON schemas the model is shown (tool order)."""
 
-    functions: dict[str, Callable[..., Any]]
+    functions: dict[str, Callable[..., Any] | McpTool]
     schemas: tuple[dict[str, Any], ...]
 
     @property
@@ -68,12 +77,15 @@ _toolboxes_lock = threading.Lock()
 
 
 def load_toolbox(agent: AgentSpec, *, trust_code: bool) -> Toolbox:
-    """Import and describe `agent.tools` (once per process per list of references).
+    """Import and describe the Python functions among `agent.tools` (once per process per list
+    of references); the MCP servers it names are `open_toolbox`'s.
 
     PlanError (E_TRUST_CODE) without trust_code; ValueError naming the tool when it does
     not import, is not callable, or cannot be described (no type hints or docstring).
     """
-    key = tuple(agent.tools)
+    key = tuple(reference for reference in agent.tools if mcp_server_name(reference) is None)
+    if not key:
+        return Toolbox({}, ())
     with _toolboxes_lock:
         known = _toolboxes.get(key)
     if known is not None:
@@ -89,6 +101,39 @@ def load_toolbox(agent: AgentSpec, *, trust_code: bool) -> Toolbox:
     box = Toolbox(functions, tuple(schemas))
     with _toolboxes_lock:
         return _toolboxes.setdefault(key, box)
+
+
+async def open_toolbox(agent: AgentSpec, *, trust_code: bool, servers: McpServers | None) -> Toolbox:
+    """Every tool of `agent`, in the order its `tools` list them: its Python functions
+    (`load_toolbox`) and the tools of each MCP server it names, started in `servers` if need be.
+
+    UsageError when two tools share a name (the model calls tools by name); ToolServerFailed
+    when a server cannot start."""
+    python = load_toolbox(agent, trust_code=trust_code)
+    functions: dict[str, Callable[..., Any] | McpTool] = {}
+    schemas: list[dict[str, Any]] = []
+    offered_by: dict[str, str] = {}
+    python_schemas = {schema["function"]["name"]: schema for schema in python.schemas}
+    for reference in agent.tools:
+        server = mcp_server_name(reference)
+        if server is None:
+            name = tool_name(reference)
+            entries = [(name, python.functions[name], python_schemas[name])]
+        else:
+            if servers is None:
+                raise UsageError(f"tools: {reference} needs the run's MCP servers, and none were opened for it")
+            entries = [(tool.name, tool, tool.schema) for tool in await servers.tools(server)]
+        for name, function, schema in entries:
+            if name in offered_by:
+                raise UsageError(
+                    f"tools: agent {agent.name!r} is offered two tools named {name!r} ({offered_by[name]} and "
+                    f"{reference}); the model calls tools by name: give the MCP server a tools: list without it, "
+                    "or drop one"
+                )
+            offered_by[name] = reference
+            functions[name] = function
+            schemas.append(schema)
+    return Toolbox(functions, tuple(schemas))
 
 
 def describe_function(function: Callable[..., Any], reference: str) -> dict[str, Any]:
@@ -136,6 +181,7 @@ class ToolConversation:
     tokenizer: Any
     messages: list[dict[str, Any]]
     tools: tuple[dict[str, Any], ...] | None  # passed to the template; None: described in the system prompt
+    form: CallForm = "json"  # how the prompt asked for calls: the form constrained turns write (tool_grammar.py)
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
         options: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt,
@@ -162,6 +208,7 @@ def tool_prompt(tokenizer: Any, system: str, content: str, toolbox: Toolbox) -> 
         except Exception:  # a template that refuses the tools keyword
             with_tools = None
         if with_tools is not None and with_tools != plain.render(base, generation_prompt=True):
+            native.form = call_form(with_tools, native_tools=True)
             return with_tools, native
         described = (system + "\n\n" if system else "") + describe_tools(toolbox.schemas)
         messages = [{"role": "system", "content": described}, user]
@@ -256,11 +303,17 @@ def result_text(value: Any) -> str:
     return text
 
 
-async def call_tool(function: Callable[..., Any] | None, call: ToolCall, timeout: float) -> tuple[str, str | None]:
-    """(result text, error or None): run one call; every failure becomes an error result."""
+async def call_tool(
+    function: Callable[..., Any] | McpTool | None, call: ToolCall, timeout: float
+) -> tuple[str, str | None]:
+    """(result text, error or None): run one call; every failure of the tool becomes an error
+    result (an MCP server that died raises ToolServerFailed: the node fails)."""
     if call.problem is not None or function is None:
         error = call.problem or f"unknown tool {call.name!r}"
         return f"error: {error}", error
+    if isinstance(function, McpTool):  # the server checks the arguments against its schema
+        value, error = await function.call(dict(call.arguments), timeout)
+        return (result_text(value) if error is None else value), error
     try:
         inspect.signature(function).bind(**call.arguments)
     except TypeError as error:
@@ -304,11 +357,25 @@ async def run_tool_loop(
     publish: Callable[[str, dict[str, Any]], Awaitable[Any]],
     prompt: Any,
     deliveries: int,
+    answer_schema: dict[str, Any] | None = None,
 ) -> ToolLoopResult:
-    """The bounded loop (module docstring): generate, run the calls, append, generate again."""
+    """The bounded loop (module docstring): generate, run the calls, append, generate again.
+    With `constrain_tools` each turn is decoded under the tools' grammar (tool_grammar.py);
+    `answer_schema` (the node's output_schema) then shapes the answer turn too."""
     loop = ToolLoopResult(text="")
     eos_ids = _eos_ids(agent)
-    result = await generate(prompt, deliveries=deliveries)  # the first turn: the prompt as the agent takes it
+
+    def constraint() -> Any:
+        if not agent_spec.constrain_tools:
+            return None
+        # required: no answer before a call returned without an error (within max_tool_calls)
+        answered = any(call.error is None for call in loop.calls)
+        return format_constraint(turn_format(
+            toolbox.schemas, form=conversation.form, may_call=len(loop.calls) < agent_spec.max_tool_calls,
+            must_call=agent_spec.tool_choice == "required" and not answered, answer_schema=answer_schema))
+
+    # the first turn: the prompt as the agent takes it
+    result = await generate(prompt, deliveries=deliveries, constraint=constraint())
     turns = 0
     while True:
         turns += 1
@@ -326,10 +393,12 @@ async def run_tool_loop(
         results = []
         for call in calls:
             call_id = f"{node}#{len(loop.calls) + 1}"
+            function = toolbox.functions.get(call.name)
             await publish("tool", {"node": node, "phase": "call", "call_id": call_id, "name": call.name,
-                                   "arguments": call.arguments})
+                                   "arguments": call.arguments,
+                                   **({"server": function.server} if isinstance(function, McpTool) else {})})
             began = time.perf_counter()
-            text, error = await call_tool(toolbox.functions.get(call.name), call, agent_spec.tool_timeout)
+            text, error = await call_tool(function, call, agent_spec.tool_timeout)
             run = ToolRun(call_id, call.name, dict(call.arguments), text, error, time.perf_counter() - began, call.form)
             loop.calls.append(run)
             await publish("tool", {"node": node, "phase": "result", "call_id": call_id, "name": call.name,
@@ -341,7 +410,7 @@ async def run_tool_loop(
         held = agent.inspect()["cached_positions"]
         await agent.append(turn)
         loop.tail.append(("tool", agent.inspect()["cached_positions"] - held))
-        result = await generate(from_state=True)
+        result = await generate(from_state=True, constraint=constraint())
     return loop
 
 

@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 import rclc
-from rclc.policy import DEFAULT_REPRESENTATION, DEFAULT_SELECTOR
+from rclc.policy import BUILTIN_SELECTORS, DEFAULT_REPRESENTATION, DEFAULT_SELECTOR
 
 from ..plan.dag import PlanEdge
 from ..plan.policy import ResolvedPolicy
@@ -21,17 +21,11 @@ from .trusted_code import import_callable
 
 def resolve_selector(policy: ResolvedPolicy, *, trust_code: bool, seed: int) -> Any:
     """The callable for a policy's selector name, with its options bound."""
-    selectors = rclc.selectors  # imports torch: on first use, not when rclc_graph is imported
     name = policy.selector or DEFAULT_SELECTOR
     options = policy.options
-    if name in selectors.BUILTIN:
-        base = selectors.BUILTIN[name]
-    elif name == "recent":
-        base = selectors.recent
-    elif name == "random":
-        return selectors.random_selector(int(options.get("seed", seed)))
-    else:
-        base = import_callable(name, trust_code=trust_code, field_name="selector")
+    if name in BUILTIN_SELECTORS:  # rclc.selectors imports torch: on first use, not when rclc_graph is imported
+        return rclc.selectors.builtin(name, options, seed=seed)
+    base = import_callable(name, trust_code=trust_code, field_name="selector")
     return functools.partial(base, **options) if options else base
 
 

@@ -67,23 +67,11 @@ def pack_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     packed = []
     for message in messages:
         selection = message.selection
-        packed.append(
-            {
-                "rows": message.continuous_rows.detach(),
-                "token_ids": None if message.token_ids is None else message.token_ids.detach(),
-                "selection": None if selection is None else {
-                    "source_positions": selection.source_positions,
-                    "budget": selection.budget,
-                    "indices": list(selection.indices),
-                    "spans": [
-                        [span.start, span.stop, span.kept, span.kind, span.text, span.excluded] for span in selection.spans
-                    ],
-                    "added_latent_positions": selection.added_latent_positions,
-                    "allocation": selection.allocation,
-                    "cap": selection.cap,
-                },
-            }
-        )
+        packed.append({
+            "rows": message.continuous_rows.detach(),
+            "token_ids": None if message.token_ids is None else message.token_ids.detach(),
+            "selection": None if selection is None else selection.to_dict(),
+        })
     return packed
 
 
@@ -92,20 +80,7 @@ def unpack_messages(packed: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
     messages = []
     for item in packed:
         record = item.get("selection")
-        selection = None
-        if record is not None:
-            selection = rclc.Selection(
-                source_positions=int(record["source_positions"]),
-                budget=int(record["budget"]),
-                indices=tuple(int(index) for index in record["indices"]),
-                spans=tuple(
-                    rclc.Span(int(a), int(b), bool(kept), str(kind), text, None if excluded is None else str(excluded))
-                    for a, b, kept, kind, text, excluded in record["spans"]
-                ),
-                added_latent_positions=int(record["added_latent_positions"]),
-                allocation=str(record["allocation"]),
-                cap=None if record["cap"] is None else int(record["cap"]),
-            )
+        selection = None if record is None else rclc.Selection.from_dict(record)
         messages.append(rclc.Message(item["rows"], item["token_ids"], selection))
     return tuple(messages)
 

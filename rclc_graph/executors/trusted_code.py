@@ -1,16 +1,76 @@
 """The one place the graph layer imports code a user named (`package.module:callable`).
 
-Selectors, reasoning methods and experiment scorers may be given as references to code. An
-import runs that module's code, so it happens only when the caller passed `trust_code`, and
-every refusal says which field named what and how to opt in.
+Selectors, reasoning methods, function nodes, routers, tools and experiment scorers may be
+given as references to code. An import runs that module's code, so it happens only when the
+caller passed `trust_code`, and every refusal says which field named what and how to opt in.
+
+A module next to a trusted topology file is importable without PYTHONPATH (issue 27): the
+run registers the topology's directory (`search_beside`), and a finder placed after every
+other one on `sys.meta_path` looks there for top-level modules Python did not find anywhere
+else. It comes last, so a file beside the topology never hides an installed module or the
+standard library, and it is registered only for plans with trust_code (nothing is searched
+for a topology that was not trusted).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
 from ..errors import PlanError, UsageError
+
+
+class _BesideTopologies(importlib.abc.MetaPathFinder):
+    """Finds top-level modules in the directories of trusted topology files, last of all finders."""
+
+    def __init__(self) -> None:
+        self._directories: list[str] = []
+        self._lock = threading.Lock()
+
+    def add(self, directory: str) -> None:
+        with self._lock:
+            if directory not in self._directories:
+                self._directories.append(directory)
+
+    @property
+    def directories(self) -> tuple[str, ...]:
+        return tuple(self._directories)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is not None or not self._directories:  # submodules are found through their package
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, list(self._directories))
+
+
+_BESIDE = _BesideTopologies()
+_INSTALL = threading.Lock()
+
+
+def search_beside(directory: str | os.PathLike[str] | None) -> None:
+    """Let `import_callable` (and the user's modules themselves) import top-level modules from
+    `directory`, a trusted topology file's directory, when nothing else on sys.path has them.
+    Call it only for a plan that has trust_code."""
+    if directory is None:
+        return
+    _BESIDE.add(str(Path(directory).resolve()))
+    with _INSTALL:
+        if _BESIDE not in sys.meta_path:  # appended once: the import system reads the list while we run
+            sys.meta_path.append(_BESIDE)
+    importlib.invalidate_caches()
+
+
+def searched_beside() -> tuple[str, ...]:
+    """The topology directories registered so far (for error messages and tests)."""
+    return _BESIDE.directories
 
 
 def import_callable(reference: str, *, trust_code: bool, field_name: str) -> Callable[..., Any]:
@@ -29,7 +89,10 @@ def import_callable(reference: str, *, trust_code: bool, field_name: str) -> Cal
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as error:
-        raise UsageError(f"{field_name}: cannot import module {module_name!r} ({error})") from None
+        raise UsageError(
+            f"{field_name}: cannot import module {module_name!r} ({error}); a module must be on PYTHONPATH, installed, "
+            "or next to the topology file"
+        ) from None
     for part in attribute.split("."):
         try:
             target = getattr(target, part)

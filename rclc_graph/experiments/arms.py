@@ -20,6 +20,7 @@ Keys (each maps to an edge-policy field, see docs/yaml_reference.md):
     max_span                       whole number: the longest span kept in one piece
     relevance                      a number in [0, 1]: keep spans scoring at least that fraction of the best (0: off)
     exclude                        none | all | reasons joined by '+': template+instruction+known
+    exclude_by                     position | span: how instruction/known exclusion passes over spans
     allocation                     per_sender | pooled
     span_size, seed                selector options (span_size for built-ins, seed for random)
     opt.NAME                       any other selector option (true/false, numbers, text)
@@ -62,10 +63,10 @@ SPECIAL = ("question_only", "single_context")
 MODES = POLICY_MODES + SPECIAL
 INT_KEYS = ("ratio", "budget", "max_span", "span_size", "seed", "reasoning_steps", "reasoning_budget",
             "max_new_tokens")
-TEXT_KEYS = ("selector", "span", "allocation", "representation", "reasoning", "reasoning_context")
+TEXT_KEYS = ("selector", "span", "exclude_by", "allocation", "representation", "reasoning", "reasoning_context")
 FLOAT_KEYS = ("relevance",)
-KEYS = ("ratio", "budget", "selector", "span", "max_span", "relevance", "exclude", "allocation", "span_size", "seed",
-        "representation", "reasoning", "reasoning_steps", "reasoning_context", "reasoning_budget", "max_new_tokens")
+KEYS = ("ratio", "budget", "selector", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation", "span_size",
+        "seed", "representation", "reasoning", "reasoning_steps", "reasoning_context", "reasoning_budget", "max_new_tokens")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _OPTION = re.compile(r"^opt\.([A-Za-z_][A-Za-z0-9_]*)$")
 

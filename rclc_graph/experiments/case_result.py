@@ -46,20 +46,18 @@ class HopFigures:
 
     @classmethod
     def from_record(cls, record: Any) -> HopFigures:
-        """From a lineage.HopRecord (or anything with its fields)."""
-        return cls(
-            source=record.source,
-            target=record.target,
-            mode=record.mode,
-            policy=record.policy,
-            sent_positions=int(record.total_positions),
-            inherited_positions=int(record.inherited_positions),
-            budget=int(record.budget),
-            kept_positions=int(record.kept_positions),
-            payload_bytes=int(record.payload_bytes),
-            selection_s=float(record.selection_seconds),
-            edge=record.edge,
-        )
+        """From a lineage.HopRecord (or anything with its fields): each field is the record's
+        field of the same name (`sent_positions` and `selection_s` are its total_positions and
+        selection_seconds), as an int or float where this class says so."""
+        values = {}
+        for item in dataclasses.fields(cls):
+            value = getattr(record, _RECORD_NAMES.get(item.name, item.name))
+            values[item.name] = _CASTS[str(item.type)](value) if str(item.type) in _CASTS else value
+        return cls(**values)
+
+
+_RECORD_NAMES = {"sent_positions": "total_positions", "selection_s": "selection_seconds"}
+_CASTS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -28,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import GraphError, UsageError
 from ..render.consoles import command_console
+from ..render.progress_lines import StepEstimate
 from ..render.terminal_text import printable
 from . import runner
 from .arms import load_arms, parse_arms
@@ -70,8 +72,29 @@ def _fail(error: Exception, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+def _reporter(bar: Progress, lines_to: Any) -> Any:
+    """The runner's progress callback: the bar on a terminal, and with `lines_to` (a console
+    on a log or a pipe) one line per (case, arm) with the time left."""
+    task = bar.add_task("cases x arms", total=None)
+    started = time.monotonic()
+    estimate: list[StepEstimate] = []
+
+    def report(step: runner.Progress) -> None:
+        verb = "resumed" if step.resumed else step.row.get("status", "")
+        bar.update(task, total=step.total, completed=step.done, description=f"{step.case} / {step.arm} ({verb})")
+        if lines_to is None:
+            return
+        if not estimate:
+            estimate.append(StepEstimate(step.total, started))
+        seconds = None if step.resumed else step.row.get("latency_s")
+        lines_to.print(printable(estimate[0].line(step.done, f"{step.case} / {step.arm}", verb or "done",
+                                                  computed=not step.resumed, seconds=seconds, now=time.monotonic())))
+
+    return report
+
+
 @app.command("experiment", cls=UsageCommand)
-def experiment(
+def experiment(  # a typer command: each option is a parameter (docs/cli.md lists them)
     topology: Path = typer.Option(..., "--topology", "-t", metavar="FILE", help="topology YAML file"),
     data: Path = typer.Option(..., "--data", "-d", metavar="FILE", help="JSONL dataset"),
     arm: List[str] = typer.Option([], "--arm", "-a", metavar="NAME=POLICY", help="NAME=MODE[:key=value,...], e.g. r4=state:ratio=4; repeatable"),
@@ -118,12 +141,12 @@ def experiment(
 
     console = command_console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=as_json, disable=as_json and not console.is_terminal) as bar:
-        task = bar.add_task("cases x arms", total=None)
-
-        def report(step: runner.Progress) -> None:
-            verb = "resumed" if step.resumed else step.row.get("status", "")
-            bar.update(task, total=step.total, completed=step.done, description=f"{step.case} / {step.arm} ({verb})")
+    lines = not console.is_terminal and not as_json  # a log or a pipe: one line per case (render/progress_lines.py)
+    if lines:
+        console.print(printable(f"experiment {topology.name} over {data.name}: arms {', '.join(a.name for a in arms)}; "
+                                "the first run loads the models"))
+    with Progress(*columns, console=console, transient=as_json, disable=not console.is_terminal) as bar:
+        report = _reporter(bar, console if lines else None)
 
         try:
             summary = runner.run_experiment(

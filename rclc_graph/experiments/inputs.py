@@ -130,7 +130,8 @@ def documents_read(spec: GraphSpec, list_input: str) -> int | None:
     (a foreach over it, or `{name}` in a template), else 1 + the largest `{name[i]}` index."""
     templates_used = [node.prompt for node in spec.nodes]
     templates_used += [policy.request for policy in spec.policies.values() if policy.request]
-    templates_used += [edge.policy.request for edge in spec.edges if not isinstance(edge.policy, str) and edge.policy.request]
+    templates_used += [edge.policy.request for edge in spec.edges
+                       if edge.policy is not None and not isinstance(edge.policy, str) and edge.policy.request]
     if any(node.foreach == list_input for node in spec.nodes):
         return None
     largest = -1

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from rclc.files import file_sha256, write_json_atomic
 
 from ..errors import GraphError, PlanError, Problem, UsageError
+from ..executors.trusted_code import search_beside
 from ..plan.compile import expand
 from ..spec.load import read_graph
 from .arm_graphs import apply_arm, spec_fingerprint, validate_arms
@@ -78,7 +79,7 @@ class Summary:
         return self.data["arms"]
 
 
-def run_experiment(
+def run_experiment(  # the public API (docs/experiments.md): one keyword per `rclc-graph experiment` option
     topology_path: str | os.PathLike[str],
     dataset_path: str | os.PathLike[str],
     arms: Sequence[Arm | str],
@@ -114,6 +115,43 @@ def run_experiment(
     as with 1. `max_batch` caps how many sequences a model decodes together (default
     scheduler only; None: the topology's `batching`, else rclc's default).
     """
+    arm_list = _checked_arms(arms, compare_to, concurrency)
+    if trust_code:  # modules beside the topology file import without PYTHONPATH (executors/trusted_code.py)
+        search_beside(Path(topology_path).resolve().parent)
+    score = load_scorer(scorer, trust_code=trust_code)
+    loaded = read_graph(topology_path, trusted=trust_code)
+    spec = loaded.spec
+    cases = read_dataset(dataset_path, limit=limit)
+    mapping = resolve_mapping(spec, input_map)
+    blueprints = validate_arms(spec, arm_list, mapping=mapping, trust_code=trust_code)
+    arm_specs = {arm.name: apply_arm(spec, arm, mapping=mapping) for arm in arm_list}
+    _check_cases(spec, arm_list, blueprints, mapping, cases)
+    if run_case is None:
+        try:
+            run_case = scheduler_run_case(trust_code=trust_code, seed=seed, max_batch=max_batch)
+        except ImportError as exc:
+            raise RuntimeError(f"the graph scheduler is not available ({exc}); experiments need rclc_graph.run") from exc
+    loop = _Loop(cases, arm_list, arm_specs, {name: spec_fingerprint(arm_spec) for name, arm_spec in arm_specs.items()},
+                 mapping, run_case, score, seed, concurrency, progress)
+    directory = Path(out_dir)
+    with ResultStore(directory) as store:
+        computed, resumed = loop.run(store, retry_failed=retry_failed)
+        answers = {case.id: case.answers for case in cases}
+        rows = [_rescored(row, score, answers) for row in store.rows()]
+        recovered = store.recovered_bytes
+    keys = {(case.id, arm.name) for case in cases for arm in arm_list}
+    metadata = _metadata(
+        loaded.spec, topology_path, dataset_path, cases, limit, score, seed, mapping.to_dict(),
+        [row for row in rows if (row["case"], row["arm"]) in keys],
+    )
+    metadata["rows"] = {"computed": computed, "resumed": resumed, "recovered_bytes": recovered}
+    data = summarise(rows, arm_list, [case.id for case in cases], reference=compare_to, metadata=metadata)
+    files = write_summary(data, directory)
+    return Summary(directory, data, files, computed, resumed, recovered)
+
+
+def _checked_arms(arms: Sequence[Arm | str], compare_to: str | None, concurrency: Any) -> list[Arm]:
+    """The arms parsed, with unique names that include `compare_to`; `concurrency` an int >= 1."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise UsageError(f"concurrency: expected an int >= 1, got {concurrency!r}")
     arm_list = [parse_arm(arm) if isinstance(arm, str) else arm for arm in arms]
@@ -124,67 +162,57 @@ def run_experiment(
         raise UsageError(f"arms: names must be unique, got {names}")
     if compare_to is not None and compare_to not in names:
         raise UsageError(f"--compare-to: no arm named {compare_to!r}; the arms are {', '.join(names)}")
-    score = load_scorer(scorer, trust_code=trust_code)
-    loaded = read_graph(topology_path, trusted=trust_code)
-    spec = loaded.spec
-    cases = read_dataset(dataset_path, limit=limit)
-    mapping = resolve_mapping(spec, input_map)
-    blueprints = validate_arms(spec, arm_list, mapping=mapping, trust_code=trust_code)
-    arm_specs = {arm.name: apply_arm(spec, arm, mapping=mapping) for arm in arm_list}
-    _check_cases(spec, arm_list, blueprints, mapping, cases)
-    arm_fingerprints = {name: spec_fingerprint(arm_spec) for name, arm_spec in arm_specs.items()}
-    if run_case is None:
-        try:
-            run_case = scheduler_run_case(trust_code=trust_code, seed=seed, max_batch=max_batch)
-        except ImportError as exc:
-            raise RuntimeError(f"the graph scheduler is not available ({exc}); experiments need rclc_graph.run") from exc
+    return arm_list
 
-    directory = Path(out_dir)
-    computed = resumed = 0
-    with ResultStore(directory) as store:
+
+@dataclass(frozen=True)
+class _Loop:
+    """Cases x arms (arms inner) through `run_case`, each computed row appended to the store in
+    order, rows already there reused (see the module docstring)."""
+
+    cases: Sequence[Case]
+    arms: Sequence[Arm]
+    arm_specs: Mapping[str, Any]
+    arm_fingerprints: Mapping[str, str]
+    mapping: Any
+    run_case: RunCase
+    score: Scorer
+    seed: int
+    concurrency: int
+    progress: Callable[[Progress], None] | None
+
+    def run(self, store: ResultStore, *, retry_failed: bool) -> tuple[int, int]:
+        """Compute what the store lacks (and failed rows with `retry_failed`); (computed, resumed)."""
         finished = store.latest()
-        _refuse_stale(finished, cases, arm_list, arm_fingerprints)
-        total = len(cases) * len(arm_list)
-        done = 0
+        _refuse_stale(finished, self.cases, self.arms, self.arm_fingerprints)
+        total = len(self.cases) * len(self.arms)
+        done = computed = resumed = 0
         work = []
-        for case in cases:
-            inputs = mapping.inputs(case)
-            for arm in arm_list:
+        for case in self.cases:
+            inputs = self.mapping.inputs(case)
+            for arm in self.arms:
                 previous = finished.get((case.id, arm.name))
                 resumed_row = previous is not None and (previous.get("status") == "finished" or not retry_failed)
                 work.append((case, arm, inputs, previous if resumed_row else None))
 
         def compute(case: Case, arm: Arm, inputs: Mapping[str, Any]) -> CaseResult:
-            return _run_one(run_case, arm_specs[arm.name], inputs, case)
+            return _run_one(self.run_case, self.arm_specs[arm.name], inputs, case)
 
-        for (case, arm, _, previous), result in _in_order(work, compute, concurrency):
+        for (case, arm, _, previous), result in _in_order(work, compute, self.concurrency):
+            done += 1
             if previous is not None:
-                done += 1
                 resumed += 1
-                if progress is not None:
-                    progress(Progress(done, total, case.id, arm.name, True, previous))
+                if self.progress is not None:
+                    self.progress(Progress(done, total, case.id, arm.name, True, previous))
                 continue
-            row = result_row(case, arm, result, score, arm_fingerprint=arm_fingerprints[arm.name], seed=seed,
-                             warmup=result.warmup or computed == 0)
+            row = result_row(case, arm, result, self.score, arm_fingerprint=self.arm_fingerprints[arm.name],
+                             seed=self.seed, warmup=result.warmup or computed == 0)
             store.append(row)
             finished[(case.id, arm.name)] = row
-            done += 1
             computed += 1
-            if progress is not None:
-                progress(Progress(done, total, case.id, arm.name, False, row))
-        answers = {case.id: case.answers for case in cases}
-        rows = [_rescored(row, score, answers) for row in store.rows()]
-        recovered = store.recovered_bytes
-
-    keys = {(case.id, arm.name) for case in cases for arm in arm_list}
-    metadata = _metadata(
-        loaded.spec, topology_path, dataset_path, cases, limit, score, seed, mapping.to_dict(),
-        [row for row in rows if (row["case"], row["arm"]) in keys],
-    )
-    metadata["rows"] = {"computed": computed, "resumed": resumed, "recovered_bytes": recovered}
-    data = summarise(rows, arm_list, [case.id for case in cases], reference=compare_to, metadata=metadata)
-    files = write_summary(data, directory)
-    return Summary(directory, data, files, computed, resumed, recovered)
+            if self.progress is not None:
+                self.progress(Progress(done, total, case.id, arm.name, False, row))
+        return computed, resumed
 
 
 def write_summary(data: Mapping[str, Any], directory: str | os.PathLike[str]) -> dict[str, Path]:

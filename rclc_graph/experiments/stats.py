@@ -102,17 +102,10 @@ class PairedComparison:
         return self.both_correct + self.only_first + self.only_second + self.both_wrong
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "first": self.first,
-            "second": self.second,
-            "cases": self.cases,
-            "both_correct": self.both_correct,
-            "only_first": self.only_first,
-            "only_second": self.only_second,
-            "both_wrong": self.both_wrong,
-            "p_value": self.p_value,
-            "test": "mcnemar_exact_two_sided",
-        }
+        """The two arms, the case count, the 2x2 table, p and the test's name, as plain data."""
+        table = {name: getattr(self, name) for name in ("both_correct", "only_first", "only_second", "both_wrong")}
+        return {"first": self.first, "second": self.second, "cases": self.cases, **table, "p_value": self.p_value,
+                "test": "mcnemar_exact_two_sided"}
 
 
 def paired_comparison(first: str, second: str, pairs: Iterable[tuple[bool, bool]]) -> PairedComparison:

@@ -43,25 +43,21 @@ MEASURES = ("accuracy", "accuracy_ci", "median_latency_s", "positions", "payload
 def summarise_arm(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The measures of one arm from its rows (one per case)."""
     finished = [row for row in rows if row.get("status") == "finished"]
+
+    def mean_of(key: str) -> float | None:
+        """The mean of a row field over the finished rows that have it."""
+        return stats.mean(row.get(key) for row in finished)
+
     outcomes = [bool(row.get("correct")) for row in rows]
     interval = stats.accuracy_interval(outcomes)
     latency, latency_runs, with_warmup = stats.median_excluding(
         [(row.get("latency_s"), bool(row.get("warmup"))) for row in finished]
     )
-    positions = stats.mean(row.get("positions_kept") for row in finished)
-    positions_sent = stats.mean(row.get("positions_sent") for row in finished)
+    positions, positions_sent = mean_of("positions_kept"), mean_of("positions_sent")
     has_hops = [row for row in finished if row.get("hops")]
     compression = None
     if has_hops and positions:
         compression = positions_sent / positions if positions_sent is not None else None
-    by_depth: dict[int, list[float]] = {}
-    for row in finished:
-        evidence = row.get("evidence") or {}
-        tokens = evidence.get("evidence_tokens")
-        if not tokens:
-            continue
-        for node in evidence.get("nodes", ()):
-            by_depth.setdefault(int(node["depth"]), []).append(node["surviving"] / tokens)
     return {
         "cases": len(rows),
         "finished": len(finished),
@@ -72,20 +68,33 @@ def summarise_arm(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "median_latency_s": latency,
         "latency_runs": latency_runs,
         "latency_includes_warmup": with_warmup,
-        "mean_latency_s": stats.mean(row.get("latency_s") for row in finished),
-        "selection_s": stats.mean(row.get("selection_s") for row in finished),
-        "generation_s": stats.mean(row.get("generation_s") for row in finished),
+        "mean_latency_s": mean_of("latency_s"),
+        "selection_s": mean_of("selection_s"),
+        "generation_s": mean_of("generation_s"),
         "positions": positions,
         "positions_sent": positions_sent,
         "compression": compression,
-        "output_positions": stats.mean(row.get("output_positions") for row in finished),
-        "payload_bytes": stats.mean(row.get("payload_bytes") for row in finished),
-        "evidence_survival": stats.mean(row.get("evidence_at_output") for row in finished),
+        "output_positions": mean_of("output_positions"),
+        "payload_bytes": mean_of("payload_bytes"),
+        "evidence_survival": mean_of("evidence_at_output"),
         "evidence_cases": sum(1 for row in finished if row.get("evidence_at_output") is not None),
-        "evidence_by_depth": {str(depth): stats.mean(values) for depth, values in sorted(by_depth.items())},
+        "evidence_by_depth": _evidence_by_depth(finished),
         "answer_chars": stats.mean(len(row["answer"]) for row in finished if isinstance(row.get("answer"), str)),
         "model_fingerprints": sorted({f"{k}={v}" for row in finished for k, v in (row.get("model_fingerprints") or {}).items()}),
     }
+
+
+def _evidence_by_depth(finished: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """How much of each case's evidence survives at each hop depth, averaged over cases."""
+    by_depth: dict[int, list[float]] = {}
+    for row in finished:
+        evidence = row.get("evidence") or {}
+        tokens = evidence.get("evidence_tokens")
+        if not tokens:
+            continue
+        for node in evidence.get("nodes", ()):
+            by_depth.setdefault(int(node["depth"]), []).append(node["surviving"] / tokens)
+    return {str(depth): stats.mean(values) for depth, values in sorted(by_depth.items())}
 
 
 def summarise(

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Iterator
+from typing import Any
 
 from .datasets import Case, write_jsonl
 from ..errors import UsageError
@@ -97,21 +99,12 @@ def _value(rng: random.Random, relation: str) -> str:
 
 def draw_case(rng: random.Random, index: int, *, documents: int, facts_per_document: int, filler_per_document: int) -> Case:
     entities = rng.sample(ENTITIES, documents * facts_per_document)
-    asked_entity = entities[0]
-    relation = rng.choice(sorted(RELATIONS))
-    answer = _value(rng, relation)
-    evidence = RELATIONS[relation]["fact"].format(entity=asked_entity, value=answer)
-    gold = rng.randrange(documents)
+    asked_entity, relation, answer, evidence, gold = _asked(rng, entities[0], documents)
     others = iter(entities[1:])
     docs = []
     for d in range(documents):
         sentences = rng.sample(FILLER, filler_per_document)
-        count = facts_per_document - 1 if d == gold else facts_per_document
-        for _ in range(count):
-            other_relation = rng.choice(sorted(RELATIONS))
-            sentences.append(
-                RELATIONS[other_relation]["fact"].format(entity=next(others), value=_value(rng, other_relation))
-            )
+        sentences += _other_facts(rng, others, facts_per_document - 1 if d == gold else facts_per_document)
         if d == gold:
             sentences.append(evidence)
         rng.shuffle(sentences)
@@ -120,6 +113,24 @@ def draw_case(rng: random.Random, index: int, *, documents: int, facts_per_docum
     return Case(
         f"syn-{index:05d}", tuple(docs), question, (answer,), gold, evidence, {"relation": relation, "entity": asked_entity}
     )
+
+
+def _asked(rng: random.Random, entity: str, documents: int) -> tuple[str, str, str, str, int]:
+    """The fact a case asks about: its entity, relation, answer, evidence sentence, and the
+    document (of `documents`) that holds it."""
+    relation = rng.choice(sorted(RELATIONS))
+    answer = _value(rng, relation)
+    evidence = RELATIONS[relation]["fact"].format(entity=entity, value=answer)
+    return entity, relation, answer, evidence, rng.randrange(documents)
+
+
+def _other_facts(rng: random.Random, entities: Iterator[str], count: int) -> list[str]:
+    """`count` distractor facts about the next entities, each of a random relation."""
+    facts = []
+    for _ in range(count):
+        relation = rng.choice(sorted(RELATIONS))
+        facts.append(RELATIONS[relation]["fact"].format(entity=next(entities), value=_value(rng, relation)))
+    return facts
 
 
 def filler_sentence(rng: random.Random) -> str:
@@ -149,18 +160,11 @@ def draw_long_case(
     """A case whose documents are filled to `tokens` word pieces each (see the module docstring)."""
     count = rng.randint(*documents)
     entities = rng.sample(ENTITIES + MORE_ENTITIES, count * facts_per_document)
-    asked_entity = entities[0]
-    relation = rng.choice(sorted(RELATIONS))
-    answer = _value(rng, relation)
-    evidence = RELATIONS[relation]["fact"].format(entity=asked_entity, value=answer)
-    gold = rng.randrange(count)
+    asked_entity, relation, answer, evidence, gold = _asked(rng, entities[0], count)
     others = iter(entities[1:])
     docs = []
     for d in range(count):
-        facts = []
-        for _ in range(facts_per_document - 1 if d == gold else facts_per_document):
-            other_relation = rng.choice(sorted(RELATIONS))
-            facts.append(RELATIONS[other_relation]["fact"].format(entity=next(others), value=_value(rng, other_relation)))
+        facts = _other_facts(rng, others, facts_per_document - 1 if d == gold else facts_per_document)
         if d == gold:
             facts.append(evidence)
         target = rng.randint(*tokens)
@@ -242,19 +246,8 @@ def make_dataset(
     ]
 
 
-def write_dataset(
-    path: str | os.PathLike[str],
-    size: int,
-    *,
-    seed: int = 0,
-    documents: int | tuple[int, int] = 3,
-    facts_per_document: int = 4,
-    filler_per_document: int = 4,
-    document_tokens: tuple[int, int] | None = None,
-) -> int:
-    """Generate `size` cases and write them as JSONL (what `rclc-graph data make` does)."""
-    cases = make_dataset(
-        size, seed=seed, documents=documents, facts_per_document=facts_per_document,
-        filler_per_document=filler_per_document, document_tokens=document_tokens,
-    )
-    return write_jsonl(path, cases)
+def write_dataset(path: str | os.PathLike[str], size: int, **options: Any) -> int:
+    """Generate `size` cases and write them as JSONL (what `rclc-graph data make` does);
+    `options` are `make_dataset`'s (seed, documents, facts_per_document, filler_per_document,
+    document_tokens)."""
+    return write_jsonl(path, make_dataset(size, **options))

@@ -7,6 +7,8 @@ beyond reading topology files (`validate_file`, `plan_file`); import-linter cont
 pyproject.toml check it.
 """
 
+import types as _types
+
 from .builder import Graph, Policy, Reasoning, chain_of_agents, debate, fan_out, hierarchical, to_yaml
 from .compile import compile_plan, expand
 from .dag import Plan, PlanEdge, PlanNode
@@ -14,27 +16,7 @@ from .files import plan_file, validate_file
 from .policy import ResolvedPolicy, ResolvedReasoning
 from .validate import Blueprint, validate
 
-__all__ = [
-    # validation and compilation
-    "Blueprint",
-    "Plan",
-    "PlanEdge",
-    "PlanNode",
-    "compile_plan",
-    "expand",
-    "plan_file",
-    "validate",
-    "validate_file",
-    # policies
-    "ResolvedPolicy",
-    "ResolvedReasoning",
-    # the builder
-    "Graph",
-    "Policy",
-    "Reasoning",
-    "chain_of_agents",
-    "debate",
-    "fan_out",
-    "hierarchical",
-    "to_yaml",
-]
+# every name imported above, the submodules themselves aside (the imports say where each lives)
+__all__ = sorted(
+    name for name, value in vars().items() if not name.startswith("_") and not isinstance(value, _types.ModuleType)
+)

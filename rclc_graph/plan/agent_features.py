@@ -4,6 +4,8 @@ Kept apart from validate.py's general checks so each feature's rules read in one
 
 - `tools` name code (module:callable), so a topology that lists them needs trust_code, as
   custom selectors do; and a tool-calling agent must generate (its loop is generation).
+  `mcp:<server>` must name a server declared under `mcp_servers`; a server run as a command
+  is code as well (trust_code), one reached at a loopback `url` is not.
 - An agent on a `backend: openai` model has no rclc state: nothing can be selected from or
   handed to it except text. So every edge that touches one of its nodes must be `text`, it
   must generate, and local-model options (tools, context_limit) do not apply to it.
@@ -16,30 +18,19 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..errors import Problem
-from ..spec.models import AgentSpec, GraphSpec, ModelSpec, NodeSpec
-from .policy import ResolvedPolicy
+from ..spec.models import AgentSpec, GraphSpec, ModelSpec, NodeSpec, mcp_server_name
+from .spec_index import SpecIndex
 
 
-def check_agent_features(
-    spec: GraphSpec,
-    models: Mapping[str, ModelSpec],
-    agents: Mapping[str, AgentSpec],
-    nodes: Mapping[str, NodeSpec],
-    policies: tuple[ResolvedPolicy, ...],
-    trust_code: bool,
-) -> list[Problem]:
-    """Every problem of tools and API models in `spec` (names already resolve)."""
+def check_agent_features(index: SpecIndex) -> list[Problem]:
+    """Every problem of tools and API models in the indexed spec (names already resolve)."""
+    spec, models, agents, nodes, policies, trust_code = (
+        index.spec, index.models, index.agents, index.nodes, index.policies, index.trust_code
+    )
     problems: list[Problem] = []
     api_agents = {name for name, agent in agents.items() if models[agent.model].is_api}
     for index, agent in enumerate(spec.agents):
-        if not trust_code:
-            for position, reference in enumerate(agent.tools):
-                problems.append(Problem(
-                    "E_TRUST_CODE",
-                    f"tool {reference!r} would import and run code named by the YAML",
-                    "pass --trust-code (trust_code=True) if you trust this file",
-                    ("agents", index, "tools", position),
-                ))
+        problems += _tool_problems(spec, index, agent, trust_code)
         if agent.name in api_agents:
             for field_name, present in (("tools", bool(agent.tools)), ("context_limit", agent.context_limit is not None)):
                 if present:
@@ -80,6 +71,33 @@ def check_agent_features(
                 "an API model: API models read and write text only, they hold no rclc state",
                 "use mode: text for this edge",
                 ("edges", index, "policy"),
+            ))
+    return problems
+
+
+def _tool_problems(spec: GraphSpec, index: int, agent: AgentSpec, trust_code: bool) -> list[Problem]:
+    """An agent's tool references: MCP servers declared, code only with trust_code."""
+    problems: list[Problem] = []
+    for position, reference in enumerate(agent.tools):
+        path = ("agents", index, "tools", position)
+        server = mcp_server_name(reference)
+        if server is not None and server not in spec.mcp_servers:
+            known = ", ".join(spec.mcp_servers)
+            problems.append(Problem(
+                "E_UNKNOWN_REF", f"tool {reference!r} names no MCP server declared under mcp_servers",
+                f"declare it under mcp_servers (known: {known})" if known else "declare it under mcp_servers", path,
+            ))
+        elif not trust_code and server is None:
+            problems.append(Problem(
+                "E_TRUST_CODE", f"tool {reference!r} would import and run code named by the YAML",
+                "pass --trust-code (trust_code=True) if you trust this file", path,
+            ))
+        elif not trust_code and spec.mcp_servers[server].runs_code:
+            problems.append(Problem(
+                "E_TRUST_CODE",
+                f"tool {reference!r}: MCP server {server!r} runs the command {spec.mcp_servers[server].command!r}, "
+                "code named by the YAML",
+                "pass --trust-code (trust_code=True) if you trust this file", path,
             ))
     return problems
 

@@ -12,6 +12,9 @@
 Function nodes take the callable itself (`g.function("lookup", find_order)`): it is not
 imported, so it needs no trust_code; the spec names it by `module:qualname`, which is how a
 YAML file (with trust_code) or a resume (`functions=graph.functions`) finds it again.
+A subgraph node runs another topology whole (`g.subgraph("research", research_graph,
+inputs={"topic": "{question}"})`): a `Graph` (its function callables come along), a
+`GraphSpec` or a topology file; `to_yaml()` writes it inline.
 
 Each call validates its own object at once (a bad field raises SpecError naming it);
 whole-graph checks run in `validate()`/`plan()`. `to_yaml()` writes a file that loads back
@@ -21,6 +24,7 @@ ready-made builders that can still be edited.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
@@ -28,12 +32,13 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import FieldPath, Problem, SpecError, UsageError
-from ..spec.load import problems_from_validation
+from ..spec.load import load_graph, problems_from_validation
 from ..spec.models import (
     AgentSpec,
     EdgeSpec,
     GraphSpec,
     InputSpec,
+    McpServerSpec,
     ModelSpec,
     NodeSpec,
     ReasoningSpec,
@@ -88,6 +93,7 @@ class Graph:
         self.description = description
         self._inputs: dict[str, InputSpec] = {}
         self._models: list[ModelSpec] = []
+        self._mcp_servers: dict[str, McpServerSpec] = {}
         self._agents: list[AgentSpec] = []
         self._nodes: list[NodeSpec] = []
         self._edges: list[EdgeSpec] = []
@@ -101,6 +107,7 @@ class Graph:
         graph = cls(spec.name, description=spec.description)
         graph._inputs = spec.input_specs()
         graph._models = list(spec.models)
+        graph._mcp_servers = dict(spec.mcp_servers)
         graph._agents = list(spec.agents)
         graph._nodes = list(spec.nodes)
         graph._edges = list(spec.edges)
@@ -123,6 +130,19 @@ class Graph:
         """Declare a model (`source`: "embedded", a local path or a hub id; `options`: the
         other ModelSpec fields such as dtype, device, backend, replicas)."""
         self._add(self._models, "models", ModelSpec, {"name": name, "source": source, **options})
+        return self
+
+    def mcp_server(self, name: str, **fields: Any) -> Graph:
+        """Declare an MCP server agents may take tools from (`tools=["mcp:<name>"]`): `command`
+        (and `args`, `env`, `cwd`) to run it over stdio, or `url` to reach one on this machine;
+        `tools` (an allowlist) and `startup_timeout` as in YAML (docs/yaml_reference.md)."""
+        _check_key("mcp_servers", name)
+        spec = _build(McpServerSpec, ("mcp_servers", name), fields)
+        _build(GraphSpec, (), {"name": self.name, "mcp_servers": {name: spec}})  # checks the server name
+        if name in self._mcp_servers:
+            raise SpecError.one("E_DUPLICATE_NAME", f"MCP server {name!r} is declared twice",
+                                "declare each server once", ("mcp_servers", name))
+        self._mcp_servers[name] = spec
         return self
 
     def agent(self, name: str, *, model: str, system: str = "", **options: Any) -> Graph:
@@ -178,6 +198,44 @@ class Graph:
             self._functions[reference] = fn
         return self
 
+    def subgraph(
+        self,
+        name: str,
+        graph: Graph | GraphSpec | str | os.PathLike[str],
+        *,
+        inputs: Mapping[str, str | Sequence[str]] | None = None,
+        returns: str | None = None,
+        output: bool = False,
+        description: str = "",
+        **options: Any,
+    ) -> Graph:
+        """Declare a subgraph node: `graph` runs whole as this one node (docs/graphs.md#subgraphs).
+        `graph` is a builder (taken as it stands now, with its function callables), a GraphSpec,
+        or a topology file's path (loaded at once). `inputs` maps the subgraph's inputs to
+        templates over this node's variables; `returns` names the subgraph's output node whose
+        output is this node's (default: its only one). `options`: foreach, item."""
+        path = ("nodes", len(self._nodes), "graph")
+        if isinstance(graph, Graph):
+            for reference, function in graph._functions.items():
+                known = self._functions.get(reference)
+                if known is not None and known is not function:
+                    raise SpecError.one("E_FUNCTION", f"two different callables are both named {reference!r}",
+                                        "give one of them another name", path)
+            child: Any = graph.spec()
+        elif isinstance(graph, (str, os.PathLike)):
+            child = load_graph(graph)
+        else:
+            child = graph
+        data: dict[str, Any] = {"name": name, "graph": child, "output": output, "description": description, **options}
+        if inputs is not None:
+            data["inputs"] = {key: list(value) if isinstance(value, (list, tuple)) else value for key, value in inputs.items()}
+        if returns is not None:
+            data["returns"] = returns
+        self._add(self._nodes, "nodes", NodeSpec, data)
+        if isinstance(graph, Graph):
+            self._functions.update(graph._functions)
+        return self
+
     @property
     def functions(self) -> dict[str, Callable[..., Any]]:
         """The callables of function nodes, by `call` reference (pass to `resume_run(functions=...)`)."""
@@ -195,7 +253,8 @@ class Graph:
         description: str = "",
     ) -> Graph:
         """Declare an edge: `policy` is a TransferPolicy (`Policy(...)`), a mapping of its
-        fields, or the name of a declared policy (None: the default state policy); `rounds`
+        fields, or the name of a declared policy (None: state between two agents, text
+        into or out of a function node); `rounds`
         makes it the closing edge of a bounded loop. `when` (a condition mapping such as
         {"contains": "billing"}, or a "module:callable" router) makes it fire only when the
         sender's output satisfies it; `until` on a loop edge stops the loop after the first
@@ -230,6 +289,7 @@ class Graph:
             description=self.description,
             inputs=dict(self._inputs),
             models=list(self._models),
+            mcp_servers=dict(self._mcp_servers),
             agents=list(self._agents),
             nodes=list(self._nodes),
             edges=list(self._edges),
@@ -313,13 +373,21 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def to_yaml(spec: GraphSpec) -> str:
-    """The spec as a minimal YAML topology (defaults left out) that loads back equal."""
-    data = spec.model_dump(mode="json", exclude_defaults=True)
+def _short_inputs(data: dict[str, Any]) -> None:
+    """Inputs in the `question: str` shorthand where nothing else is set, subgraphs' too."""
     inputs = data.get("inputs", {})
     for name, value in inputs.items():
         if set(value) <= {"type"}:
-            inputs[name] = value.get("type", "str")  # the `question: str` shorthand
+            inputs[name] = value.get("type", "str")
+    for node in data.get("nodes", []):
+        if isinstance(node.get("graph"), dict):
+            _short_inputs(node["graph"])
+
+
+def to_yaml(spec: GraphSpec) -> str:
+    """The spec as a minimal YAML topology (defaults left out) that loads back equal."""
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    _short_inputs(data)
     ordered = {"version": spec.version, **data}
     return yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 

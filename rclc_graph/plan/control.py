@@ -47,7 +47,8 @@ def check_control(
                 "E_FUNCTION",
                 f"a {mode} edge {edge.source} -> {edge.target} touches function node {function}, which has no model "
                 "state to send or receive",
-                "use policy: {mode: text} for this edge (a function reads and writes text)",
+                "remove the edge's policy (a plain edge into or out of a function carries text), or write "
+                "policy: {mode: text}",
                 ("edges", index, "policy"),
             ))
         for field_name in ("when", "until"):

@@ -7,7 +7,16 @@ arrive at a fan-in), and the output nodes. The scheduler asks the plan what may 
 (`ready`, `ready_after`) and never re-derives graph structure itself; records describe it
 (`describe`, `fingerprint`). compile.py builds plans.
 
-Naming: `name[i]` is copy i of a foreach node, `name@r` is round r of a loop node.
+Naming: `name[i]` is copy i of a foreach node, `name@r` is round r of a loop node, and
+`sub/name` is node `name` of the subgraph that node `sub` runs (`sub[1]/name@2`: round 2 of
+`name` in the subgraph of copy 1 of `sub`). A subgraph is spliced into its parent's plan
+(compile.py, splice.py): its nodes are plan nodes like any other, `scope` says which
+subgraph instance each belongs to and `Plan.scopes` describes the instances.
+
+A run-time foreach node (`foreach: {node: planner}`) is planned as `max_items` copies whose
+item is unknown until `planner` finished: `foreach_from` names the producer, the copy waits
+for it (as for an edge), and the scheduler reads the copy's item from the producer's output
+(`runtime_foreach.py`) before it runs the copy, or skips the copy past the list's end.
 
 Conditional edges (`when`, and the edges an `until` loop stop decides, `LoopStop`) are
 marked on the plan but decided at run time, from the outputs of finished nodes: a node
@@ -28,7 +37,7 @@ from typing import Any, Callable, Collection, Mapping
 import networkx as nx
 
 from ..spec import predicates
-from ..spec.models import AgentSpec, GraphSpec, ModelSpec
+from ..spec.models import AgentSpec, GraphSpec, ModelSpec, NodeSpec
 from .policy import ResolvedPolicy
 
 
@@ -56,6 +65,12 @@ class PlanNode:
     # Character spans of `prompt` that hold rendered values (inputs, node variables); the
     # rest is the template's own text (what receiver-aware selection calls instructions).
     prompt_values: tuple[tuple[int, int], ...] = ()
+    # The JSON Schema the node's output must match (`output_schema:`): constrained decoding,
+    # then validation; None for free text.
+    output_schema: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    scope: str = ""  # the subgraph instance this node belongs to ("" at the top, "research", "a[0]/b")
+    foreach_from: str | None = None  # run-time foreach: the plan node whose JSON list gives this copy's item
+    spec_path: tuple[str | int, ...] = ()  # where its spec node is written: ("nodes", 2, "graph", "nodes", 0)
 
     @property
     def is_function(self) -> bool:
@@ -101,6 +116,13 @@ class PlanEdge:
     loop: bool  # a loop edge (round r -> r + 1)
     when: Any = None  # the edge's own condition on its source's output (spec/predicates.py), or None
     stop: LoopStop | None = None  # set on edges an `until` loop stop decides
+    spec_path: tuple[str | int, ...] = ()  # where its spec edge is written: ("edges", 3), or inside a subgraph
+    routes_to: str = ""  # the target's name as the spec edge writes it (what a router names), "" for `declared`
+
+    @property
+    def key(self) -> str:
+        """"source->target": the edge's name in records (`fired`); a plan has one edge per pair."""
+        return f"{self.source}->{self.target}"
 
     @property
     def conditional(self) -> bool:
@@ -114,6 +136,28 @@ class PlanEdge:
         if self.stop is None or self.stop.check == self.source:
             return (self.source,)
         return (self.source, self.stop.check)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One instance of a subgraph in a plan: subgraph node `node` (its declared path) run as
+    `name` ("research", "research[0]", "outer/inner"), with the subgraph's own inputs; edges
+    into the instance reach `entries`, and `returns` is the plan node whose output (and, on
+    state edges, state) is the instance's."""
+
+    name: str
+    node: str
+    graph: str  # the subgraph topology's name
+    inputs: Mapping[str, Any]
+    returns: str
+    entries: tuple[str, ...]
+    spec_path: tuple[str | int, ...]
+
+    def describe(self) -> dict[str, Any]:
+        """Plain JSON data (plan descriptions and records)."""
+        return {"name": self.name, "node": self.node, "graph": self.graph, "returns": self.returns,
+                "entries": list(self.entries),
+                "inputs": {key: list(value) if isinstance(value, tuple) else value for key, value in self.inputs.items()}}
 
 
 @dataclass(frozen=True)
@@ -140,6 +184,13 @@ class Plan:
     # callables handed over in Python for function nodes, by `call` reference (not part of the
     # fingerprint: the spec names them)
     functions: Mapping[str, Callable[..., Any]] = field(repr=False, compare=False, default_factory=dict)
+    # subgraph instances by name; the key each output node's text is reported under (a subgraph's
+    # returned node answers as its subgraph node); where edges into this plan and out of its
+    # declared output nodes attach (a plan spliced into a parent as a subgraph)
+    scopes: Mapping[str, Scope] = field(default_factory=dict)
+    output_keys: Mapping[str, str] = field(default_factory=dict)
+    entries: tuple[str, ...] = ()
+    exits: Mapping[str, str] = field(repr=False, default_factory=dict)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -152,6 +203,28 @@ class Plan:
             return self.nodes[self._index[name]]
         except KeyError:
             raise KeyError(f"node {name!r} is not in plan {self.name!r}") from None
+
+    def output_key(self, name: str) -> str:
+        """The name output node `name`'s text is reported under: the node's own, or the
+        subgraph node whose subgraph it returns from ("research" for "research/answer")."""
+        return self.output_keys.get(name, name)
+
+    def scope_inputs(self, scope: str) -> Mapping[str, Any]:
+        """The inputs the nodes of subgraph instance `scope` read ("" : the run's inputs)."""
+        return self.inputs if not scope else self.scopes[scope].inputs
+
+    def spec_node(self, node: PlanNode) -> NodeSpec:
+        """The spec node `node` was planned from (inside its subgraph, if it has one)."""
+        parts = list(node.spec_path) or ["nodes", next(i for i, item in enumerate(self.spec.nodes) if item.name == node.declared)]
+        spec: Any = self.spec
+        found: Any = None
+        while parts:
+            kind = parts.pop(0)
+            if kind == "nodes":
+                found = spec.nodes[parts.pop(0)]
+            else:  # "graph": into the subgraph of the node just found
+                spec = found.graph
+        return found
 
     def incoming(self, name: str) -> tuple[PlanEdge, ...]:
         """Edges into `name` in declaration order: the order its handoffs arrive."""
@@ -221,8 +294,9 @@ class Plan:
         waits: dict[str, tuple[str, ...]] = {}
         followers: dict[str, list[str]] = {node.name: [] for node in self.nodes}
         for node in self.nodes:
+            producer = () if node.foreach_from is None else (node.foreach_from,)
             waits[node.name] = tuple(dict.fromkeys(
-                name for edge in node.incoming for name in self.edges[edge].waits_for
+                [name for edge in node.incoming for name in self.edges[edge].waits_for] + list(producer)
             ))
             for name in waits[node.name]:
                 followers[name].append(node.name)  # plan order: nodes are visited in order
@@ -247,8 +321,11 @@ class Plan:
     def fingerprint(self) -> str:
         """sha256 of the spec and the inputs: equal plans, equal fingerprints. A run record
         stores it so a resumed run can refuse a changed graph or changed inputs."""
+        spec = self.spec.model_dump(mode="json")
+        if not spec.get("mcp_servers"):  # a field added later: a graph without servers keeps its fingerprint
+            spec.pop("mcp_servers", None)
         data = {
-            "spec": self.spec.model_dump(mode="json"),
+            "spec": spec,
             "inputs": {key: list(value) if isinstance(value, tuple) else value for key, value in self.inputs.items()},
             "trust_code": self.trust_code,
         }
@@ -282,6 +359,8 @@ class Plan:
                     "index": node.index,
                     "round": node.round,
                     "senders": list(self.senders(node.name)),
+                    "scope": node.scope,
+                    "foreach_from": node.foreach_from,
                 }
                 for node in self.nodes
             ],
@@ -301,4 +380,6 @@ class Plan:
             ],
             "levels": [list(level) for level in self.levels()],
             "outputs": list(self.outputs),
+            "output_keys": {name: self.output_key(name) for name in self.outputs},
+            "subgraphs": [scope.describe() for scope in self.scopes.values()],
         }

@@ -57,104 +57,117 @@ class Loop:
         return None if self.until is None else spec.edges[self.until].source
 
 
-def find_loops(spec: GraphSpec, nodes: Mapping[str, NodeSpec]) -> tuple[tuple[Loop, ...], dict[str, int]]:
+def find_loops(
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], implied: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[Loop, ...], dict[str, int]]:
+    """The spec's bounded loops (strongly connected parts closed by `rounds` edges) and the loop
+    of each node in one; PlanError for a cycle that is no declared loop, or malformed loop edges.
+    `implied` are (producer, node) dependencies that are not edges (run-time foreach), which
+    order nodes like edges do."""
     graph = nx.DiGraph()
     graph.add_nodes_from(nodes)
+    graph.add_edges_from(implied)
+    for edge in spec.edges:
+        graph.add_edge(edge.source, edge.target)
+    _refuse_plain_cycles(spec, nodes, implied)
+    rank = {name: position for position, name in enumerate(nodes)}
+    components = sorted(
+        (sorted(component, key=rank.__getitem__) for component in nx.strongly_connected_components(graph)),
+        key=lambda members: rank[members[0]],
+    )
+    component_of = {name: position for position, members in enumerate(components) for name in members}
+    problems: list[Problem] = []
+    loop_edges = _loop_edges(spec, component_of, problems)
+    loops: list[Loop] = []
+    loop_of: dict[str, int] = {}
+    for component, indices in loop_edges.items():
+        loop = _loop(spec, components[component], indices, problems)
+        if loop is not None:
+            for name in loop.nodes:
+                loop_of[name] = len(loops)
+            loops.append(loop)
+    if problems:
+        raise PlanError(problems)
+    return tuple(loops), loop_of
+
+
+def _refuse_plain_cycles(spec: GraphSpec, nodes: Mapping[str, NodeSpec], implied: tuple[tuple[str, str], ...]) -> None:
+    """PlanError (E_CYCLE) for a cycle of edges without `rounds` (run-time foreach waits
+    included): every cycle must be a declared loop."""
     plain = nx.DiGraph()
     plain.add_nodes_from(nodes)
+    plain.add_edges_from(implied)
     edge_index: dict[tuple[str, str], int] = {}
     for index, edge in enumerate(spec.edges):
-        graph.add_edge(edge.source, edge.target)
         edge_index[(edge.source, edge.target)] = index
         if edge.rounds is None:
             plain.add_edge(edge.source, edge.target)
     try:
         cycle = nx.find_cycle(plain)
     except nx.NetworkXNoCycle:
-        cycle = None
-    if cycle:
-        names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
-        raise PlanError(
-            [
-                Problem(
-                    "E_CYCLE",
-                    f"cycle {names} is not a declared loop",
-                    "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
-                    ("edges", edge_index[cycle[-1][:2]]),
-                )
-            ]
-        )
-    rank = {name: position for position, name in enumerate(nodes)}
-    component_of: dict[str, int] = {}
-    components = sorted(
-        (sorted(component, key=rank.__getitem__) for component in nx.strongly_connected_components(graph)),
-        key=lambda members: rank[members[0]],
-    )
-    for position, members in enumerate(components):
-        for name in members:
-            component_of[name] = position
-    problems: list[Problem] = []
+        return
+    names = " -> ".join([source for source, _ in cycle] + [cycle[0][0]])
+    closing = cycle[-1][:2]
+    waits = bool(set(implied) & {pair[:2] for pair in cycle})
+    position = {name: index for index, name in enumerate(nodes)}
+    path = ("edges", edge_index[closing]) if closing in edge_index else ("nodes", position[closing[1]], "foreach")
+    raise PlanError([Problem(
+        "E_CYCLE",
+        f"cycle {names} is not a declared loop" + (" (a run-time foreach waits for the node it ranges over)"
+                                                   if waits else ""),
+        "set rounds: k on the edge that closes the loop (it feeds round r into r + 1), or remove an edge",
+        path,
+    )])
+
+
+def _loop_edges(spec: GraphSpec, component_of: Mapping[str, int], problems: list[Problem]) -> dict[int, list[int]]:
+    """The `rounds` edges of each strongly connected component; a problem for each that closes no
+    loop (appended to `problems`) or asks for more rounds than the limit."""
     loop_edges: dict[int, list[int]] = {}
     for index, edge in enumerate(spec.edges):
         if edge.rounds is None:
             continue
         if component_of[edge.source] != component_of[edge.target]:
-            problems.append(
-                Problem(
-                    "E_LOOP",
-                    f"edge {edge.source} -> {edge.target} has rounds but closes no loop",
-                    "drop rounds (a plain edge), or add the edge that leads back",
-                    ("edges", index, "rounds"),
-                )
-            )
+            problems.append(_loop_problem(f"edge {edge.source} -> {edge.target} has rounds but closes no loop",
+                                          "drop rounds (a plain edge), or add the edge that leads back", index))
             continue
         if edge.rounds > spec.rounds.limit:
-            problems.append(
-                Problem(
-                    "E_LOOP",
-                    f"rounds {edge.rounds} is above the limit of {spec.rounds.limit}",
-                    "lower rounds, or raise rounds.limit in the graph",
-                    ("edges", index, "rounds"),
-                )
-            )
+            problems.append(_loop_problem(f"rounds {edge.rounds} is above the limit of {spec.rounds.limit}",
+                                          "lower rounds, or raise rounds.limit in the graph", index))
         loop_edges.setdefault(component_of[edge.source], []).append(index)
-    loops: list[Loop] = []
-    loop_of: dict[str, int] = {}
-    for component, indices in loop_edges.items():
-        counts = {spec.edges[index].rounds for index in indices}
-        if len(counts) > 1:
-            listed = ", ".join(f"edges[{index}]: {spec.edges[index].rounds}" for index in indices)
-            problems.append(
-                Problem(
-                    "E_LOOP",
-                    f"loop edges of one loop disagree on rounds ({listed}); nested loops are not supported",
-                    "give every loop edge of this loop the same rounds",
-                    ("edges", indices[-1], "rounds"),
-                )
-            )
-            continue
-        stops = [index for index in indices if spec.edges[index].until is not None]
-        if len(stops) > 1:
-            problems.append(
-                Problem(
-                    "E_LOOP",
-                    f"loop edges {', '.join(f'edges[{index}]' for index in stops)} of one loop all carry until",
-                    "keep until on one loop edge: its source's output decides after each round",
-                    ("edges", stops[-1], "until"),
-                )
-            )
-            continue
-        for name in components[component]:
-            loop_of[name] = len(loops)
-        loops.append(Loop(tuple(components[component]), counts.pop(), tuple(indices), stops[0] if stops else None))
-    if problems:
-        raise PlanError(problems)
-    return tuple(loops), loop_of
+    return loop_edges
+
+
+def _loop(spec: GraphSpec, members: list[str], indices: list[int], problems: list[Problem]) -> Loop | None:
+    """The loop of one component from its loop edges, or None with a problem appended when they
+    disagree on rounds or more than one carries `until`."""
+    counts = {spec.edges[index].rounds for index in indices}
+    stops = [index for index in indices if spec.edges[index].until is not None]
+    if len(counts) > 1:
+        listed = ", ".join(f"edges[{index}]: {spec.edges[index].rounds}" for index in indices)
+        problems.append(_loop_problem(f"loop edges of one loop disagree on rounds ({listed}); nested loops are not "
+                                      "supported", "give every loop edge of this loop the same rounds", indices[-1]))
+    elif len(stops) > 1:
+        problems.append(_loop_problem(
+            f"loop edges {', '.join(f'edges[{index}]' for index in stops)} of one loop all carry until",
+            "keep until on one loop edge: its source's output decides after each round", stops[-1], "until",
+        ))
+    else:
+        return Loop(tuple(members), counts.pop(), tuple(indices), stops[0] if stops else None)
+    return None
+
+
+def _loop_problem(message: str, fix: str, edge: int, field_name: str = "rounds") -> Problem:
+    """An E_LOOP problem located at a field of edge `edge`."""
+    return Problem("E_LOOP", message, fix, ("edges", edge, field_name))
 
 
 def unroll(
-    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int]
+    spec: GraphSpec, nodes: Mapping[str, NodeSpec], loops: tuple[Loop, ...], loop_of: Mapping[str, int],
+    implied: tuple[tuple[str, str], ...] = (),
 ) -> tuple[tuple[Step, ...], tuple[StepEdge, ...]]:
+    """Steps in a deterministic topological order and the step edges; `implied` (producer,
+    node) pairs order their steps as edges would (both outside loops: validation checks)."""
     def rounds_of(name: str) -> int | None:
         index = loop_of.get(name)
         return None if index is None else loops[index].rounds
@@ -188,6 +201,7 @@ def unroll(
     graph = nx.DiGraph()
     graph.add_nodes_from(steps)
     graph.add_edges_from((edge.source, edge.target) for edge in step_edges)
+    graph.add_edges_from((Step(producer), Step(node)) for producer, node in implied if Step(node) in graph)
     rank = {name: position for position, name in enumerate(nodes)}
     order = tuple(nx.lexicographical_topological_sort(graph, key=lambda step: (step.round or 0, rank[step.node])))
     return order, tuple(step_edges)

@@ -5,7 +5,7 @@ Loops are unrolled and foreach nodes copied before a run starts, so a 500-byte t
 and gigabytes to build. The sizes are plain arithmetic on the spec and the inputs, so we
 compute them first and refuse a plan above the guards (`rounds.max_nodes`, and
 `MAX_EDGES_PER_NODE` edges per allowed node) before building anything. A file may lower
-the guards freely but raise them only up to the hard caps of `spec/models.py`
+the guards freely but raise them only up to the hard caps of `spec/models/graph.py`
 (`RoundsSpec`), so no file can ask for an unbounded plan.
 """
 
@@ -49,13 +49,7 @@ def unrolled_size_problems(
             edges += rounds[edge.source]
         else:
             edges += 1
-    fix = "use fewer rounds or nodes in loops, or raise rounds.max_nodes (up to its cap)"
-    problems = []
-    if steps > spec.rounds.max_nodes:
-        problems.append(_too_large("nodes", steps, spec.rounds.max_nodes, fix))
-    if edges > max_edges(spec):
-        problems.append(_too_large("edges", edges, max_edges(spec), fix))
-    return problems
+    return _over_limits(spec, steps, edges, "use fewer rounds or nodes in loops, or raise rounds.max_nodes (up to its cap)")
 
 
 def expanded_size_problems(spec: GraphSpec, steps: list[str], step_edges: list[tuple[str, str]],
@@ -70,7 +64,11 @@ def expanded_size_problems(spec: GraphSpec, steps: list[str], step_edges: list[t
             edges += copies[source]  # paired copies (same list: validation checked)
         else:
             edges += copies[source] * copies[target]
-    fix = "use fewer list items or rounds, or raise rounds.max_nodes (up to its cap)"
+    return _over_limits(spec, nodes, edges, "use fewer list items or rounds, or raise rounds.max_nodes (up to its cap)")
+
+
+def _over_limits(spec: GraphSpec, nodes: int, edges: int, fix: str) -> list[Problem]:
+    """A problem for each of `nodes` and `edges` above what the spec allows, with `fix`."""
     problems = []
     if nodes > spec.rounds.max_nodes:
         problems.append(_too_large("nodes", nodes, spec.rounds.max_nodes, fix))

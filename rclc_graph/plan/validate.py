@@ -23,11 +23,14 @@ from ..errors import FieldPath, PlanError, Problem
 from ..spec import templates
 from ..spec.models import ANSWER_VARIABLE, AgentSpec, GraphSpec, InputSpec, ModelSpec, NodeSpec, TransferPolicy
 from .agent_features import api_edge, check_agent_features
+from .spec_index import SpecIndex
 from .control import answer_variable, check_control
 from .loops import Loop, Step, StepEdge, find_loops, unroll
 from .policy import ResolvedPolicy, resolve_policy
 from .option_checks import option_problems
+from .runtime_foreach import dependencies, foreach_problems
 from .size import unrolled_size_problems
+from .subgraphs import boundary_problems, list_field, parent_variables, validate_subgraphs
 from .text_checks import text_problems
 
 
@@ -48,6 +51,18 @@ class Blueprint:
     _loop_of: Mapping[str, int] = field(repr=False, compare=False, default_factory=dict)
     # callables the builder was handed for function nodes, by their `call` reference (not imported)
     functions: Mapping[str, Callable[..., Any]] = field(repr=False, compare=False, default_factory=dict)
+    # subgraph nodes: each one's validated topology, and the node of it whose output is the node's (subgraphs.py)
+    subgraphs: Mapping[str, Blueprint] = field(default_factory=dict)
+    returns: Mapping[str, str] = field(default_factory=dict)
+    # (producer, node) of every run-time foreach: the node's copies wait for the producer (runtime_foreach.py)
+    dependencies: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The nodes an edge into this graph reaches when it runs as a subgraph: those without an
+        inbound edge or a run-time foreach producer, in declaration order."""
+        targets = {edge.target for edge in self.spec.edges} | {node for _, node in self.dependencies}
+        return tuple(name for name in self.nodes if name not in targets)
 
     def loop_of(self, node: str) -> Loop | None:
         """The bounded loop `node` belongs to, or None."""
@@ -58,7 +73,7 @@ class Blueprint:
         """Template variables a node may use: inputs, its foreach item and index, and round."""
         spec = self.nodes[node]
         names = set(self.inputs)
-        if spec.foreach is not None:
+        if spec.foreach is not None:  # over an input or a node's run-time list: item and index alike
             names |= {spec.item, "index"}
         if node in self._loop_of:
             names.add("round")
@@ -68,12 +83,18 @@ class Blueprint:
 
 
 def validate(
-    spec: GraphSpec, *, trust_code: bool = False, functions: Mapping[str, Callable[..., Any]] | None = None
+    spec: GraphSpec,
+    *,
+    trust_code: bool = False,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
+    _depth: int = 0,
 ) -> Blueprint:
     """Check `spec` as a whole; raise PlanError listing every problem of the first failing phase.
 
     `functions` maps function nodes' `call` references to callables handed over in Python
-    (the builder's `Graph.function`): those are not imported, so they need no trust_code."""
+    (the builder's `Graph.function`): those are not imported, so they need no trust_code.
+    Subgraphs (`graph:` nodes) are validated first, each as a topology of its own
+    (`_depth`: how deep this one is nested)."""
     functions = MappingProxyType(dict(functions or {}))
     _raise(_check_names(spec))
     models = {model.name: model for model in spec.models}
@@ -81,16 +102,24 @@ def validate(
     nodes = {node.name: node for node in spec.nodes}
     inputs = spec.input_specs()
     policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
+    index = SpecIndex(spec, models, agents, nodes, policies, trust_code)
+
+    def validate_child(child: GraphSpec, depth: int) -> Blueprint:
+        return validate(child, trust_code=trust_code, functions=functions, _depth=depth)
+
+    subgraphs, returns = validate_subgraphs(spec, nodes, validate_child, _depth)
+    implied = dependencies(spec)
     _raise(
-        _check_policies(spec, models, agents, nodes, policies, trust_code)
-        + check_agent_features(spec, models, agents, nodes, policies, trust_code)
+        _check_policies(index)
+        + check_agent_features(index)
         + option_problems(spec)
         + text_problems(spec)
     )
-    loops, loop_of = find_loops(spec, nodes)
+    loops, loop_of = find_loops(spec, nodes, implied)
     _raise(unrolled_size_problems(spec, nodes, loops, loop_of))  # arithmetic first: never unroll a huge plan
-    _raise(check_control(spec, nodes, inputs, policies, loops, loop_of, trust_code=trust_code, functions=functions))
-    steps, step_edges = unroll(spec, nodes, loops, loop_of)
+    _raise(check_control(spec, nodes, inputs, policies, loops, loop_of, trust_code=trust_code, functions=functions)
+           + foreach_problems(spec, nodes, loop_of))
+    steps, step_edges = unroll(spec, nodes, loops, loop_of, implied)
     blueprint = Blueprint(
         spec=spec,
         trust_code=trust_code,
@@ -104,7 +133,11 @@ def validate(
         step_edges=step_edges,
         _loop_of=MappingProxyType(loop_of),
         functions=functions,
+        subgraphs=MappingProxyType(subgraphs),
+        returns=MappingProxyType(returns),
+        dependencies=implied,
     )
+    _raise(boundary_problems(blueprint, policies))
     _raise(_check_templates(blueprint))
     _raise(_check_flow(blueprint))
     return blueprint
@@ -148,15 +181,18 @@ def _check_names(spec: GraphSpec) -> list[Problem]:
     for index, node in enumerate(spec.nodes):
         if node.agent is not None and node.agent not in agents:
             problems.append(_unknown("agent", node.agent, agents, ("nodes", index, "agent")))
+        if node.foreach_node is not None and node.foreach_node not in nodes:
+            problems.append(_unknown("node", node.foreach_node, nodes, ("nodes", index, "foreach", "node")))
         if node.foreach is not None:
-            if node.foreach not in inputs:
-                problems.append(_unknown("input", node.foreach, inputs, ("nodes", index, "foreach")))
-            elif inputs[node.foreach].type != "list[str]":
+            listed = node.foreach_input
+            if listed is not None and listed not in inputs:
+                problems.append(_unknown("input", listed, inputs, ("nodes", index, "foreach")))
+            elif listed is not None and inputs[listed].type != "list[str]":
                 problems.append(
                     Problem(
                         "E_FOREACH",
-                        f"foreach input {node.foreach!r} is a str, not a list",
-                        f"declare {node.foreach} with type: list[str]",
+                        f"foreach input {listed!r} is a str, not a list",
+                        f"declare {listed} with type: list[str]",
                         ("nodes", index, "foreach"),
                     )
                 )
@@ -196,20 +232,22 @@ def _unknown(kind: str, name: str, known: Iterable[str], path: FieldPath) -> Pro
 
 
 def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
-    policy = spec.edges[index].policy
+    """The edge's policy with every default filled in. An edge without `policy:` carries text
+    when either end is a function node (it has no model state), else the default state policy."""
+    edge = spec.edges[index]
+    policy = edge.policy
+    if policy is None:
+        functions = {node.name for node in spec.nodes if node.is_function}
+        plain = "text" if edge.source in functions or edge.target in functions else "state"
+        return resolve_policy(TransferPolicy(mode=plain))
     if isinstance(policy, TransferPolicy):
         return resolve_policy(policy)
     return resolve_policy(spec.policies[policy], name=policy)
 
 
-def _check_policies(
-    spec: GraphSpec,
-    models: Mapping[str, ModelSpec],
-    agents: Mapping[str, AgentSpec],
-    nodes: Mapping[str, NodeSpec],
-    policies: tuple[ResolvedPolicy, ...],
-    trust_code: bool,
-) -> list[Problem]:
+def _check_policies(index: SpecIndex) -> list[Problem]:
+    spec, models, agents, nodes = index.spec, index.models, index.agents, index.nodes
+    policies, trust_code = index.policies, index.trust_code
     problems: list[Problem] = []
     if not trust_code:
         checked: list[tuple[FieldPath, ResolvedPolicy]] = [
@@ -235,7 +273,8 @@ def _check_policies(
         source, target = nodes[edge.source], nodes[edge.target]
         source_model = None if source.agent is None else agents[source.agent].model
         target_model = None if target.agent is None else agents[target.agent].model
-        functions = source.is_function or target.is_function  # control.py refuses their non-text edges
+        # control.py refuses a function's non-text edges; subgraphs.py checks the nodes a subgraph's edge meets
+        functions = any(end.is_function or end.is_subgraph for end in (source, target))
         if (
             policy.mode != "text"
             and source_model != target_model
@@ -255,7 +294,8 @@ def _check_policies(
             problems.append(
                 Problem(
                     "E_FOREACH",
-                    f"edge {edge.source} -> {edge.target} joins copies over {source.foreach!r} and {target.foreach!r}; "
+                    f"edge {edge.source} -> {edge.target} joins copies over {_list_name(source)} and "
+                    f"{_list_name(target)}; "
                     "copies pair up only over the same list",
                     "route it through a node without foreach, or iterate both nodes over the same input",
                     ("edges", index),
@@ -283,11 +323,23 @@ def _check_policies(
     return problems
 
 
+def _list_name(node: NodeSpec) -> str:
+    if node.foreach_node is not None:
+        return f"the run-time list of {node.foreach_node!r} (max_items {node.foreach.max_items})"  # type: ignore[union-attr]
+    return repr(node.foreach)
+
+
 def _check_templates(blueprint: Blueprint) -> list[Problem]:
     problems: list[Problem] = []
     spec = blueprint.spec
     for index, node in enumerate(spec.nodes):
         problems += _template_problems(blueprint, node.name, node.prompt, ("nodes", index, "prompt"))
+        for key, value in node.inputs.items():  # a subgraph's inputs: templates over this node's variables
+            if isinstance(value, str) and list_field(value, parent_variables(spec, node)) is not None:
+                continue  # "{documents}" passes the list whole
+            for position, template in enumerate([value] if isinstance(value, str) else value):
+                path: FieldPath = ("nodes", index, "inputs", key) + (() if isinstance(value, str) else (position,))
+                problems += _template_problems(blueprint, node.name, template, path)
         if node.question is not None:
             problems += _template_problems(blueprint, node.name, node.question, ("nodes", index, "question"))
     for index, edge in enumerate(spec.edges):
@@ -336,6 +388,7 @@ def _check_flow(blueprint: Blueprint) -> list[Problem]:
     graph = nx.DiGraph()
     graph.add_nodes_from(blueprint.steps)
     graph.add_edges_from((edge.source, edge.target) for edge in blueprint.step_edges)
+    graph.add_edges_from((Step(producer), Step(node)) for producer, node in blueprint.dependencies)  # outside loops
     final = {step for step in blueprint.steps if step.node in outputs and _is_last_round(blueprint, step)}
     useful: set[Step] = set(final)
     for step in final:
@@ -359,8 +412,8 @@ def _check_flow(blueprint: Blueprint) -> list[Problem]:
         if graph.in_degree(step) or step.node in reported:
             continue
         node = blueprint.nodes[step.node]
-        if node.is_function:
-            continue  # a function receives every input: it always has something to read
+        if node.is_function or node.is_subgraph:
+            continue  # a function receives every input; a subgraph's own nodes read its inputs
         reads = {found.name for found in templates.fields(node.prompt)}
         readable = set(blueprint.inputs) | ({node.item} if node.foreach else set())
         if answer_variable(node):

@@ -9,7 +9,8 @@ CLI can draw and print (views/) with the same code. matplotlib loads only for PN
 from .drawing import Sketch, save_png, sketch_blueprint, sketch_plan, sketch_record, to_mermaid, to_svg
 from .html_report import kept_prompt_tokens, marked_prompt, render_report
 from .terminal_text import printable, printable_data, printable_line
-from .units import format_bytes, format_seconds
+from .progress_lines import StepEstimate
+from .units import format_bytes, format_duration, format_seconds
 
 __all__ = [
     # drawings
@@ -30,5 +31,8 @@ __all__ = [
     "printable_line",
     # units
     "format_bytes",
+    "format_duration",
     "format_seconds",
+    # progress lines for logs and pipes
+    "StepEstimate",
 ]

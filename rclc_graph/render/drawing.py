@@ -6,6 +6,10 @@ compiled plan (every concrete node). The layout is layered: a node sits one colu
 its furthest sender, loop edges (round r -> r + 1) are ignored for layering so cycles still
 lay out, and the nodes of one column are spread vertically in plan order. Deterministic, no
 randomness, so two drawings of one graph are identical.
+
+A subgraph's nodes are drawn inside a labelled frame (a Mermaid `subgraph` block), nested as
+the subgraphs are; a run-time foreach copy gets a dashed "item" edge from the node whose list
+it ranges over.
 """
 
 from __future__ import annotations
@@ -59,11 +63,21 @@ class SketchEdge:
     idle: bool = False  # a run's edge that did not fire (drawn greyed)
 
 
+@dataclass(frozen=True)
+class SketchGroup:
+    """A subgraph instance: its frame's label and the nodes drawn directly inside it."""
+
+    name: str  # the instance ("research", "a[0]/b"); a group inside another is named under it
+    label: str
+    members: tuple[str, ...]
+
+
 @dataclass
 class Sketch:
     name: str
     nodes: list[SketchNode] = field(default_factory=list)
     edges: list[SketchEdge] = field(default_factory=list)
+    groups: list[SketchGroup] = field(default_factory=list)  # outer groups before the ones inside them
 
     def colour(self, node: str) -> str:
         """Each node's colour, by its position in the sketch (the same in every picture);
@@ -85,7 +99,11 @@ def sketch_blueprint(blueprint: Any) -> Sketch:
         parts = [_node_detail(node.agent, node.call, True)]
         if node.interrupt is not None:
             parts.append(f"asks a person {node.interrupt}")
-        if node.foreach is not None:
+        if node.is_subgraph:
+            parts = [f"subgraph {getattr(node.graph, 'name', node.graph)}"]
+        if node.foreach_node is not None:
+            parts.append(f"one per item of {node.foreach_node}'s list")
+        elif node.foreach is not None:
             parts.append(f"one per {node.foreach}")
         loop = blueprint.loop_of(node.name)
         if loop is not None:
@@ -99,10 +117,11 @@ def sketch_blueprint(blueprint: Any) -> Sketch:
         label = policy.label if edge.rounds is None else f"{policy.label}, next round"
         label = _edge_label(label, edge.when, edge.until)
         edges.append(SketchEdge(edge.source, edge.target, label, policy.mode, loop=edge.rounds is not None))
+    edges += [SketchEdge(producer, node, "items", "text") for producer, node in blueprint.dependencies]
     return Sketch(spec.name, nodes, edges)
 
 
-def sketch_plan(plan: Any) -> Sketch:
+def sketch_plan(plan: Any) -> Sketch:  # a plan.dag.Plan; Any because render imports no layer (its contract)
     """Every concrete node of a compiled plan."""
     nodes = [
         SketchNode(node.name, _node_detail(None if node.agent is None else node.agent.name, node.call, node.generate),
@@ -112,7 +131,17 @@ def sketch_plan(plan: Any) -> Sketch:
     # a plan is acyclic (loop rounds are separate nodes), so its round edges lay out like any other
     edges = [SketchEdge(edge.source, edge.target, _edge_label(edge.policy.label, edge.when, edge.stop),
                         edge.policy.mode) for edge in plan.edges]
-    return Sketch(plan.name, nodes, edges)
+    edges += [SketchEdge(node.foreach_from, node.name, f"item {node.index}", "text")
+              for node in plan.nodes if node.foreach_from is not None]
+    scopes = [(scope.name, scope.graph) for scope in plan.scopes.values()]
+    return Sketch(plan.name, nodes, edges, _groups(scopes, [(node.name, node.scope) for node in plan.nodes]))
+
+
+def _groups(scopes: list[tuple[str, str]], members: list[tuple[str, str]]) -> list[SketchGroup]:
+    """One group per subgraph instance (outer ones first), holding the nodes directly in it."""
+    ordered = sorted(scopes, key=lambda item: item[0].count("/"))
+    return [SketchGroup(name, f"{name}: subgraph {graph}", tuple(node for node, scope in members if scope == name))
+            for name, graph in ordered]
 
 
 def sketch_record(record: dict[str, Any]) -> Sketch:
@@ -136,9 +165,23 @@ def sketch_record(record: dict[str, Any]) -> Sketch:
         hop = kept.get(edge["id"])
         if hop is not None and hop["mode"] != "text":
             label = f"{label}: {hop['kept_positions']}/{hop['total_positions']}"
-        idle = fired.get(str(edge["id"])) is False or edge["source"] in skipped
+        # (an edge into a node the run skipped delivered nothing either: a run-time copy past its list's end)
+        idle = _decision(fired, edge) is False or edge["source"] in skipped or edge["target"] in skipped
         edges.append(SketchEdge(edge["source"], edge["target"], label, edge["policy"].get("mode", "state"), idle=idle))
-    return Sketch(plan["name"], nodes, edges)
+    for node in plan["nodes"]:
+        if node.get("foreach_from"):
+            edges.append(SketchEdge(node["foreach_from"], node["name"], f"item {node.get('index')}", "text",
+                                    idle=node["name"] in skipped))
+    scopes = [(str(item.get("name")), str(item.get("graph"))) for item in plan.get("subgraphs") or []]
+    return Sketch(plan["name"], nodes, edges, _groups(scopes, [(node["name"], node.get("scope") or "")
+                                                               for node in plan["nodes"]]))
+
+
+def _decision(fired: dict[str, Any], edge: dict[str, Any]) -> Any:
+    """A conditional edge's recorded decision (None: not conditional, or not decided): keyed
+    "source->target" since issue 27, by plan edge id in records written before."""
+    key = f"{edge['source']}->{edge['target']}"
+    return fired[key] if key in fired else fired.get(str(edge["id"]))
 
 
 # -- layout ------------------------------------------------------------------------------------
@@ -206,6 +249,7 @@ def to_mermaid(sketch: Sketch) -> str:
             dashed.append(str(index))
         else:
             lines.append(f'    {source} ==>|"{label}"| {target}')
+    lines += _mermaid_groups(sketch, ids)
     if dashed:
         lines.append(f"    linkStyle {','.join(dashed)} stroke-dasharray:6 4")
     outputs = [ids[node.name] for node in sketch.nodes if node.output]
@@ -213,6 +257,30 @@ def to_mermaid(sketch: Sketch) -> str:
         lines.append("    classDef output stroke-width:3px")
         lines.append(f"    class {','.join(outputs)} output")
     return "\n".join(lines) + "\n"
+
+
+def _inside(group: SketchGroup, other: SketchGroup) -> bool:
+    return other.name.startswith(group.name + "/")
+
+
+def _mermaid_groups(sketch: Sketch, ids: dict[str, str]) -> list[str]:
+    """`subgraph` blocks, nested as the subgraph instances are, each listing its own nodes."""
+    lines: list[str] = []
+    index = {group.name: position for position, group in enumerate(sketch.groups)}
+
+    def block(group: SketchGroup, depth: int) -> None:
+        pad = "    " * depth
+        lines.append(f'{pad}subgraph g{index[group.name]} ["{_mermaid_text(group.label)}"]')
+        lines.extend(f"{pad}    {ids[name]}" for name in group.members if name in ids)
+        for other in sketch.groups:
+            if _inside(group, other) and other.name.count("/") == group.name.count("/") + 1:
+                block(other, depth + 1)
+        lines.append(f"{pad}end")
+
+    for group in sketch.groups:
+        if "/" not in group.name:
+            block(group, 1)
+    return lines
 
 
 # -- geometry shared by SVG and PNG ------------------------------------------------------------
@@ -342,6 +410,7 @@ def to_svg(sketch: Sketch) -> str:
             f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
         )
     parts.append("</defs>")
+    parts += _svg_frames(sketch, shape)
     dashes = {"solid": "", "dashed": ' stroke-dasharray="6 4"', "dotted": ' stroke-dasharray="2 4"'}
     for route in shape.routes:
         mode = route.edge.mode if route.edge.mode in MODE_COLOURS else "state"
@@ -375,6 +444,33 @@ def to_svg(sketch: Sketch) -> str:
     return "".join(parts)
 
 
+def frames(sketch: Sketch, shape: Geometry) -> list[tuple[SketchGroup, tuple[float, float, float, float]]]:
+    """Each subgraph group's frame (x, y, width, height): around its nodes and the groups in it."""
+    found = []
+    for group in sketch.groups:
+        inner = [other for other in sketch.groups if _inside(group, other)]
+        names = set(group.members).union(*(other.members for other in inner))
+        boxes = [shape.boxes[name] for name in names if name in shape.boxes]
+        if not boxes:
+            continue
+        depth = max((other.name.count("/") - group.name.count("/") for other in inner), default=0)
+        pad = 8.0 + 7.0 * depth
+        left, top = min(box[0] for box in boxes) - pad, min(box[1] for box in boxes) - pad - 12
+        right = max(box[0] + box[2] for box in boxes) + pad
+        bottom = max(box[1] + box[3] for box in boxes) + pad
+        found.append((group, (left, top, right - left, bottom - top)))
+    return found
+
+
+def _svg_frames(sketch: Sketch, shape: Geometry) -> list[str]:
+    return [
+        f'<g class="subgraph" data-scope="{html.escape(group.name)}"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" '
+        f'height="{h:.1f}" rx="12" fill="none" stroke="#8c959f" stroke-width="1.2" stroke-dasharray="4 3"/>'
+        f'<text x="{x + 8:.1f}" y="{y + 12:.1f}" class="node-detail">{html.escape(group.label)}</text></g>'
+        for group, (x, y, w, h) in frames(sketch, shape)
+    ]
+
+
 # -- PNG ---------------------------------------------------------------------------------------
 
 
@@ -398,6 +494,10 @@ def save_png(sketch: Sketch, path: str | Path, *, dpi: int = 150) -> Path:
     axes.set_ylim(shape.height, -title)  # y down, as in the SVG
     axes.text(shape.width / 2, -title / 2, sketch.name, ha="center", va="center", fontsize=11, fontweight="bold")
     styles = {"solid": "solid", "dashed": (0, (5, 3)), "dotted": (0, (1.5, 3))}
+    for group, (x, y, w, h) in frames(sketch, shape):
+        axes.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0,rounding_size=10", facecolor="none",
+                                      edgecolor="#8c959f", linewidth=1.0, linestyle=(0, (4, 3))))
+        axes.text(x + 8, y + 10, group.label, ha="left", va="center", fontsize=6.5, color="#59636e")
     for route in shape.routes:
         curve = CurvePath(list(route.points), [CurvePath.MOVETO, CurvePath.CURVE4, CurvePath.CURVE4, CurvePath.CURVE4])
         colour = SKIPPED_COLOUR if route.edge.idle else MODE_COLOURS.get(route.edge.mode, "#4e79a7")

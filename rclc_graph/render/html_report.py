@@ -15,6 +15,7 @@ import html
 import json
 from typing import Any, Iterable
 
+from .composition_report import runtime_foreach_section, subgraphs_section
 from .drawing import Sketch, sketch_record, to_svg
 from .tool_report import tool_calls_section
 from .units import format_bytes, format_seconds
@@ -397,6 +398,7 @@ pre{background:var(--soft);border:1px solid var(--line);border-radius:6px;paddin
 font-size:12px;white-space:pre-wrap}
 .mono{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px;word-break:break-all}
 footer{margin-top:30px;color:var(--muted);font-size:12px}
+details.subgraph{border-left:3px solid var(--line);padding-left:10px;margin:10px 0}.nested{margin-left:14px}
 """
 
 
@@ -411,6 +413,8 @@ def render_report(record: dict[str, Any]) -> str:
             _skipped(record),
             _hops(record, sketch),
             _lineage(record, sketch),
+            subgraphs_section(record, sketch.colour),
+            runtime_foreach_section(record),
             _spans(record, sketch),
             tool_calls_section(record),
             _texts(record),

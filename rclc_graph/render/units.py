@@ -20,3 +20,15 @@ def format_seconds(value: float | None, *, decimals: int = 2, missing: str = "â€
     if value is None:
         return missing
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.{decimals}f} s"
+
+
+def format_duration(seconds: float) -> str:
+    """`45 s`, `3 min 05 s`, `1 h 02 min`: a wall-clock span for progress lines."""
+    whole = max(0, int(round(seconds)))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"

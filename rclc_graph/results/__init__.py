@@ -2,65 +2,14 @@
 position and the hop records of handoffs, and the bounded event stream a run publishes into.
 """
 
+import types as _types
+
 from .events import Event, EventStream, StreamStats
 from .lineage import Hop, HopRecord, Lineage, Origin, Segment, compose_hop, receiver_lineage
-from .run_events import (
-    EVENT_TYPES,
-    EdgeDecided,
-    HopDelivered,
-    NodeFailure,
-    NodeFinished,
-    NodeSkipped,
-    NodeStarted,
-    NodeWaiting,
-    RunCancelled,
-    RunEvent,
-    RunFailed,
-    RunFinished,
-    RunStarted,
-    RunWaiting,
-    TokenGenerated,
-    ToolCalled,
-    ToolReturned,
-    event_from_dict,
-    typed,
-)
+from .run_events import *  # noqa: F403 - the typed events and their readers (run_events.__all__)
 from .run_result import NodeResult, RunResult
 
-__all__ = [
-    # results
-    "NodeResult",
-    "RunResult",
-    # lineage
-    "Hop",
-    "HopRecord",
-    "Lineage",
-    "Origin",
-    "Segment",
-    "compose_hop",
-    "receiver_lineage",
-    # events
-    "Event",
-    "EventStream",
-    "StreamStats",
-    # typed events (run_events.py)
-    "EVENT_TYPES",
-    "EdgeDecided",
-    "HopDelivered",
-    "NodeFailure",
-    "NodeFinished",
-    "NodeSkipped",
-    "NodeStarted",
-    "NodeWaiting",
-    "RunCancelled",
-    "RunEvent",
-    "RunFailed",
-    "RunFinished",
-    "RunStarted",
-    "RunWaiting",
-    "TokenGenerated",
-    "ToolCalled",
-    "ToolReturned",
-    "event_from_dict",
-    "typed",
-]
+# every name imported above, the submodules themselves aside (the imports say where each lives)
+__all__ = sorted(
+    name for name, value in vars().items() if not name.startswith("_") and not isinstance(value, _types.ModuleType)
+)

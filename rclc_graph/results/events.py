@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
@@ -70,15 +70,10 @@ class Event:
     nbytes: int  # the estimate the byte bound counts
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        return {
-            "seq": self.seq,
-            "epoch": self.epoch,
-            "run_id": self.run_id,
-            "kind": self.kind,
-            "payload": dict(self.payload),
-            "nbytes": self.nbytes,
-        }
+        """Plain JSON data: every field, in order, the payload as a dict."""
+        data = {item.name: getattr(self, item.name) for item in fields(self)}
+        data["payload"] = dict(self.payload)
+        return data
 
 
 @dataclass(frozen=True)

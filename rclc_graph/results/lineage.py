@@ -26,7 +26,7 @@ How a hop composes (the scheduler calls `compose_hop` once per delivered handoff
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from itertools import accumulate
 from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
@@ -159,13 +159,27 @@ class Lineage:
         builder = _Builder()
         segment_index = 0
         before = 0
+        run_start = run_length = 0  # the run of consecutive kept positions within one segment
         for position in positions:
+            if run_length and position == run_start + run_length and position < self._ends[segment_index]:
+                run_length += 1
+                continue
+            if run_length:
+                builder.add(self._piece(segment_index, before, run_start, run_length))
             while position >= self._ends[segment_index]:
                 before = self._ends[segment_index]
                 segment_index += 1
-            segment = self.segments[segment_index]
-            builder.add(Segment(segment.node, segment.kind, segment.hops, segment.start + position - before, 1))
+            run_start, run_length = position, 1
+        if run_length:
+            builder.add(self._piece(segment_index, before, run_start, run_length))
         return builder.lineage()
+
+    def _piece(self, segment_index: int, before: int, position: int, length: int) -> Segment:
+        """`length` positions from `position` on, all within segment `segment_index` (which
+        starts at position `before`): one segment, whatever their number (a take costs
+        O(kept runs), not O(kept positions))."""
+        segment = self.segments[segment_index]
+        return Segment(segment.node, segment.kind, segment.hops, segment.start + position - before, length)
 
     def hop(self) -> Lineage:
         """The same positions after crossing one more edge."""
@@ -197,7 +211,12 @@ class Lineage:
 
 @dataclass(frozen=True)
 class HopRecord:
-    """What one handoff moved: the figures a run record keeps per hop."""
+    """What one handoff moved: the figures a run record keeps per hop.
+
+    The one definition of a hop: the record's `hops` rows, node files, the `hop.delivered`
+    event (results/run_events.py) and the record's shape check (run/record/shape.py) are all
+    this class's fields, written by `to_dict` and read by `from_dict`. A field added here
+    appears in all of them."""
 
     edge: int | None  # Plan edge id
     source: str
@@ -213,7 +232,7 @@ class HopRecord:
     kept_by_kind: Mapping[str, int]
     payload_bytes: int
     selection_seconds: float
-    generation_seconds: float
+    generation_seconds: float = 0.0  # the receiver's; 0 until it generated (a hop.delivered event leaves it out)
     # Where the hop ran, for executors that place nodes apart (None in-process): the sender's
     # and receiver's host ({"replica", "actor", "node"}) and the transport that moved it.
     placement: Mapping[str, Any] | None = None
@@ -236,6 +255,23 @@ class HopRecord:
                                  for key, value in self.placement.items()}
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HopRecord:
+        """The inverse of `to_dict`; UsageError naming the fields it lacks or does not know."""
+        names = {item.name for item in fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted(name for name in required_fields(cls) if name not in data)
+        if unknown or missing:
+            raise UsageError("hop: " + "; ".join(part for part in (
+                f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(unknown)}" if unknown else "")
+                if part))
+        return cls(**data)
+
+
+def required_fields(cls: type) -> list[str]:
+    """The fields of dataclass `cls` that have no default."""
+    return [item.name for item in fields(cls) if item.default is MISSING and item.default_factory is MISSING]
+
 
 @dataclass(frozen=True)
 class Hop:
@@ -255,20 +291,15 @@ def compose_hop(
     budget: int,
     payload_bytes: int = 0,
     added_latent_positions: int = 0,
-    mode: str = "state",
-    policy: str = "",
-    edge: int | None = None,
-    selection_seconds: float = 0.0,
-    generation_seconds: float = 0.0,
-    excluded_by_reason: Mapping[str, int] | None = None,
-    allocation: str = "per_sender",
-    fitted_budget: int | None = None,
+    **figures: Any,
 ) -> Hop:
     """Compose one hop: the sender's lineage, the indices it kept and the latent rows it added
     after selection -> the receiver's inherited lineage plus the hop's record.
 
     `sender_lineage` describes exactly the state the selector saw (T positions). Latent rows
     added after selection have no source index; they are numbered after the sender's state.
+    `figures` are the record's other fields (`HopRecord`: mode (default "state"), policy,
+    edge, selection_seconds, generation_seconds, excluded_by_reason, allocation, fitted_budget).
     ValueError if the figures disagree (I > T, more kept than the budget, bad indices).
     """
     total = len(sender_lineage)
@@ -287,25 +318,15 @@ def compose_hop(
             f"kept: {len(delivered)} positions delivered but the budget is {budget}; the selector overran its budget"
         )
     delivered = delivered.hop()
+    figures = {"mode": "state", "policy": "", "edge": None, **figures}
+    for name in ("selection_seconds", "generation_seconds"):
+        figures[name] = float(figures.get(name, 0.0))
+    figures["excluded_by_reason"] = dict(figures.get("excluded_by_reason") or {})
     record = HopRecord(
-        edge=edge,
-        source=source,
-        target=target,
-        mode=mode,
-        policy=policy,
-        total_positions=total,
-        inherited_positions=inherited_positions,
-        budget=budget,
-        kept_positions=len(delivered),
-        added_latent_positions=added_latent_positions,
-        kept_by_origin=delivered.counts_by_node(),
-        kept_by_kind=delivered.counts_by_kind(),
-        payload_bytes=payload_bytes,
-        selection_seconds=float(selection_seconds),
-        generation_seconds=float(generation_seconds),
-        excluded_by_reason=dict(excluded_by_reason or {}),
-        allocation=allocation,
-        fitted_budget=fitted_budget,
+        source=source, target=target, total_positions=total, inherited_positions=inherited_positions, budget=budget,
+        kept_positions=len(delivered), added_latent_positions=added_latent_positions,
+        kept_by_origin=delivered.counts_by_node(), kept_by_kind=delivered.counts_by_kind(), payload_bytes=payload_bytes,
+        **figures,
     )
     return Hop(delivered, record)
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Mapping
 
 from ..spec.bounded_json import plain
 from .events import Event
-from .lineage import Hop
+from .lineage import Hop, HopRecord, required_fields
 from ..errors import UsageError
 
 TERMINAL_TYPES = ("run.finished", "run.failed", "run.cancelled", "run.waiting")
@@ -45,6 +45,18 @@ class RunEvent:
         for key, value in self.extra.items():
             data.setdefault(key, plain(value))
         return data
+
+    @classmethod
+    def from_fields(cls, data: Mapping[str, Any], *, run_id: str, seq: int) -> RunEvent:
+        """The event whose fields `data` holds, flat as the wire form has them; fields the class
+        does not declare are kept in `extra`. UsageError naming the fields it lacks."""
+        names = {item.name for item in dataclasses.fields(cls)} - {"run_id", "seq", "extra"}
+        known = {key: _frozen(key, value) for key, value in data.items() if key in names}
+        extra = {key: value for key, value in data.items() if key not in names}
+        missing = sorted(name for name in required_fields(cls) if name in names and name not in known)
+        if missing:
+            raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")
+        return cls(run_id=run_id, seq=seq, extra=extra, **known)
 
     @property
     def terminal(self) -> bool:
@@ -158,33 +170,48 @@ class NodeFailure(RunEvent):
 # -- handoffs, tokens, decisions, tools --------------------------------------------------------
 
 
+_HOP_FIELDS = tuple(item.name for item in dataclasses.fields(HopRecord) if item.name != "generation_seconds")
+
+
 @dataclass(frozen=True)
 class HopDelivered(RunEvent):
-    """A handoff reached its receiver, before the receiver generates. The figures are the run
-    record's hop row (T = total_positions, I = inherited_positions, budget, kept, payload
-    bytes, selection seconds; placement and crossed bytes on replica executors); the receiver's
-    generation seconds arrive with its `node.finished`. `kept` lists the delivered positions'
-    origins as lineage segments [origin node, kind, hops, start, length]: which spans of which
-    node's state survived this hop (empty for text hops)."""
+    """A handoff reached its receiver, before the receiver generates. `hop` is the run record's
+    hop row (`results.lineage.HopRecord`: T = total_positions, I = inherited_positions, budget,
+    kept, payload bytes, selection seconds, exclusions and allocation; placement and crossed
+    bytes on replica executors), and its figures read as the event's own (`event.source`,
+    `event.kept_positions`); the receiver's generation seconds arrive with its `node.finished`.
+    `kept` lists the delivered positions' origins as lineage segments [origin node, kind, hops,
+    start, length]: which spans of which node's state survived this hop (empty for text hops).
+    The wire form is flat: the hop's fields, then `kept`."""
 
     type: ClassVar[str] = "hop.delivered"
-    edge: int | None
-    source: str
-    target: str
-    mode: str
-    policy: str
-    total_positions: int
-    inherited_positions: int
-    budget: int
-    kept_positions: int
-    added_latent_positions: int
-    kept_by_origin: Mapping[str, int]
-    kept_by_kind: Mapping[str, int]
-    payload_bytes: int
-    selection_seconds: float
-    placement: Mapping[str, Any] | None = None
-    crossed_bytes: int = 0
+    hop: HopRecord
     kept: tuple[tuple[Any, ...], ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _HOP_FIELDS:  # only called for names the event itself lacks
+            return getattr(object.__getattribute__(self, "hop"), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form, flat: {"type", "run_id", "seq", ...the hop's fields, "kept"}."""
+        data: dict[str, Any] = {"type": self.type, "run_id": self.run_id, "seq": self.seq}
+        hop = self.hop.to_dict()
+        data.update((name, plain(hop[name])) for name in _HOP_FIELDS)
+        data["kept"] = plain(self.kept)
+        for key, value in self.extra.items():
+            data.setdefault(key, plain(value))
+        return data
+
+    @classmethod
+    def from_fields(cls, data: Mapping[str, Any], *, run_id: str, seq: int) -> HopDelivered:
+        """The event of a flat wire form: the hop's fields make its `HopRecord`, `kept` its segments."""
+        missing = [name for name in required_fields(HopRecord) if name not in data and name in _HOP_FIELDS]
+        if missing:
+            raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")
+        hop = HopRecord.from_dict({name: data[name] for name in _HOP_FIELDS if name in data})
+        extra = {key: value for key, value in data.items() if key not in _HOP_FIELDS and key != "kept"}
+        return cls(run_id=run_id, seq=seq, extra=extra, hop=hop, kept=_frozen("kept", data.get("kept", [])))
 
 
 @dataclass(frozen=True)
@@ -238,6 +265,10 @@ EVENT_TYPES: dict[str, type[RunEvent]] = {
 }
 """Wire type -> class, for every event a run publishes."""
 
+__all__ = ["EVENT_TYPES", "RunEvent", *sorted(cls.__name__ for cls in EVENT_TYPES.values()), "event_from_dict", "typed"]
+"""What `rclc_graph.results` re-exports: the event classes (each listed once, in EVENT_TYPES) and
+the ways to read them."""
+
 
 # -- the one mapping from published (kind, payload) to a type -----------------------------------
 
@@ -270,7 +301,7 @@ def typed_from(kind: str, payload: Mapping[str, Any], *, run_id: str, seq: int) 
     """The typed event of one published (kind, payload)."""
     cls = type_of(kind, payload)
     data = {key: value for key, value in payload.items() if key not in _DROPPED.get(kind, ())}
-    return _build(cls, data, run_id=run_id, seq=seq)
+    return cls.from_fields(data, run_id=run_id, seq=seq)
 
 
 def typed(event: Event) -> RunEvent:
@@ -286,7 +317,7 @@ def event_from_dict(data: Mapping[str, Any]) -> RunEvent:
     if cls is None:
         raise UsageError(f"type: {kind!r} is not a run event type; expected one of {sorted(EVENT_TYPES)}")
     rest = {key: value for key, value in data.items() if key not in ("type", "run_id", "seq", "id")}
-    return _build(cls, rest, run_id=str(data.get("run_id", "")), seq=int(data.get("seq", 0)))
+    return cls.from_fields(rest, run_id=str(data.get("run_id", "")), seq=int(data.get("seq", 0)))
 
 
 def hop_payload(hop: Hop) -> dict[str, Any]:
@@ -296,20 +327,6 @@ def hop_payload(hop: Hop) -> dict[str, Any]:
     data.pop("generation_seconds", None)
     data["kept"] = [segment.to_list() for segment in hop.lineage.segments]
     return data
-
-
-def _build(cls: type[RunEvent], data: Mapping[str, Any], *, run_id: str, seq: int) -> RunEvent:
-    names = {item.name for item in dataclasses.fields(cls)} - {"run_id", "seq", "extra"}
-    known = {key: _frozen(key, value) for key, value in data.items() if key in names}
-    extra = {key: value for key, value in data.items() if key not in names}
-    missing = sorted(
-        item.name for item in dataclasses.fields(cls)
-        if item.name in names and item.name not in known
-        and item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
-    )
-    if missing:
-        raise UsageError(f"{cls.type} event: missing {', '.join(missing)}")
-    return cls(run_id=run_id, seq=seq, extra=extra, **known)
 
 
 def _frozen(key: str, value: Any) -> Any:

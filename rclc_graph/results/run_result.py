@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,16 @@ class NodeResult:
     def __post_init__(self) -> None:
         check_output_size(self.text)
 
+    @classmethod
+    def stateless(cls, node: str, text: str | None, *, prompt_text: str = "", started_at: float,
+                  hops: list[HopRecord], **figures: Any) -> NodeResult:
+        """The result of a node that holds no state here (a function node, a node on an API
+        model): no positions, no lineage, finished now. `figures` are other fields (tokens,
+        seconds, kind)."""
+        return cls(node=node, text=text, positions=0, inherited_positions=0, lineage=Lineage(), prompt_text=prompt_text,
+                   prompt_start=0, prompt_offsets=[], started_at=started_at, finished_at=time.time(), hops=hops,
+                   **figures)
+
     @property
     def effective_text(self) -> str:
         """What receivers, conditions and outputs read: the text, then a person's answer to an
@@ -59,6 +71,11 @@ class NodeResult:
         if self.answer is None:
             return text
         return f"{text}\n\n{self.answer}" if text else self.answer
+
+    def json(self) -> Any:
+        """The node's text parsed as JSON: the value of a node with `output_schema` (its text is
+        the validated, compact JSON document). ValueError when the text is not JSON."""
+        return json.loads(self.text or "")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (node files and records)."""
@@ -100,7 +117,7 @@ class NodeResult:
             generation_seconds=data.get("generation_seconds", 0.0),
             started_at=data.get("started_at", 0.0),
             finished_at=data.get("finished_at", 0.0),
-            hops=[HopRecord(**hop) for hop in data.get("hops", [])],
+            hops=[HopRecord.from_dict(hop) for hop in data.get("hops", [])],
             placement=data.get("placement"),
             tool_calls=[dict(call) for call in data.get("tool_calls", [])],
             kind=data.get("kind", "agent"),
@@ -124,7 +141,7 @@ class RunResult:
     failed_node: str | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it did not run
     waiting: list[dict[str, Any]] = field(default_factory=list)  # [{node, question, when, output}] (status waiting)
-    fired: dict[int, bool] = field(default_factory=dict)  # conditional edge id -> whether it fired
+    fired: dict[str, bool] = field(default_factory=dict)  # conditional edge "source->target" -> whether it fired
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
@@ -139,5 +156,5 @@ class RunResult:
             "nodes": {name: result.to_dict() for name, result in self.nodes.items()},
             "skipped": dict(self.skipped),
             "waiting": [dict(item) for item in self.waiting],
-            "fired": {str(edge): fired for edge, fired in self.fired.items()},
+            "fired": dict(self.fired),
         }

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from rclc.policy import ATTENTION_SELECTORS, DEFAULT_SELECTOR, floor
 
 from ..errors import Problem
+from ..executors.pool import ModelPool
 from ..executors.prompts import group_request, render_prompt
 from ..executors.transfer_options import state_groups
 from ..plan.dag import Plan, PlanEdge, PlanNode
@@ -63,15 +64,14 @@ def fan_in_problems(plan: Plan, limits: dict[str, int], tokens: Tokens) -> list[
     `limits` maps node names to their context limits; `tokens(node, content, generation)`
     counts the node's prompt with `content` as its user turn (chat template applied).
     """
-    declared_edges = {edge.id: edge.declared for edge in plan.edges}
-    declared_nodes = {node.name: index for index, node in enumerate(plan.spec.nodes)}
     least: dict[str, int] = {}  # node -> fewest positions its state holds after it ran
     sure: dict[str, bool] = {}  # node -> it runs whenever the run gets that far (no condition can skip it)
     problems: list[Problem] = []
     for node in plan.nodes:
         inbound = list(plan.incoming(node.name))
         surely_delivered = [edge for edge in inbound if not edge.conditional and sure[edge.source]]
-        sure[node.name] = not inbound or bool(surely_delivered)
+        # (a run-time foreach copy may be skipped: its list may end before it)
+        sure[node.name] = (not inbound or bool(surely_delivered)) and node.foreach_from is None
         if node.is_function or node.model.is_api:  # no rclc state; only text edges touch these nodes
             least[node.name] = 0
             continue
@@ -94,7 +94,7 @@ def fan_in_problems(plan: Plan, limits: dict[str, int], tokens: Tokens) -> list[
                     f"{info.output} output); a full edge hands over the whole state or fails",
                     "raise the receiver's context_limit, give it fewer or shorter senders, or use mode: state "
                     "to compress",
-                    ("edges", declared_edges[group[0].id], "policy", "mode"),
+                    group[0].spec_path + ("policy", "mode"),
                 ))
         if delivered:
             output = info.output
@@ -106,13 +106,13 @@ def fan_in_problems(plan: Plan, limits: dict[str, int], tokens: Tokens) -> list[
                     f"its context limit of {info.limit}",
                     "raise its context_limit, give it fewer senders, compress its edges more (a higher ratio or a "
                     "lower budget) or shorten its prompt",
-                    ("nodes", declared_nodes.get(node.declared, 0), "prompt"),
+                    node.spec_path + ("prompt",),
                 ))
         least[node.name] = delivered + own
     return problems
 
 
-def prompt_counter(pool: Any, base_dir: Path | None) -> Tokens:
+def prompt_counter(pool: ModelPool, base_dir: Path | None) -> Tokens:
     """`tokens` for `fan_in_problems` from each node's tokenizer (weights are not read)."""
 
     def count(node: PlanNode, content: str, generation: bool) -> int:

@@ -14,7 +14,7 @@ Three ways a node waits (the scheduler detects them; docs/graphs.md#human-in-the
 
 Answers are part of the plan (`compile_plan(..., answers=...)`), not of its fingerprint, so
 a waiting run resumed with an answer is the same run as one given that answer up front:
-every node computes the same thing in both (tests/unit/test_graph_interrupts.py).
+every node computes the same thing in both (tests/unit/rclc_graph/run/test_graph_interrupts.py).
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ a record whose plan no longer compiles to the recorded fingerprint, different rc
 rclc-graph source, torch or transformers versions, a different model (weights,
 configuration or vocabulary), node files that are damaged, edited or from another run,
 snapshots that fail their own checks (truncated, edited, another model or layout), and a
-trust_code run resumed without trust_code. The directory is locked for the whole resume,
-so a run still going (or a second resume) cannot write the same nodes.
+trust_code run resumed without trust_code, unless its record carries this user's seal
+(record/trust_seal.py: started with trust_code here, its code references unchanged). The
+directory is locked for the whole resume, so a run still going (or a second resume) cannot
+write the same nodes.
 
 A run that waits for a person (status "waiting") is resumed with their answers
 (`answers={node: text}`, `--answer NODE=TEXT`): they join the answers the run already had
@@ -41,8 +43,8 @@ import rclc
 from rclc.files import file_sha256
 
 from ..errors import GraphError, ResumeError
-from ..executors import Executor, LocalExecutor, ModelPool, RunContext, default_pool
-from ..executors.trusted_code import import_callable
+from ..executors import Executor, ModelPool, RunContext
+from ..executors.trusted_code import import_callable, search_beside
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..results.events import EventStream
@@ -51,8 +53,10 @@ from ..spec.models import GraphSpec
 from .directory_lock import DirectoryLock
 from .record.format import NODES_DIR, code_fingerprint, safe_name, snapshot_identity, versions
 from .record.reader import read_node, read_record
-from .record.recording import prepare_models, record_run
+from .record.recording import record_run
+from .settings import RunSettings, prepare_run
 from .record.shape import check_record
+from .record.trust_seal import sealed
 from .record.writer import RunRecorder
 from .run_files import check_tree, member, read_json, regular
 from .scheduler import refuse_event_stream
@@ -125,8 +129,8 @@ def _check_waiting(record: Mapping[str, Any], plan: Plan) -> None:
                           if isinstance(item, Mapping))
         first = waiting[0]
         raise ResumeError(
-            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT "
-            f"(answers={{{first!r}: ...}})"
+            f"answers: the run waits for an answer ({asked}); pass --answer {first}=TEXT to rclc-graph resume, or "
+            f"answers={{{first!r}: ...}} to resume_run, astream_resume or stream_resume"
         )
 
 
@@ -137,11 +141,14 @@ def _rebuild_plan(
     functions: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Plan:
     recorded_trust = _field(record, "plan", "trust_code")
-    if recorded_trust is True and not trust_code:
+    if recorded_trust is True and not trust_code and not sealed(record):
         raise ResumeError(
-            "trust_code: this run imports code named by its topology (trust_code was on when it started); "
-            "pass --trust-code (trust_code=True) to resume it, if you still trust that code"
+            "trust_code: this run imports code named by its topology (trust_code was on when it started), and its "
+            "record does not carry this user's seal (it was started elsewhere, by another user, or edited); pass "
+            "--trust-code (trust_code=True) to resume it, if you trust that code"
         )
+    if recorded_trust is True or trust_code:  # modules beside the topology file import without PYTHONPATH
+        search_beside(_recorded_base_dir(record))
     try:
         spec = GraphSpec.model_validate(_field(record, "topology", "spec"))
         functions = _functions(spec, functions, trust_code and not recorded_trust)
@@ -158,10 +165,13 @@ def _rebuild_plan(
         if all(problem.path[:1] == ("answers",) for problem in error.problems):
             raise ResumeError(f"answers: {error}") from None
         if all(problem.code == "E_TRUST_CODE" and problem.path[-1:] == ("call",) for problem in error.problems):
-            names = ", ".join(sorted({str(spec.nodes[int(problem.path[1])].call) for problem in error.problems}))
+            topologies = dict(spec.topologies())  # a function node may sit inside a subgraph
+            names = ", ".join(sorted({str(topologies[tuple(problem.path[:-3])].nodes[int(problem.path[-2])].call)
+                                      for problem in error.problems}))
             raise ResumeError(
                 f"functions: this run's function nodes ({names}) were handed over as Python callables; pass "
-                "functions=graph.functions to resume_run, or trust_code=True (--trust-code) to import them by name"
+                "functions=graph.functions to resume_run, astream_resume or stream_resume, or trust_code=True "
+                "(--trust-code) to import them by name"
             ) from None
         raise ResumeError(f"run_dir: the recorded topology and inputs no longer plan: {error}") from None
     recorded = _field(record, "plan", "fingerprint")
@@ -173,6 +183,12 @@ def _rebuild_plan(
     return plan
 
 
+def _recorded_base_dir(record: Mapping[str, Any]) -> Path | None:
+    """The directory the run's topology file was in (profiles and modules resolve there)."""
+    recorded_base = (record.get("topology") or {}).get("base_dir")
+    return Path(recorded_base) if isinstance(recorded_base, str) else None
+
+
 def _functions(
     spec: GraphSpec, given: Mapping[str, Callable[..., Any]] | None, importing: bool
 ) -> dict[str, Callable[..., Any]]:
@@ -181,10 +197,11 @@ def _functions(
     their references (the plan, and so its fingerprint, stays the one recorded)."""
     functions = dict(given or {})
     if importing:
-        for index, node in enumerate(spec.nodes):
+        nodes = [node for _, topology in spec.topologies() for node in topology.nodes]  # subgraphs' too
+        for node in nodes:
             if node.call is not None and node.call not in functions:
                 try:
-                    functions[node.call] = import_callable(node.call, trust_code=True, field_name=f"nodes[{index}].call")
+                    functions[node.call] = import_callable(node.call, trust_code=True, field_name=f"nodes.{node.name}.call")
                 except Exception as error:  # an import runs the module's code, which may raise anything
                     raise ResumeError(
                         f"functions: function node {node.name!r} names {node.call!r}, which cannot be imported "
@@ -334,8 +351,7 @@ def read_resume_point(
     seed = _field(record, "seeds", "run")
     if type(seed) is not int:
         raise ResumeError(f"run_dir: record.json seeds.run is {seed!r}; expected the run's integer seed")
-    recorded_base = (record.get("topology") or {}).get("base_dir")
-    base_dir = Path(recorded_base) if isinstance(recorded_base, str) else None
+    base_dir = _recorded_base_dir(record)
     finished, snapshots = _finished_on_disk(directory, plan, run_id)
     restore = tuple(
         name
@@ -370,31 +386,32 @@ async def resume_run(
         raise ResumeError(f"run_dir: {str(directory)!r} is not a directory; pass a runs/<run_id> directory")
     lock = DirectoryLock(directory)
     lock.acquire()  # before reading: nothing may change between the checks and the run
+    settings: RunSettings | None = None
     try:
         point = read_resume_point(directory, trust_code=trust_code, answers=answers, functions=functions)
-        pool = pool if pool is not None else default_pool()
-        inner = executor if executor is not None else LocalExecutor(pool)
-        if executor is None:
-            await prepare_models(point.plan, pool, point.base_dir)
-        await anyio.to_thread.run_sync(_check_models, point, pool)  # hashing weights takes a moment
-        ctx = RunContext(run_id=point.run_id, plan=point.plan, publish=_silent, seed=point.seed, base_dir=point.base_dir)
-        agents = {}
-        for name in point.restore:
-            agents[name] = await _restore(inner, ctx, point, name)
+        settings = RunSettings.build(pool=pool, executor=executor, base_dir=point.base_dir)
+        if settings.loads_models_here:
+            await prepare_run(point.plan, settings)
+        await anyio.to_thread.run_sync(_check_models, point, settings)  # hashing weights takes a moment
+        agents = {name: await _restore(settings, point, name) for name in point.restore}
         recorder = RunRecorder(directory.parent, point.plan, run_id=point.run_id, seed=point.seed,
-                               topology_file=(point.record.get("topology") or {}).get("file"), pool=pool,
+                               topology_file=(point.record.get("topology") or {}).get("file"), pool=settings.pool,
                                base_dir=point.base_dir)
         recorder.run_dir = directory  # the directory may have been moved or renamed since
         recorder.resume(point.record, point.finished, point.snapshots, restored=list(agents), lock=lock)
     except BaseException:
         lock.release()
+        if settings is not None:
+            settings.close()
         raise
-    for name, agent in agents.items():
-        inner.adopt(point.run_id, name, agent)
-    logger.info("resuming run %s: %d of %d nodes finished before, %d restored", point.run_id, len(point.finished),
-                len(point.plan.nodes), len(agents))
-    return await record_run(recorder, inner, pool=pool, events=events, base_dir=point.base_dir,
-                            completed=dict(point.finished))
+    try:
+        for name, agent in agents.items():
+            settings.executor.adopt(point.run_id, name, agent)
+        logger.info("resuming run %s: %d of %d nodes finished before, %d restored", point.run_id, len(point.finished),
+                    len(point.plan.nodes), len(agents))
+        return await record_run(recorder, settings, events=events, completed=dict(point.finished))
+    finally:
+        settings.close()  # only an executor made here (from a name, or the default local one)
 
 
 def resume_run_sync(run_dir: str | os.PathLike[str], **options: Any) -> tuple[RunResult, dict[str, Any], Path]:
@@ -408,13 +425,13 @@ async def _silent(kind: str, payload: dict[str, Any]) -> None:
     return None
 
 
-def _check_models(point: ResumePoint, pool: ModelPool) -> None:
+def _check_models(point: ResumePoint, settings: RunSettings) -> None:
     """The loaded models must be the ones the run used: the record's fingerprints, and the
     identity each finished node's snapshot was written with."""
     recorded = {item.get("name"): item for item in point.record.get("models") or [] if isinstance(item, Mapping)}
     current: dict[str, str] = {}
     for spec in point.plan.models():
-        loaded = pool.get(spec, point.base_dir)
+        loaded = settings.pool.get(spec, settings.base_dir)
         fingerprint = loaded.fingerprint
         current[spec.name] = fingerprint
         expected = (recorded.get(spec.name) or {}).get("fingerprint")
@@ -434,8 +451,10 @@ def _check_models(point: ResumePoint, pool: ModelPool) -> None:
             )
 
 
-async def _restore(executor: Executor, ctx: RunContext, point: ResumePoint, name: str) -> Any:
+async def _restore(settings: RunSettings, point: ResumePoint, name: str) -> Any:
     """Bind the node's agent as the run did and load its snapshot (every check before use)."""
+    executor = settings.executor
+    ctx = RunContext(run_id=point.run_id, plan=point.plan, publish=_silent, seed=point.seed, base_dir=settings.base_dir)
     try:
         agent = executor.bind(ctx, point.plan.node(name))
     except NotImplementedError as error:

@@ -10,7 +10,11 @@ edge waits for (`PlanEdge.waits_for`); this module decides them once those nodes
   through when it stopped there (the condition held, or the check node was skipped, which
   leaves no verdict to go on with);
 - a node with inbound edges runs when at least one fired, and is skipped otherwise, with a
-  short reason; nodes without inbound edges always run.
+  short reason; nodes without inbound edges always run;
+- a copy of a run-time foreach node (`PlanNode.foreach_from`) runs only when its producer
+  finished and wrote a list reaching its index: it is skipped past the list's end (or when
+  the producer was skipped), and a list that is not a JSON list of strings within the node's
+  `max_items` fails the copy (plan/runtime_foreach.py says what the list must be).
 
 Conditions are data (spec/predicates.py) evaluated here; routers (`module:callable`) are
 imported only with trust_code and called in a worker thread, once per router and sender
@@ -24,9 +28,10 @@ from typing import Any, Awaitable, Callable
 
 import anyio.to_thread
 
-from ..errors import NodeFailed, UsageError, node_failed
+from ..errors import NodeFailed, UsageError, format_path, node_failed
 from ..executors.trusted_code import import_callable
-from ..plan.dag import Plan, PlanEdge
+from ..plan.dag import Plan, PlanEdge, PlanNode
+from ..plan.runtime_foreach import read_items
 from ..results.run_result import NodeResult
 from ..spec import predicates
 
@@ -42,15 +47,39 @@ class Routing:
         self.fired: dict[int, bool] = {}  # conditional edge id -> decision
         self.stopped: dict[str, str | None] = {}  # check node -> why its loop stopped there (None: it went on)
         self._routed: dict[tuple[str, str], Any] = {}  # (router, source node) -> what it answered
+        self._lists: dict[tuple[str, int], list[str] | None] = {}  # (producer, max_items) -> its list; None: skipped
 
     async def decide(self, name: str) -> tuple[list[PlanEdge], str | None]:
         """(the inbound edges of `name` that fired, in arrival order; the reason it is skipped,
         or None when it runs). Everything its edges wait for must be settled."""
+        node = self.plan.node(name)
+        if node.foreach_from is not None:
+            items = await self.items(node)
+            if items is None:
+                return [], f"{node.foreach_from} was skipped, so there is no list to range over"
+            if node.index is not None and node.index >= len(items):
+                return [], f"{node.foreach_from}'s list has {len(items)} item{'' if len(items) == 1 else 's'}"
         incoming = self.plan.incoming(name)
         fired = [edge for edge in incoming if await self.fires(edge)]
         if not incoming or fired:
             return fired, None
         return [], await self._reason(incoming)
+
+    async def items(self, node: PlanNode) -> list[str] | None:
+        """The list run-time foreach copy `node` ranges over (its producer must be settled);
+        None when the producer was skipped; NodeFailed naming the copy for a bad list."""
+        producer = str(node.foreach_from)
+        spec = self.plan.spec_node(node)
+        key = (producer, spec.foreach.max_items)  # type: ignore[union-attr]
+        if key not in self._lists:
+            if producer not in self.results:
+                self._lists[key] = None
+            else:  # reading JSON out of a long text: off the event loop, as conditions do
+                text = self.results[producer].effective_text
+                with node_failed(node.name):
+                    self._lists[key] = await anyio.to_thread.run_sync(
+                        read_items, text, producer, node.declared, key[1], abandon_on_cancel=True)
+        return self._lists[key]
 
     async def fires(self, edge: PlanEdge) -> bool:
         """Whether `edge` fired (its source and loop check must be settled)."""
@@ -89,7 +118,7 @@ class Routing:
             if predicates.needs_worker(condition):  # a regex or JSON over a long text: never on the loop
                 return await anyio.to_thread.run_sync(predicates.holds, condition, text, abandon_on_cancel=True)
             return predicates.holds(condition, text)
-        target = self.plan.node(edge.target).declared
+        target = edge.routes_to or self.plan.node(edge.target).declared  # the name its edge writes
         answers = {reference: await self._route(edge, reference, reader, text) for reference in references}
 
         def routed(reference: str) -> bool:
@@ -109,7 +138,7 @@ class Routing:
     async def _route(self, edge: PlanEdge, reference: str, reader: str, text: str) -> Any:
         key = (reference, reader)
         if key not in self._routed:
-            field_name = f"edges[{edge.declared}] router"
+            field_name = f"{format_path(edge.spec_path) or f'edges[{edge.declared}]'} router"
             with node_failed(edge.target, edge):  # user code may raise anything: the edge's receiver fails
                 router = import_callable(reference, trust_code=self.plan.trust_code, field_name=field_name)
                 self._routed[key] = await anyio.to_thread.run_sync(functools.partial(router, text))

@@ -19,8 +19,8 @@ running finish and are recorded, nothing new starts, and the run ends with statu
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import time
 import uuid
 from dataclasses import replace
@@ -28,20 +28,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 import rclc
 
 from ..errors import Interrupt, NodeFailed, ObserverFailed, UsageError, node_failed
-from ..executors import make_executor
-from ..executors.contract import Executor, RunContext, require_executor
-from ..executors.local import LocalExecutor
-from ..executors.pool import ModelPool, default_pool
-from ..plan.dag import Plan
+from ..executors.contract import Executor, RunContext
+from ..executors.mcp_servers import servers_for
+from ..executors.pool import ModelPool
+from ..executors.trusted_code import search_beside
+from ..plan.dag import Plan, PlanNode
+from ..plan.runtime_foreach import edge_with_item, with_item
 from ..results.events import EventStream
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult, RunResult
 from .interrupts import Waiting, with_answers
 from .routing import Routing
+from .settings import RunSettings
 from .tracing import run_tracer
 
 logger = logging.getLogger(__name__)
@@ -66,10 +69,11 @@ class _Publisher:
     """Publishes the run's events into an optional stream, under the run's epoch, and shows
     each to the run's tracer (OpenTelemetry spans, when the `otel` extra is installed)."""
 
-    def __init__(self, events: EventStream | None, run_id: str) -> None:
+    def __init__(self, events: EventStream | None, run_id: str, plan: Plan | None = None, seed: int = 0) -> None:
         self.events, self.run_id = events, run_id
         self.epoch = events.open_epoch() if events is not None else 0
-        self.tracer = run_tracer(run_id)
+        self.tracer = run_tracer(run_id, plan, seed)
+        self.quiet = events is None and self.tracer is None  # nobody reads this run's events
 
     async def __call__(self, kind: str, payload: dict[str, Any]) -> Any:
         if self.tracer is not None:
@@ -77,6 +81,11 @@ class _Publisher:
         if self.events is None:
             return None
         return await self.events.publish(kind, payload, run_id=self.run_id, epoch=self.epoch)  # type: ignore[arg-type]
+
+    def node_result(self, name: str, inbound: list[tuple[Any, NodeResult]], result: NodeResult) -> None:
+        """Show a finished node's result to the tracer (its model calls' spans), before its event."""
+        if self.tracer is not None:
+            self.tracer.node_result(name, inbound, result)
 
     def trace(self, kind: str, payload: dict[str, Any]) -> None:
         """Show an event to the tracer only (the run ended without a stream event for it)."""
@@ -114,19 +123,32 @@ async def run_plan(
     `executor` is an executor object or a name ("local", "ray": see rclc_graph.executors);
     one made from a name here is closed when the run ends.
     """
-    if isinstance(executor, str):
-        owned = make_executor(executor, pool=pool)
-        try:
-            return await run_plan(plan, pool=pool, executor=owned, events=events, run_id=run_id, seed=seed,
-                                  base_dir=base_dir, completed=completed, observer=observer)
-        finally:
-            owned.close()
-    if executor is None:
-        executor = LocalExecutor(pool if pool is not None else default_pool())
-    require_executor(executor)
+    settings = RunSettings.build(pool=pool, executor=executor, base_dir=base_dir)
+    try:
+        return await run_with(settings, plan, events=events, run_id=run_id, seed=seed, completed=completed,
+                              observer=observer)
+    finally:
+        settings.close()
+
+
+async def run_with(
+    settings: RunSettings,
+    plan: Plan,
+    *,
+    events: EventStream | None = None,
+    run_id: str | None = None,
+    seed: int = 0,
+    completed: dict[str, NodeResult] | None = None,
+    observer: RunObserver | None = None,
+) -> RunResult:
+    """`run_plan` on settings a view built once (the pool, executor and base_dir of its runs)."""
+    executor = settings.executor
+    base_dir = settings.base_dir
+    search_beside(base_dir if plan.trust_code else None)  # modules beside a trusted topology import
     run_id = run_id or new_run_id()
-    publish = _Publisher(events, run_id)
-    ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir)
+    publish = _Publisher(events, run_id, plan, seed)
+    servers = servers_for(plan, base_dir)  # MCP servers start on first use and stop when the run ends
+    ctx = RunContext(run_id=run_id, plan=plan, publish=publish, seed=seed, base_dir=base_dir, tool_servers=servers)
     results: dict[str, NodeResult] = with_answers(plan, dict(completed or {}))
     walk = _Walk(plan, executor, ctx, results, observer)
     begun = time.perf_counter()
@@ -134,7 +156,8 @@ async def run_plan(
     await publish("run", {"status": "started", "plan": plan.name, "nodes": len(plan.nodes), "resumed": len(results)})
     failure: NodeFailed | None = None
     try:
-        await walk.drive()
+        async with servers if servers is not None else contextlib.nullcontext():
+            await walk.drive()
     except BaseException as error:
         ctx.stop.set()
         if is_cancellation(error):
@@ -152,9 +175,10 @@ async def run_plan(
     seconds = time.perf_counter() - begun
     hops = _hops_in_order(plan, results)
     waiting = walk.waiting.described(plan, results, walk.routing.fired)
-    outputs = {name: results[name].effective_text for name in plan.outputs
+    outputs = {plan.output_key(name): results[name].effective_text for name in plan.outputs
                if name in results and name not in walk.waiting}
-    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=dict(walk.routing.fired))
+    fired = {plan.edges[edge].key: decision for edge, decision in sorted(walk.routing.fired.items())}
+    common: dict[str, Any] = dict(seconds=seconds, skipped=dict(walk.skipped), fired=fired)
     if failure is not None:
         logger.warning("run %s failed after %.2f s: %s", run_id, seconds, failure)
         await publish("error", {"node": failure.node, "edge": None if failure.edge is None else failure.edge.id,
@@ -172,9 +196,18 @@ async def run_plan(
     return RunResult(run_id, "finished", outputs, results, hops, **common)
 
 
+_Step = tuple[PlanNode, list[tuple[Any, NodeResult]]]  # a node to run now, with its inbound (edge, result) pairs
+
+
 class _Walk:
     """One run's walk over its plan: which nodes settled (finished or skipped), which run,
-    which wait for a person; `drive` runs it to its end."""
+    which wait for a person; `drive` runs it to its end.
+
+    A node's task settles the node itself when it finishes and goes on with the first node
+    that made ready (a chain runs in one task); only further ready nodes get tasks of their
+    own. Settling costs only what the node's plan uses: a plain edge is decided by one
+    membership test, and routing, loops, interrupts and events cost nothing on the path of
+    a node that has none of them (benchmarks/scheduler_overhead.py)."""
 
     def __init__(self, plan: Plan, executor: Executor, ctx: RunContext, results: dict[str, NodeResult],
                  observer: RunObserver | None) -> None:
@@ -185,47 +218,59 @@ class _Walk:
         self.started: set[str] = set(results)
         self.settled: set[str] = set()
         self.running = 0
+        self._group: Any = None
+        self._quiet = isinstance(ctx.publish, _Publisher) and ctx.publish.quiet  # nothing reads events
+        self._answered = any(node.interrupt == "after" for node in plan.nodes)
+        # receivers not settled yet, per node, when the executor wants to hear that a state is no longer read
+        self._unsettled_receivers: dict[str, int] | None = None
+        if type(executor).consumed is not Executor.consumed:
+            self._unsettled_receivers = {node.name: len(set(plan.receivers(node.name))) for node in plan.nodes}
 
     async def drive(self) -> None:
         """Run every node that can run now; return when none is running and none can start."""
-        send, receive = anyio.create_memory_object_stream[tuple[str, str | None]](math.inf)
-        async with send, receive, anyio.create_task_group() as group:
+        async with anyio.create_task_group() as group:
+            self._group = group
             group.start_soon(self._stop_generation_on_cancel)
             for name in list(self.results):  # finished before (resume): settled, unless waiting for an answer
                 if self._waits_after(name):
                     await self._wait(name, "after", self.plan.node(name).question or "")
                 else:
                     self.settled.add(name)
-            await self._advance(group, send, self.plan.ready(self.settled, self.started))
-            while self.running:
-                name, question = await receive.receive()
-                self.running -= 1
-                if question is not None:
-                    await self._wait(name, "raised", question)
-                elif self._waits_after(name):
-                    await self._wait(name, "after", self.plan.node(name).question or "")
-                else:
-                    await self._advance(group, send, self._settle(name))
-            group.cancel_scope.cancel()  # only the watcher is left
+            first = await self._advance(self.plan.ready(self.settled, self.started))
+            if first is not None:
+                self._spawn(*first)
+            if not self.running:
+                group.cancel_scope.cancel()  # only the watcher is left
         if not self.waiting and len(self.settled) < len(self.plan.nodes):  # pragma: no cover - a planning bug
             left = [name for name in self.plan.order if name not in self.settled]
             raise RuntimeError(f"the run stopped with nodes neither finished nor skipped: {', '.join(left)}")
 
-    async def _advance(self, group: Any, send: Any, names: tuple[str, ...] | list[str]) -> None:
-        """Skip, hold or start each ready node; a skip settles at once and may ready more."""
+    def _spawn(self, node: PlanNode, inbound: list[tuple[Any, NodeResult]]) -> None:
+        self.running += 1
+        self._group.start_soon(self._run_from, node, inbound, name=f"node {node.name}")
+
+    async def _advance(self, names: tuple[str, ...] | list[str]) -> _Step | None:
+        """Skip, hold or start each ready node; a skip settles at once and may ready more.
+        The first node to run is returned (its caller runs it in its own task), the others
+        get tasks of their own."""
         queue = list(names)
+        first: _Step | None = None
         while queue:
             name = queue.pop(0)
             if name in self.started:
                 continue
             fired, reason = await self.routing.decide(name)
+            if name in self.started:  # decided by another task meanwhile (routing awaited)
+                continue
             if reason is not None:
                 self.skipped[name] = reason
                 self.started.add(name)
                 await self.ctx.publish("node", {"node": name, "status": "skipped", "reason": reason})
                 queue += self._settle(name)
                 continue
-            node = self.plan.node(name)
+            node = await self._with_item(self.plan.node(name))
+            if name in self.started:  # started by another task meanwhile (reading the list awaited)
+                continue
             if node.interrupt == "before" and node.answer is None:
                 self.started.add(name)
                 await self._wait(name, "before", node.question or "")
@@ -233,27 +278,61 @@ class _Walk:
             if self.waiting:
                 continue  # a person is asked: nothing new starts (a resume with the answer starts it)
             self.started.add(name)
-            self.running += 1
+            if node.foreach_from is not None and node.item is not None:  # requests may read the item too
+                fired = [edge_with_item(self.plan, edge, node, node.item) for edge in fired]
             inbound = [(edge, self.results[edge.source]) for edge in fired]
-            group.start_soon(self._run_or_wait, send, name, inbound, name=f"node {name}")
+            if first is None:
+                first = (node, inbound)
+            else:
+                self._spawn(node, inbound)
+        return first
 
-    async def _run_or_wait(self, send: Any, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
-        try:
-            await self._run_one(name, inbound)
-        except Interrupt as raised:  # a function node asked for a person: it did not finish
-            await send.send((name, raised.question))
-            return
-        await send.send((name, None))
+    async def _with_item(self, node: PlanNode) -> PlanNode:
+        """A run-time foreach copy with its item (its producer settled: routing read the list)."""
+        if node.foreach_from is None or node.index is None:
+            return node
+        items = await self.routing.items(node)
+        return node if items is None or node.index >= len(items) else with_item(self.plan, node, items[node.index])
 
-    async def _run_one(self, name: str, inbound: list[tuple[Any, NodeResult]]) -> None:
-        ctx, node = self.ctx, self.plan.node(name)
-        await ctx.publish("node", {"node": name, "status": "started"})
-        hops = _HopTracker(ctx.publish)
+    async def _run_from(self, node: PlanNode, inbound: list[tuple[Any, NodeResult]]) -> None:
+        """Run `node`, settle it, and go on with the first node it made ready, in this task."""
+        step: _Step | None = (node, inbound)
+        while step is not None:
+            node, inbound = step
+            name = node.name
+            try:
+                await self._run_one(node, inbound)
+            except Interrupt as raised:  # a function node asked for a person: it did not finish
+                await self._wait(name, "raised", raised.question)
+                step = None
+                continue
+            if self._answered and self._waits_after(name):
+                await self._wait(name, "after", self.plan.node(name).question or "")
+                step = None
+                continue
+            step = await self._advance(self._settle(name))
+            if step is not None:  # a chain of nodes that never wait must still let other tasks run
+                await anyio.lowlevel.checkpoint()
+        self.running -= 1
+        if not self.running:
+            self._group.cancel_scope.cancel()  # every node settled or waits: only the watcher is left
+
+    async def _run_one(self, node: PlanNode, inbound: list[tuple[Any, NodeResult]]) -> None:
+        ctx, name = self.ctx, node.name
+        quiet = self._quiet
+        if not quiet:
+            await ctx.publish("node", {"node": name, "status": "started"})
+        hops = None if quiet else _HopTracker(ctx.publish)
         with node_failed(name):
-            result = await self.executor.run_node(replace(ctx, publish=hops), node, inbound)
-        self.results[name] = with_answers(self.plan, {name: result})[name]
-        await hops.publish_missing(result.hops)
-        await ctx.publish("node", _finished_payload(result))
+            result = await self.executor.run_node(ctx if hops is None else replace(ctx, publish=hops), node, inbound)
+        if node.interrupt == "after":
+            result = with_answers(self.plan, {name: result})[name]
+        self.results[name] = result
+        if hops is not None:
+            await hops.publish_missing(result.hops)
+            if isinstance(ctx.publish, _Publisher):
+                ctx.publish.node_result(name, inbound, result)
+            await ctx.publish("node", _finished_payload(result))
         if self.observer is not None:
             try:
                 self.observer.node_finished(ctx.run_id, result)
@@ -267,9 +346,24 @@ class _Walk:
         finally:
             self.ctx.stop.set()  # ends native generation at its next step, so cancellation is prompt
 
-    def _settle(self, name: str) -> list[str]:
+    def _settle(self, name: str) -> list[str] | tuple[str, ...]:
         self.settled.add(name)
-        return list(self.plan.ready_after(name, self.settled, self.started))  # O(who waits for it), not O(plan)
+        if self._unsettled_receivers is not None:
+            self._release_read_states(name)
+        return self.plan.ready_after(name, self.settled, self.started)  # O(who waits for it), not O(plan)
+
+    def _release_read_states(self, name: str) -> None:
+        """Tell the executor of every state no receiver will read any more: `name`'s own when
+        it sends to nobody, and each sender's once `name` was the last of its receivers."""
+        left = self._unsettled_receivers
+        assert left is not None
+        consumed = self.executor.consumed
+        if left[name] == 0:
+            consumed(self.ctx.run_id, name)
+        for sender in set(self.plan.senders(name)):
+            left[sender] -= 1
+            if left[sender] == 0:
+                consumed(self.ctx.run_id, sender)
 
     def _waits_after(self, name: str) -> bool:
         node = self.plan.node(name)

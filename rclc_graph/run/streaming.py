@@ -41,7 +41,7 @@ from ..results.run_events import RunEvent, typed
 from ..results.run_result import RunResult
 from ..spec.models import GraphSpec
 from .record.recording import run_recorded
-from .resume import resume_run
+from .resume import read_resume_point, resume_run
 from .scheduler import run_plan
 from ..errors import UsageError
 
@@ -142,27 +142,38 @@ class RunStream:
             self.result = value
 
 
-def plan_for(target: Runnable, inputs: Mapping[str, Any] | None, *, trust_code: bool = False) -> tuple[Plan, Path | None]:
-    """The plan to run and, for a file, the file (so a record names it and profiles resolve)."""
+def plan_for(
+    target: Runnable,
+    inputs: Mapping[str, Any] | None,
+    *,
+    trust_code: bool = False,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
+) -> tuple[Plan, Path | None]:
+    """The plan to run and, for a file, the file (so a record names it and profiles resolve).
+    `answers` answer interrupts up front (by node); `functions` are callables for function
+    nodes by `call` reference (a Graph brings its own; these join them)."""
     if isinstance(target, Plan):
-        if inputs:
+        given = [name for name, value in (("inputs", inputs), ("answers", answers), ("functions", functions)) if value]
+        if given:
             raise UsageError(
-                "inputs: a Plan is already compiled for its inputs; pass the Graph, GraphSpec or topology file "
-                "with these inputs, or drop inputs"
+                f"{given[0]}: a Plan is already compiled with its inputs, answers and functions; pass the Graph, "
+                f"GraphSpec or topology file with these {given[0]}, or drop {given[0]}"
             )
         return target, None
     if isinstance(target, Graph):
-        return target.plan(inputs or {}, trust_code=trust_code), None
+        known = {**target.functions, **dict(functions or {})}
+        return compile_plan(target.spec(), inputs or {}, trust_code=trust_code, answers=answers, functions=known), None
     if isinstance(target, GraphSpec):
-        return compile_plan(target, inputs or {}, trust_code=trust_code), None
+        return compile_plan(target, inputs or {}, trust_code=trust_code, answers=answers, functions=functions), None
     if isinstance(target, (str, os.PathLike)):
-        return plan_file(target, inputs or {}, trust_code=trust_code), Path(target)
+        return plan_file(target, inputs or {}, trust_code=trust_code, answers=answers, functions=functions), Path(target)
     raise UsageError(
         f"target: expected a Plan, Graph, GraphSpec or topology file path, got {type(target).__name__}"
     )
 
 
-def astream(
+def astream(  # 12 parameters: the run's options as run_recorded takes them, plus the stream's two bounds
     target: Runnable,
     inputs: Mapping[str, Any] | None = None,
     *,
@@ -172,17 +183,23 @@ def astream(
     seed: int = 0,
     run_id: str | None = None,
     trust_code: bool = False,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
     max_events: int = DEFAULT_MAX_EVENTS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> RunStream:
     """Run a plan, Graph, GraphSpec or topology file on `inputs` and yield its typed events.
 
     With `out`, the run is recorded in `out/<run_id>/` as `rclc-graph run` records it
-    (`run_recorded`); without, it runs unrecorded (`run_plan`). Planning errors (GraphError)
-    raise here, before anything runs. The stream holds at most `max_events` events and
-    `max_bytes` (estimated) bytes; beyond them the run waits for the consumer.
+    (`run_recorded`); without, it runs unrecorded (`run_plan`). A run that stops for a person
+    ends with `run.waiting`; with `out`, `astream_resume(events.run_dir, answers=...)`
+    continues it (an unrecorded run has nothing to continue from). `answers` ({node: text})
+    answer interrupts up front, as `rclc-graph run --answer` does; `functions` are callables
+    for function nodes by `call` reference (a Graph brings its own). Planning errors
+    (GraphError) raise here, before anything runs. The stream holds at most `max_events`
+    events and `max_bytes` (estimated) bytes; beyond them the run waits for the consumer.
     """
-    plan, topology = plan_for(target, inputs, trust_code=trust_code)
+    plan, topology = plan_for(target, inputs, trust_code=trust_code, answers=answers, functions=functions)
     base_dir = None if topology is None else topology.resolve().parent
 
     async def start(events: EventStream) -> Any:
@@ -201,13 +218,23 @@ def astream_resume(
     pool: ModelPool | None = None,
     executor: Executor | None = None,
     trust_code: bool = False,
+    answers: Mapping[str, str] | None = None,
+    functions: Mapping[str, Callable[..., Any]] | None = None,
     max_events: int = DEFAULT_MAX_EVENTS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> RunStream:
-    """`resume_run` with its events streamed, as `astream` streams a new run."""
+    """`resume_run` with its events streamed, as `astream` streams a new run.
+
+    `answers` ({node: text}) answer the nodes a waiting run waits for (LangGraph's
+    `Command(resume=...)`); `functions` are the callables of function nodes built in Python
+    (`functions=graph.functions`). The directory is checked here, before anything runs: a
+    refusal (ResumeError, e.g. a waiting run without an answer) raises at the call.
+    """
+    read_resume_point(run_dir, trust_code=trust_code, answers=answers, functions=functions)  # refusals raise here
 
     async def start(events: EventStream) -> Any:
-        return await resume_run(run_dir, pool=pool, executor=executor, events=events, trust_code=trust_code)
+        return await resume_run(run_dir, pool=pool, executor=executor, events=events, trust_code=trust_code,
+                                answers=answers, functions=functions)
 
     return RunStream(start, max_events=max_events, max_bytes=max_bytes)
 
@@ -321,8 +348,15 @@ def stream(
     inputs: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> SyncRunStream:
-    """`astream` for synchronous code (same arguments): iterate it for typed events."""
+    """`astream` for synchronous code (same arguments, `answers=` and `functions=` included):
+    iterate it for typed events."""
     return SyncRunStream(astream(target, inputs, **options))
 
 
-__all__ = ["RunStream", "SyncRunStream", "astream", "astream_resume", "plan_for", "stream"]
+def stream_resume(run_dir: str | os.PathLike[str], **options: Any) -> SyncRunStream:
+    """`astream_resume` for synchronous code (same arguments: `answers=`, `functions=`, ...):
+    continue a waiting or interrupted run and iterate its typed events."""
+    return SyncRunStream(astream_resume(run_dir, **options))
+
+
+__all__ = ["RunStream", "SyncRunStream", "astream", "astream_resume", "plan_for", "stream", "stream_resume"]

@@ -1,4 +1,4 @@
-"""The ASGI app: every route in one list, the request guards, JSON errors, and the run manager's
+"""The ASGI app: the routes (one per openapi.OPERATIONS entry), the request guards, JSON errors, and the run manager's
 lifetime (its task group lives as long as the app).
 
     app = create_app(ServerSettings(runs_dir=Path("runs"), topologies_dir=Path("topologies")))
@@ -24,10 +24,10 @@ from starlette.staticfiles import StaticFiles
 
 from rclc.models import preload
 
-from ..errors import GraphError, RequestRefused, ResumeError
-from ..executors import default_pool
+from ..errors import ErrorCode, GraphError, RequestRefused, ResumeError
+from ..executors import ModelPool, default_pool
 from . import openapi
-from .errors import E_NOT_FOUND, E_REQUEST, error_body, json_error
+from .errors import error_body, json_error
 from .handlers import UI_DIR, Api
 from .runs import RunManager
 from .security import BodyLimit, Guard
@@ -37,32 +37,12 @@ from .topologies import TopologyCatalog
 logger = logging.getLogger(__name__)
 
 
-def routes(api: Api, settings: ServerSettings) -> list[Any]:
-    """Every route of the server (openapi.OPERATIONS describes the same list)."""
-    document = openapi.document(token=settings.token is not None)
-
-    async def openapi_json(request: Request) -> Response:
-        return JSONResponse(document)
-
-    return [
-        Route("/", api.index, methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
-        Route("/server", api.server_state, methods=["GET"]),
-        Route("/topologies", api.list_topologies, methods=["GET"]),
-        Route("/topologies/{name}", api.topology, methods=["GET"]),
-        Route("/topologies/{name}/graph.svg", api.topology_svg, methods=["GET"]),
-        Route("/runs", api.start_run, methods=["POST"]),
-        Route("/runs", api.list_runs, methods=["GET"]),
-        Route("/runs/{run_id}", api.run, methods=["GET"]),
-        Route("/runs/{run_id}/events", api.events, methods=["GET"]),
-        Route("/runs/{run_id}/graph.svg", api.graph_svg, methods=["GET"]),
-        Route("/runs/{run_id}/nodes/{node}", api.node, methods=["GET"]),
-        Route("/runs/{run_id}/report.html", api.report, methods=["GET"]),
-        Route("/runs/{run_id}/cancel", api.cancel, methods=["POST"]),
-        Route("/runs/{run_id}/resume", api.resume, methods=["POST"]),
-        Route("/runs/{run_id}/answer", api.answer, methods=["POST"]),
-        Mount("/ui", StaticFiles(directory=UI_DIR), name="ui"),
-    ]
+def routes(api: Api) -> list[Any]:
+    """Every route of the server: one per `openapi.OPERATIONS` entry, to its `Api` handler, then
+    the UI's static files."""
+    operations: list[Any] = [Route(operation.route, getattr(api, operation.handler), methods=[operation.method.upper()])
+                             for operation in openapi.OPERATIONS]
+    return [*operations, Mount("/ui", StaticFiles(directory=UI_DIR), name="ui")]
 
 
 async def _api_error(request: Request, error: Exception) -> Response:
@@ -71,7 +51,7 @@ async def _api_error(request: Request, error: Exception) -> Response:
 
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
-    code = E_NOT_FOUND if error.status_code == 404 else E_REQUEST
+    code = ErrorCode.E_NOT_FOUND if error.status_code == 404 else ErrorCode.E_REQUEST
     fix = "GET /openapi.json lists the routes" if error.status_code in (404, 405) else ""
     return JSONResponse(error_body(error.status_code, code, str(error.detail), fix), error.status_code,
                         headers=getattr(error, "headers", None))
@@ -82,7 +62,7 @@ async def _internal_error(request: Request, error: Exception) -> Response:
     return json_error(error)
 
 
-def create_app(settings: ServerSettings, *, pool: Any = None) -> Starlette:
+def create_app(settings: ServerSettings, *, pool: ModelPool | None = None) -> Starlette:
     """The server's ASGI app. `pool` is the ModelPool runs share (the process's by default)."""
     pool = pool if pool is not None else default_pool()
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +85,7 @@ def create_app(settings: ServerSettings, *, pool: Any = None) -> Starlette:
                 group.cancel_scope.cancel()
 
     app = Starlette(
-        routes=routes(api, settings),
+        routes=routes(api),
         middleware=[Middleware(BodyLimit, limit=settings.max_body_bytes), Middleware(Guard, settings=settings)],
         exception_handlers={RequestRefused: _api_error, GraphError: _api_error, ResumeError: _api_error,
                             ValueError: _api_error, HTTPException: _http_error, Exception: _internal_error},

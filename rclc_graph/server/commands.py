@@ -20,7 +20,7 @@ from .settings import TOKEN_ENV, ServerSettings, token_from_environment
 EXIT_USAGE = 2
 
 
-def serve(
+def serve(  # a typer command: each option is a parameter (docs/cli.md lists them)
     topologies: Path = typer.Option(Path("topologies"), "--topologies", "-t",
                                     help="directory of topology files the server offers by name"),
     runs: Path = typer.Option(Path("runs"), "--runs", "-r", help="directory of run directories (created if missing)"),

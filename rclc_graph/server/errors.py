@@ -19,22 +19,6 @@ from ..errors import ErrorCode, GraphError, RequestRefused, ResumeError
 ApiError = RequestRefused  # what handlers raise for a refusal (defined with every other error, in errors.py)
 
 
-# The server's own codes, members of the one documented vocabulary (ErrorCode; GraphError
-# problems keep theirs). Compare equal to their plain strings and serialize as them.
-E_REQUEST = ErrorCode.E_REQUEST
-E_NOT_FOUND = ErrorCode.E_NOT_FOUND
-E_STATE = ErrorCode.E_STATE
-E_RESUME = ErrorCode.E_RESUME
-E_BUSY = ErrorCode.E_BUSY
-E_AUTH = ErrorCode.E_AUTH
-E_HOST = ErrorCode.E_HOST
-E_ORIGIN = ErrorCode.E_ORIGIN
-E_BODY_SIZE = ErrorCode.E_BODY_SIZE
-E_MEDIA_TYPE = ErrorCode.E_MEDIA_TYPE
-E_UNAVAILABLE = ErrorCode.E_UNAVAILABLE
-E_INTERNAL = ErrorCode.E_INTERNAL
-
-
 def error_body(status: int, code: str, message: str, fix: str = "", problems: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The JSON every refusal has."""
     return {"error": {"status": status, "code": code, "message": message, "fix": fix, "problems": problems or []}}
@@ -54,7 +38,7 @@ def json_error(error: Exception) -> JSONResponse:
     if isinstance(error, GraphError):
         return JSONResponse(graph_error_body(error), 422)
     if isinstance(error, ResumeError):
-        return JSONResponse(error_body(409, E_RESUME, str(error), "start a new run, or fix what the message names"), 409)
+        return JSONResponse(error_body(409, ErrorCode.E_RESUME, str(error), "start a new run, or fix what the message names"), 409)
     if isinstance(error, ValueError):
-        return JSONResponse(error_body(400, E_REQUEST, str(error)), 400)
-    return JSONResponse(error_body(500, E_INTERNAL, "internal error; the server log has the traceback"), 500)
+        return JSONResponse(error_body(400, ErrorCode.E_REQUEST, str(error)), 400)
+    return JSONResponse(error_body(500, ErrorCode.E_INTERNAL, "internal error; the server log has the traceback"), 500)

@@ -1,6 +1,6 @@
 """The HTTP handlers: each parses its request, calls what `rclc-graph` calls for the same job
 (planning, preflight, run_recorded / resume_run through the run manager, read_record, the
-renderers) and answers JSON. Routes are listed once, in app.py."""
+renderers) and answers JSON. Routes are listed once, in openapi.py's OPERATIONS (app.py routes them)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from ..errors import JSONLimitError
+from ..errors import ErrorCode, JSONLimitError
+from ..executors import ModelPool
 from ..render.drawing import sketch_record, to_svg
 from ..run.record.format import NODES_DIR, REPORT_FILE, safe_name
 from ..run.record.reader import read_node
 from ..spec import bounded_json
-from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, ApiError
+from . import openapi
+from .errors import ApiError
 from .runs import RunManager
 from .schemas import AnswerRun, StartRun, parse_body, parse_count
 from .security import security_headers
@@ -42,17 +44,22 @@ async def json_body(request: Request) -> Any:
     try:
         return bounded_json.loads(data)  # a 100,000-deep body was a RecursionError (500)
     except JSONLimitError as error:
-        raise ApiError(400, E_REQUEST, f"the body breaks a JSON limit: {error}",
+        raise ApiError(400, ErrorCode.E_REQUEST, f"the body breaks a JSON limit: {error}",
                        f"send JSON nested at most {bounded_json.MAX_DEPTH} levels, each key once") from None
     except ValueError as error:  # not UTF-8, or not JSON
-        raise ApiError(400, E_REQUEST, f"the body is not JSON: {error}", "send a JSON object") from None
+        raise ApiError(400, ErrorCode.E_REQUEST, f"the body is not JSON: {error}", "send a JSON object") from None
 
 
 class Api:
     """The handlers of one server (settings, run manager, topology catalog, model pool)."""
 
-    def __init__(self, settings: ServerSettings, manager: RunManager, catalog: TopologyCatalog, pool: Any) -> None:
+    def __init__(self, settings: ServerSettings, manager: RunManager, catalog: TopologyCatalog, pool: ModelPool) -> None:
         self.settings, self.manager, self.catalog, self.pool = settings, manager, catalog, pool
+        self.document = openapi.document(token=settings.token is not None)
+
+    async def openapi_json(self, request: Request) -> Response:
+        """This server's OpenAPI document (openapi.py)."""
+        return JSONResponse(self.document)
 
     # -- the web UI and the server --------------------------------------------------------------
 
@@ -102,7 +109,7 @@ class Api:
         given = request.query_params.get("limit", "200")
         limit = parse_count(given)
         if limit is None:
-            raise ApiError(400, E_REQUEST, f"limit: {given[:40]!r} is not a count (ASCII digits)", "use ?limit=50")
+            raise ApiError(400, ErrorCode.E_REQUEST, f"limit: {given[:40]!r} is not a count (ASCII digits)", "use ?limit=50")
 
         entries = []  # on the event loop: the queue and the active runs change there (records are cached)
         for run_id in self.manager.run_ids()[:limit]:
@@ -128,7 +135,7 @@ class Api:
         run_id = request.path_params["run_id"]
         self.manager.status(run_id)  # 404 before a stream starts
         if self.manager.streams >= self.settings.max_streams:
-            raise ApiError(429, E_BUSY, f"{self.manager.streams} event streams are open, the server's --max-streams",
+            raise ApiError(429, ErrorCode.E_BUSY, f"{self.manager.streams} event streams are open, the server's --max-streams",
                            "close a stream, or retry later", headers={"Retry-After": str(self.settings.retry_after)})
         after = parse_last_event_id(request.headers.get("last-event-id"), request.query_params.get("after"))
         body = run_events(self.manager, run_id, after, heartbeat=self.settings.heartbeat_seconds,
@@ -153,14 +160,14 @@ class Api:
         for submission in [*self.manager.queue, *(active.submission for active in self.manager.active.values())]:
             if submission.run_id == run_id and submission.plan is not None:
                 return Response(plan_sketch_svg(submission.plan), media_type="image/svg+xml")
-        raise ApiError(404, E_NOT_FOUND, f"run {run_id} has no plan to draw yet", "wait until it started")
+        raise ApiError(404, ErrorCode.E_NOT_FOUND, f"run {run_id} has no plan to draw yet", "wait until it started")
 
     async def node(self, request: Request) -> Response:
         """One finished node's file: text, prompt with token offsets, lineage, hops."""
         run_id, name = request.path_params["run_id"], request.path_params["node"]
         path = self.manager.run_dir(run_id) / NODES_DIR / f"{safe_name(name)}.json"
         if not path.is_file():
-            raise ApiError(404, E_NOT_FOUND, f"node {name!r} of run {run_id} has not finished", "wait for node.finished")
+            raise ApiError(404, ErrorCode.E_NOT_FOUND, f"node {name!r} of run {run_id} has not finished", "wait for node.finished")
         result, _ = await anyio.to_thread.run_sync(read_node, path)
         return JSONResponse(result.to_dict())
 
@@ -169,7 +176,7 @@ class Api:
         run_id = request.path_params["run_id"]
         path = self.manager.run_dir(run_id) / REPORT_FILE
         if not path.is_file():
-            raise ApiError(404, E_NOT_FOUND, f"run {run_id} has no report yet", "it is written when the run ends")
+            raise ApiError(404, ErrorCode.E_NOT_FOUND, f"run {run_id} has no report yet", "it is written when the run ends")
         return FileResponse(path, media_type="text/html",
                             headers={"content-security-policy": REPORT_POLICY, "x-content-type-options": "nosniff"})
 

@@ -27,12 +27,14 @@ from typing import Any, Mapping
 import anyio
 from anyio.abc import TaskGroup
 
+from ..errors import ErrorCode
 from ..plan.dag import Plan
-from ..run import new_run_id, read_record, read_resume_point, resume_run, run_recorded
+from ..executors import ModelPool
+from ..run import RunSettings, new_run_id, prepare_run, read_record, read_resume_point, record_with, resume_run
 from ..run.event_log import EventLogWriter
 from ..run.streaming import RunStream
 from .attempts import FailedAttempts
-from .errors import E_BUSY, E_NOT_FOUND, E_REQUEST, E_STATE, E_UNAVAILABLE, ApiError
+from .errors import ApiError
 from .settings import ServerSettings
 from .submissions import Submission, SubmissionStore
 
@@ -56,7 +58,7 @@ class ActiveRun:
 class RunManager:
     """Admits, runs, cancels and resumes runs; reads their state from the run directory."""
 
-    def __init__(self, settings: ServerSettings, pool: Any) -> None:
+    def __init__(self, settings: ServerSettings, pool: ModelPool) -> None:
         self.settings = settings
         self.pool = pool
         self.runs_dir = settings.runs_dir.resolve()
@@ -103,7 +105,7 @@ class RunManager:
         if len(self.queue) >= self.settings.max_queue:
             wait = self.retry_after()
             raise ApiError(
-                429, E_BUSY,
+                429, ErrorCode.E_BUSY,
                 f"the server runs {len(self.active)} runs and {len(self.queue)} wait, its limits "
                 f"(--max-concurrent {self.settings.max_concurrent}, --max-queue {self.settings.max_queue})",
                 f"retry after {wait} seconds", headers={"Retry-After": str(wait)})
@@ -124,7 +126,7 @@ class RunManager:
 
     def _start(self, submission: Submission) -> None:
         if self._group is None:
-            raise ApiError(503, E_UNAVAILABLE, "the server is starting or stopping", "retry in a moment")
+            raise ApiError(503, ErrorCode.E_UNAVAILABLE, "the server is starting or stopping", "retry in a moment")
         self.active[submission.run_id] = ActiveRun(submission)
         self._notify(submission.run_id)
         self._group.start_soon(self._execute, submission, name=f"run {submission.run_id}")
@@ -135,7 +137,7 @@ class RunManager:
         """Admit a new run of `plan`; its submission is on disk until the run has a directory."""
         base_dir = self.settings.topologies_dir.resolve() if topology_file is None else topology_file.resolve().parent
         submission = Submission(new_run_id(), "new", plan=plan, topology=topology, topology_file=topology_file,
-                                base_dir=base_dir, seed=seed)
+                                base_dir=base_dir, seed=seed, preflighted=True)  # the handler preflighted it
         if len(self.queue) >= self.settings.max_queue and len(self.active) >= self.settings.max_concurrent:
             return self.admit(submission)  # refused: nothing written
         self.submissions.write(submission, "queued")
@@ -148,6 +150,12 @@ class RunManager:
     async def submit_resume(self, run_id: str, answers: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Admit a resume of an unfinished run (checked first, without loading a model)."""
         self._check_resumable(run_id, answers)
+        record = await anyio.to_thread.run_sync(self.record, run_id)
+        if not self.settings.trust_code and ((record or {}).get("plan") or {}).get("trust_code") is True:
+            # a record's seal lets `rclc-graph resume` skip --trust-code (run/record/trust_seal.py); a server
+            # started without --trust-code imports no code, whoever started the run
+            raise ApiError(422, ErrorCode.E_REQUEST, f"run {run_id} imports code its topology names (it started with trust_code)",
+                           "start the server with --trust-code to resume it, or resume it with rclc-graph resume")
         options = {} if answers is None else {"answers": dict(answers)}
         await anyio.to_thread.run_sync(
             lambda: read_resume_point(self.run_dir(run_id), trust_code=self.settings.trust_code, **options))
@@ -158,13 +166,13 @@ class RunManager:
     def _check_resumable(self, run_id: str, answers: Mapping[str, str] | None) -> None:
         status = self.status(run_id)
         if status in ("queued", "starting", "running"):
-            raise ApiError(409, E_STATE, f"run {run_id} is {status}", "wait until it ended, or cancel it")
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} is {status}", "wait until it ended, or cancel it")
         if status == "finished":
-            raise ApiError(409, E_STATE, f"run {run_id} finished; there is nothing to resume", "start a new run")
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} finished; there is nothing to resume", "start a new run")
         if answers is None and status == "waiting":
-            raise ApiError(409, E_STATE, f"run {run_id} waits for an answer", f"POST /runs/{run_id}/answer")
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} waits for an answer", f"POST /runs/{run_id}/answer")
         if answers is not None and status != "waiting":
-            raise ApiError(409, E_STATE, f"run {run_id} is {status}, not waiting for an answer",
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} is {status}, not waiting for an answer",
                            f"POST /runs/{run_id}/resume")
 
     def cancel(self, run_id: str) -> dict[str, Any]:
@@ -178,7 +186,7 @@ class RunManager:
                 return {"run_id": run_id, "status": "cancelled"}
         active = self.active.get(run_id)
         if active is None:
-            raise ApiError(409, E_STATE, f"run {run_id} is {self.status(run_id)}, not queued or running",
+            raise ApiError(409, ErrorCode.E_STATE, f"run {run_id} is {self.status(run_id)}, not queued or running",
                            "only queued and running runs can be cancelled")
         self._cancel_active(active)
         return {"run_id": run_id, "status": "cancelling"}
@@ -230,10 +238,20 @@ class RunManager:
     def _starter(self, submission: Submission) -> Any:
         settings = self.settings
         if submission.kind == "new":
+            plan = submission.plan
+            assert plan is not None  # a new run's submission holds its plan (submissions.py)
+
             async def start(events: Any) -> Any:
-                return await run_recorded(submission.plan, self.runs_dir, seed=submission.seed, pool=self.pool,  # type: ignore[arg-type]
-                                          events=events, run_id=submission.run_id,
-                                          topology_file=submission.topology_file, base_dir=submission.base_dir)
+                run = RunSettings.build(pool=self.pool, base_dir=submission.base_dir)
+                try:
+                    if submission.preflighted:  # at admission: only the models are left to load
+                        await run.executor.prepare(plan, run.base_dir)
+                    else:  # queued again after a restart: check it again first
+                        await prepare_run(plan, run)
+                    return await record_with(run, plan, self.runs_dir, seed=submission.seed, events=events,
+                                             run_id=submission.run_id, topology_file=submission.topology_file)
+                finally:
+                    run.close()
             return start
         options: dict[str, Any] = {} if submission.answers is None else {"answers": submission.answers}
 
@@ -247,7 +265,7 @@ class RunManager:
     def run_dir(self, run_id: str) -> Path:
         """The directory of run `run_id` (400 for an id that could leave the runs directory)."""
         if not _RUN_ID.match(run_id) or run_id == SERVER_DIR:
-            raise ApiError(400, E_REQUEST, f"run_id: {run_id!r} is not a run id", "use an id GET /runs lists")
+            raise ApiError(400, ErrorCode.E_REQUEST, f"run_id: {run_id!r} is not a run id", "use an id GET /runs lists")
         return self.runs_dir / run_id
 
     def status(self, run_id: str) -> str:
@@ -263,7 +281,7 @@ class RunManager:
         submission = self.submissions.read(self.run_dir(run_id).name)
         if submission is not None:
             return str(submission.get("status"))
-        raise ApiError(404, E_NOT_FOUND, f"no run {run_id!r} in {self.runs_dir}", "GET /runs lists the runs")
+        raise ApiError(404, ErrorCode.E_NOT_FOUND, f"no run {run_id!r} in {self.runs_dir}", "GET /runs lists the runs")
 
     def live(self, run_id: str) -> bool:
         """Whether the run is queued or executing here (its event log may still grow)."""

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..spec.models import MAX_NODE_TEXT_BYTES
 from ..spec.safe_yaml import has_surrogate
-from .errors import E_REQUEST, ApiError
-from ..errors import UsageError
+from ..errors import ErrorCode, UsageError
+from .errors import ApiError
 
 RunStatus = Literal["queued", "starting", "running", "finished", "failed", "cancelled", "waiting", "interrupted"]
 
@@ -187,4 +187,4 @@ def parse_body(model: type[_Body], data: Any) -> Any:
         for item in error.errors():
             where = ".".join(str(part) for part in item["loc"]) or "body"
             lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
-        raise ApiError(422, E_REQUEST, "; ".join(lines), f"send the fields of {model.__name__} (GET /openapi.json)") from None
+        raise ApiError(422, ErrorCode.E_REQUEST, "; ".join(lines), f"send the fields of {model.__name__} (GET /openapi.json)") from None

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import RequestRefused
-from .errors import E_AUTH, E_BODY_SIZE, E_HOST, E_MEDIA_TYPE, E_ORIGIN, error_body
+from ..errors import ErrorCode, RequestRefused
+from .errors import error_body
 from .schemas import parse_count
 from .settings import ServerSettings
 
@@ -124,7 +124,7 @@ class BodyLimit:
         length = _header(scope, b"content-length")
         announced = parse_count(length)
         if announced is not None and announced > self.limit:
-            await _refuse(send, 413, E_BODY_SIZE, f"the request body is {length} bytes", fix)
+            await _refuse(send, 413, ErrorCode.E_BODY_SIZE, f"the request body is {length} bytes", fix)
             return
         seen = 0
 
@@ -134,7 +134,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:  # the handler reading the body gets it; the app answers 413 JSON
-                    raise RequestRefused(413, E_BODY_SIZE, f"the request body is over {self.limit} bytes", fix)
+                    raise RequestRefused(413, ErrorCode.E_BODY_SIZE, f"the request body is over {self.limit} bytes", fix)
             return message
 
         await self.app(scope, limited, send)
@@ -153,7 +153,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if self.settings.loopback and _hostname(_header(scope, b"host") or "") not in self.hosts:
-            await _refuse(send, 421, E_HOST, "this server answers requests for 127.0.0.1 and localhost only",
+            await _refuse(send, 421, ErrorCode.E_HOST, "this server answers requests for 127.0.0.1 and localhost only",
                           "open it as http://127.0.0.1:<port>/")
             return
         path = scope.get("path", "")
@@ -161,11 +161,11 @@ class Guard:
         if self.expected is not None and not public:
             given = (_header(scope, b"authorization") or "").encode("utf-8")
             if not hmac.compare_digest(given, self.expected):
-                await _refuse(send, 401, E_AUTH, "this server needs its bearer token",
+                await _refuse(send, 401, ErrorCode.E_AUTH, "this server needs its bearer token",
                               "send the header Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")])
                 return
         if scope.get("method") not in SAFE_METHODS and not _from_this_server(scope, self.settings.loopback):
-            await _refuse(send, 403, E_ORIGIN, "this request was sent from another site's page (its Origin is "
+            await _refuse(send, 403, ErrorCode.E_ORIGIN, "this request was sent from another site's page (its Origin is "
                           f"{_header(scope, b'origin') or _header(scope, b'sec-fetch-site')!r})",
                           "send it from this server's own page, or from a client that is not a browser")
             return
@@ -174,7 +174,7 @@ class Guard:
             length = _header(scope, b"content-length")
             has_body = media or (length not in (None, "0"))
             if has_body and media != "application/json":
-                await _refuse(send, 415, E_MEDIA_TYPE, f"POST bodies are JSON; got {media or 'no content type'}",
+                await _refuse(send, 415, ErrorCode.E_MEDIA_TYPE, f"POST bodies are JSON; got {media or 'no content type'}",
                               "send Content-Type: application/json")
                 return
         await self.app(scope, receive, send)

@@ -41,6 +41,7 @@ class Submission:
     base_dir: Path | None = None
     seed: int = 0
     answers: dict[str, str] | None = None
+    preflighted: bool = False  # planned and preflighted by this process (not read back after a restart)
 
 
 class SubmissionStore:

@@ -16,18 +16,19 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import GraphError, PlanError, SpecError
+from ..errors import ErrorCode, GraphError, PlanError, SpecError
+from ..executors import ModelPool
 from ..plan import plan_file, validate_file
 from ..plan.compile import compile_plan
 from ..plan.dag import Plan
 from ..render.drawing import sketch_blueprint, sketch_plan, to_svg
-from ..run.preflight import check_code, check_context
+from ..run import preflight
 from ..spec import load_graph_text, read_graph
 from ..spec import safe_yaml
 from ..spec.load import DEFAULT_MAX_BYTES
 from ..spec import bounded_json
 from ..spec.models import GraphSpec, InputSpec
-from .errors import E_NOT_FOUND, ApiError
+from .errors import ApiError
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class TopologyCatalog:
                 candidate = self.directory / f"{name}{suffix}"
                 if candidate.is_file():
                     return candidate
-        raise ApiError(404, E_NOT_FOUND, f"topology {name!r} is not in {self.directory}",
+        raise ApiError(404, ErrorCode.E_NOT_FOUND, f"topology {name!r} is not in {self.directory}",
                        f"one of: {', '.join(self.names()) or '(none)'}; GET /topologies lists them")
 
     def describe(self, name: str) -> dict[str, Any]:
@@ -117,12 +118,12 @@ class TopologyCatalog:
             sources.update(model.source for model in spec.models)
         return sources
 
-    def preflight(self, plan: Plan, pool: Any, topology: Path | None) -> None:
+    def preflight(self, plan: Plan, pool: ModelPool, topology: Path | None) -> None:
         """What `rclc-graph run` checks before any weights load: trusted code imports, and every
         prompt fits its context (tokenizers only). Problems of a file name its lines."""
+        base_dir = self.directory if topology is None else topology.parent
         try:
-            check_code(plan)
-            check_context(plan, pool, self.directory if topology is None else topology.parent)
+            preflight(plan, pool, base_dir)
         except GraphError as error:
             if topology is not None:
                 raise error.with_locations(read_graph(topology).locate) from None

@@ -6,6 +6,8 @@ but its torch-free policy names (`rclc.policy`); import-linter contracts in pypr
 check it.
 """
 
+import types as _types
+
 from . import predicates as conditions
 from .load import LoadedGraph, load_agent, load_graph, load_graph_text, load_model, read_graph
 from .models import (
@@ -13,32 +15,18 @@ from .models import (
     EdgeSpec,
     GraphSpec,
     InputSpec,
+    McpServerSpec,
     ModelSpec,
     NodeSpec,
     ReasoningSpec,
     RoundsSpec,
+    RunTimeForeach,
     TransferPolicy,
     json_schema,
 )
 
-__all__ = [
-    # models of what users write
-    "AgentSpec",
-    "EdgeSpec",
-    "GraphSpec",
-    "InputSpec",
-    "ModelSpec",
-    "NodeSpec",
-    "ReasoningSpec",
-    "RoundsSpec",
-    "TransferPolicy",
-    "conditions",
-    "json_schema",
-    # files to specs
-    "LoadedGraph",
-    "load_agent",
-    "load_graph",
-    "load_graph_text",
-    "load_model",
-    "read_graph",
-]
+# every name imported above, the submodules themselves aside (the imports say where each lives);
+# `conditions` is the condition language's module, exported on purpose
+__all__ = ["conditions"] + sorted(
+    name for name, value in vars().items() if not name.startswith("_") and not isinstance(value, _types.ModuleType)
+)

@@ -138,22 +138,95 @@ def load_model(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYT
 # -- internals -------------------------------------------------------------------------------
 
 
+@dataclass
+class _Reading:
+    """One topology being read with everything it pulls in: where each value was written, the
+    files read, the topology's tree (profiles and subgraph files stay inside it unless
+    trusted) and the subgraph files being read now (a file among them again is a cycle)."""
+
+    sources: _yaml.SourceMap
+    files: list[str]
+    root: Path | None
+    max_bytes: int
+    trusted: bool
+    stack: list[Path] = field(default_factory=list)
+
+
 def _load_graph(text: str, file: str, base_dir: Path | None, max_bytes: int, trusted: bool = False) -> LoadedGraph:
     sources: _yaml.SourceMap = {}
     data = _yaml.parse(text, file, sources)
     _require_mapping(data, file, "a topology")
-    files = [file]
+    reading = _Reading(sources, [file], None if base_dir is None else base_dir.parent, max_bytes, trusted)
+    if base_dir is not None and file != "<string>":
+        reading.stack.append(Path(file).resolve())
+    _resolve_references(data, (), base_dir, reading)
+    spec = _validate(GraphSpec, data, sources)
+    return LoadedGraph(spec, dict(sources), tuple(reading.files))
+
+
+def _resolve_references(data: dict[str, Any], path: FieldPath, base_dir: Path | None, reading: _Reading) -> None:
+    """Replace profile references and subgraph files in a topology mapping (at `path` inside
+    the file being loaded) by what they hold, relative to `base_dir`."""
     for kind in ("agents", "models"):
         entries = data.get(kind)
         if not isinstance(entries, list):
             continue
         for index, entry in enumerate(entries):
             if isinstance(entry, str):
-                entries[index] = _read_profile(kind, entry, (kind, index), sources, base_dir, max_bytes, files, trusted)
+                entries[index] = _read_profile(kind, entry, path + (kind, index), reading.sources, base_dir,
+                                               reading.max_bytes, reading.files, reading.trusted, reading.root)
             elif kind == "models" and isinstance(entry, dict):
                 _resolve_source(entry, base_dir)
-    spec = _validate(GraphSpec, data, sources)
-    return LoadedGraph(spec, dict(sources), tuple(files))
+    nodes = data.get("nodes")
+    for index, node in enumerate(nodes if isinstance(nodes, list) else []):
+        if not isinstance(node, dict):
+            continue
+        where = path + ("nodes", index, "graph")
+        if isinstance(node.get("graph"), str):
+            node["graph"] = _read_subgraph(node["graph"], where, base_dir, reading)
+        elif isinstance(node.get("graph"), dict):
+            _resolve_references(node["graph"], where, base_dir, reading)
+
+
+MAX_SUBGRAPH_DEPTH = 8  # subgraph files within subgraph files, at most
+
+
+def _read_subgraph(ref: str, path: FieldPath, base_dir: Path | None, reading: _Reading) -> dict[str, Any]:
+    """A subgraph node's topology file as a mapping, its own references resolved against its
+    own directory; E_SUBGRAPH for a file already being read (topologies that run each other)."""
+    where = reading.sources.get(path)
+    shown = ref if len(ref) <= 80 else ref[:77] + "..."
+    if base_dir is None:
+        raise SpecError.one("E_UNKNOWN_REF", f"subgraph {shown!r} is a file reference but the topology has no directory",
+                            "load the topology from a file, pass base_dir, or write the subgraph inline", path, where)
+    candidate = base_dir / os.path.expanduser(ref)
+    resolved = candidate.resolve()
+    if not reading.trusted and reading.root is not None and not resolved.is_relative_to(reading.root):
+        raise SpecError.one("E_PATH", f"subgraph {shown!r} lies outside the topology's tree ({reading.root})",
+                            f"move the file under {reading.root}, or pass --trust-code (trusted=True) if you trust "
+                            "this topology", path, where)
+    if resolved in reading.stack:
+        chain = " -> ".join(item.name for item in reading.stack[reading.stack.index(resolved):] + [resolved])
+        raise SpecError.one("E_SUBGRAPH", f"topology files run each other as subgraphs ({chain})",
+                            "a topology cannot contain itself; remove the subgraph node that closes the cycle",
+                            path, where)
+    if len(reading.stack) > MAX_SUBGRAPH_DEPTH:
+        raise SpecError.one("E_SUBGRAPH", f"subgraphs are nested more than {MAX_SUBGRAPH_DEPTH} files deep",
+                            "flatten some subgraphs into their parent topology", path, where)
+    if not candidate.is_file():
+        raise SpecError.one("E_UNKNOWN_REF", f"subgraph file {shown!r} not found (looked at {candidate})",
+                            "create the file or fix the path (it is relative to the file that names it)", path, where)
+    child = str(candidate)
+    reading.files.append(child)
+    data = _yaml.parse(read_text(child, max_bytes=reading.max_bytes), child, reading.sources, path)
+    reading.sources[path] = Location(child, 1)
+    _require_mapping(data, child, "a topology", path)
+    reading.stack.append(resolved)
+    try:
+        _resolve_references(data, path, candidate.resolve().parent, reading)
+    finally:
+        reading.stack.pop()
+    return data
 
 
 def _require_mapping(data: Any, file: str, what: str, path: FieldPath = ()) -> None:
@@ -173,7 +246,7 @@ def _profile_candidates(kind: str, ref: str, base_dir: Path) -> list[Path]:
 
 def _read_profile(
     kind: str, ref: str, path: FieldPath, sources: _yaml.SourceMap, base_dir: Path | None, max_bytes: int, files: list[str],
-    trusted: bool = False,
+    trusted: bool = False, root: Path | None = None,
 ) -> dict[str, Any]:
     where = sources.get(path)
     singular = kind[:-1]
@@ -187,7 +260,7 @@ def _read_profile(
         )
     candidates = _profile_candidates(kind, ref, base_dir)
     if not trusted:
-        root = base_dir.parent
+        root = base_dir.parent if root is None else root
         outside = [candidate for candidate in candidates if not candidate.resolve().is_relative_to(root)]
         if outside:
             shown = ref if len(ref) <= 80 else ref[:77] + "..."
@@ -251,7 +324,7 @@ def problems_from_validation(
     problems = []
     for error in exc.errors():
         path = _data_path(error["loc"], data, error["type"] == "missing")
-        # our own checks raise their stable code as the pydantic error type (spec/models.py)
+        # our own checks raise their stable code as the pydantic error type (spec/models/fields.py:spec_error)
         code = ErrorCode(error["type"]) if error["type"] in ErrorCode.__members__ else ErrorCode.E_FIELD
         message, fix = _describe(error, path, root)
         problems.append(Problem(code, message, fix, path, locate(sources, path)))

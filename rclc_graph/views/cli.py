@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -26,14 +27,22 @@ from rich.text import Text
 from rclc.files import write_atomic
 
 from ..errors import ExecutorUnavailable, GraphError, UsageError
-from ..executors import Executor, default_pool, make_executor, parse_pins, parse_replicas
+from ..executors import (
+    ModelPool,
+    check_options,
+    default_pool,
+    executor_kind,
+    executor_names,
+    make_executor,
+    parse_pins,
+    parse_replicas,
+)
 from ..experiments import commands as experiment_commands
 from ..experiments.commands import UsageCommand
-from ..plan import plan_file, validate_file
+from ..plan import Plan, plan_file
 from ..plan.input_checks import DEFAULT_MAX_INPUT_BYTES
-from ..render import printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
-from ..run import current_record, read_resume_point
-from ..run.preflight import check_code, check_context
+from ..render import format_duration, printable, printable_line, save_png, sketch_blueprint, sketch_plan, to_mermaid
+from ..run import RunSettings, current_record, preflight, read_resume_point
 from ..server import commands as server_commands
 from ..spec import json_schema, read_graph
 from .console import (
@@ -51,7 +60,9 @@ from .console import (
 from .interactive import execute, execute_resume
 from .out_dir import check_out_dir
 from .run_inputs import read_inputs
+from .node_view import render_node
 from .terminal import render_record
+from .topology_checks import check_topology, checked_blueprint, drawable_plan, trust_note
 
 app = typer.Typer(
     name="rclc-graph",
@@ -102,7 +113,7 @@ def _plans(
     trust_code: bool,
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
     answers: dict[str, str] | None = None,
-) -> list[Any]:
+) -> list[Plan]:
     plans = []
     for label, inputs in runs:
         try:
@@ -138,13 +149,12 @@ def _summary(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _preflight(topology: Path, plans: list[Any], pool: Any, base_dir: Path) -> None:
+def _preflight(topology: Path, plans: list[Plan], pool: ModelPool) -> None:
     """Prompts that cannot fit their context and trusted code that does not import, refused
     with the YAML line before any weights load."""
     for plan in plans:
         try:
-            check_code(plan)
-            check_context(plan, pool, base_dir)
+            preflight(plan, pool, topology.resolve().parent)
         except GraphError as error:
             raise error.with_locations(read_graph(topology, trusted=plan.trust_code).locate) from None
 
@@ -169,21 +179,7 @@ def _show_result(console: Console, record: dict[str, Any], run_dir: Path, interr
     return 0 if record["status"] == "finished" else EXIT_FAILED
 
 
-def _load_models(plan: Any, pool: Any, base_dir: Path, console: Console, quiet: bool) -> None:
-    """Load the plan's models before the run starts, so progress shows the run, not the load."""
-    for spec in plan.models():
-        label = f"loading model {spec.name} ({spec.source})"
-        if quiet:
-            pool.get(spec, base_dir)
-        elif console.is_terminal:
-            with console.status(label + " …"):
-                pool.get(spec, base_dir)
-        else:
-            console.print(Text(label + " …", style="dim"))
-            pool.get(spec, base_dir)
-
-
-def _introduce(console: Console, plans: list[Any], input: Path, out: Path) -> None:
+def _introduce(console: Console, plans: list[Plan], input: Path, out: Path) -> None:
     plan = plans[0]
     head = Text(plan.name, style="bold")
     if plan.spec.description:
@@ -200,7 +196,7 @@ def _count(number: int, word: str) -> str:
 
 
 @app.command(cls=UsageCommand)
-def run(
+def run(  # a typer command: each option is a parameter (docs/cli.md lists them)
     topology: Path = typer.Argument(..., help="topology YAML file", show_default=False, metavar="TOPOLOGY"),
     input: Path = typer.Option(..., "--input", "-i", metavar="FILE",
                                help=".json (one run) or .jsonl (one run per line) of inputs; - reads stdin"),
@@ -212,7 +208,8 @@ def run(
         [], "--answer", "-a", metavar="NODE=TEXT", help="answer a node's interrupt up front (repeatable)"
     ),
     executor_name: str = typer.Option(
-        "local", "--executor", "-e", metavar="NAME", help="where nodes run: local (this process) or ray (Ray actors; see docs/ray.md)"
+        "local", "--executor", "-e", metavar="NAME",
+        help="where nodes run: " + ", ".join(f"{kind.name} ({kind.description})" for kind in map(executor_kind, executor_names())),
     ),
     address: Optional[str] = typer.Option(
         None, "--address", metavar="ADDR", help="Ray cluster to join: auto, or HOST:PORT of the head (default: a private local Ray)"
@@ -235,49 +232,36 @@ def run(
         check_out_dir(out)
         runs = read_inputs(input, max_input_bytes=max_input_bytes)
         plans = _plans(topology, runs, trust_code, max_input_bytes, parse_answers(answer))
-        pins = parse_pins(pin)
-        counts = parse_replicas(replicas)
-        if executor_name != "ray" and (address is not None or pins or counts):
-            raise UsageError(
-                "--address, --pin, --replicas: they apply to --executor ray only; add --executor ray or drop them"
-            )
-        if executor_name != "local" and max_batch is not None:
-            raise UsageError(
-                "--max-batch: it applies to --executor local only; set models[].batching.max_batch in the topology "
-                "for replicas"
-            )
+        executor_options = {"address": address, "pins": parse_pins(pin), "replicas": parse_replicas(replicas),
+                            "max_batch": max_batch}
+        check_options(executor_name, executor_options)  # which executor takes which flag: the registry says
     except (GraphError, ValueError) as error:
         usage_error(error)
     pool = default_pool()
-    if max_batch is not None:
-        pool.set_max_batch(max_batch)
-    base_dir = topology.resolve().parent
-    status = 0
     try:
-        _preflight(topology, plans, pool, base_dir)
+        _preflight(topology, plans, pool)
     except (GraphError, ValueError, OSError) as error:
         usage_error(error)
-    executor = None
     if not json_output:
         _introduce(console, plans, input, out)
     try:
-        if executor_name == "local":
-            _load_models(plans[0], pool, base_dir, console, json_output)
-        else:
-            try:
-                executor = make_executor(executor_name, pool=pool, address=address, pins=pins, replicas=counts)
-            except ExecutorUnavailable as error:
-                fail(error.reason, f"install it: {error.install}")
-            _start_hosts(executor, plans[0], base_dir, console, json_output)
+        executor = make_executor(executor_name, pool=pool, **executor_options)
+    except ExecutorUnavailable as error:
+        fail(error.reason, f"install it: {error.install}")
+    except ValueError as error:
+        usage_error(error)
+    settings = RunSettings(pool, executor, topology.resolve().parent, owns_executor=True)  # this command's runs share it
+    status = 0
+    try:
+        _prepare(settings, plans[0], console, json_output)
         for index, ((label, _inputs), plan) in enumerate(zip(runs, plans)):
             if len(plans) > 1 and not json_output:
                 console.rule(Text(printable(f"run {index + 1} of {len(plans)}: {label}")))
             record, run_dir, interrupted = anyio.run(
-                lambda plan=plan: execute(
-                    plan, out=out, seed=seed, topology=topology, pool=pool, console=console, quiet=json_output,
-                    executor=executor,
-                )
+                lambda plan=plan: execute(plan, settings, out=out, seed=seed, topology=topology, console=console,
+                                          quiet=json_output)
             )
+            executor.release(record["run_id"])  # recorded: its agents live on in snapshots
             status = max(status, _show_result(console, record, run_dir, interrupted, json_output))
     except KeyboardInterrupt:  # Ctrl-C outside a run (model loading): nothing to record
         stderr_console().print(Text("interrupted", style="yellow"))
@@ -285,26 +269,29 @@ def run(
     except (GraphError, ValueError, NotImplementedError, OSError) as error:
         usage_error(error)
     finally:
-        if executor is not None:
-            executor.close()
+        settings.close()
     if status:
         raise typer.Exit(status)
 
 
-def _start_hosts(executor: Executor, plan: Any, base_dir: Path, console: Console, quiet: bool) -> None:
-    """Start the executor's replicas and load their models before the run (Ray actors)."""
-    label = f"starting {executor.name} replicas of {', '.join(spec.name for spec in plan.models())}"
-    if quiet:
-        anyio.run(executor.prepare, plan, base_dir)
+def _prepare(settings: RunSettings, plan: Plan, console: Console, quiet: bool) -> None:
+    """Load the plan's models (start the executor's replicas) before the run starts, so
+    progress shows the run, not the load. (The command preflighted every plan already.)"""
+    executor = settings.executor
+    label = executor.preparing(plan)
+    if quiet or not label:
+        anyio.run(executor.prepare, plan, settings.base_dir)
         return
+    started = time.monotonic()
     if console.is_terminal:
         with console.status(label + " …"):
-            hosts = anyio.run(executor.prepare, plan, base_dir)
-    else:
+            hosts = anyio.run(executor.prepare, plan, settings.base_dir)
+    else:  # a log or a pipe: a line before the wait, and one after it (a first load converts the model)
         console.print(Text(label + " …", style="dim"))
-        hosts = anyio.run(executor.prepare, plan, base_dir)
+        hosts = anyio.run(executor.prepare, plan, settings.base_dir)
     for host in hosts:
         console.print(Text(f"  {host['replica']} on node {host['node'][:12]}", style="dim"))
+    console.print(Text(f"  ready in {format_duration(time.monotonic() - started)}", style="dim"))
 
 
 # -- resume ------------------------------------------------------------------------------------
@@ -316,7 +303,10 @@ def resume(
                                    help="the directory of an interrupted run, e.g. runs/20250101-120000-abc123",
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print a JSON summary instead of tables"),
-    trust_code: bool = typer.Option(False, "--trust-code", help="needed again when the run imports code"),
+    trust_code: bool = typer.Option(
+        False, "--trust-code",
+        help="needed when the run imports code and was not started with --trust-code by you on this machine",
+    ),
     answer: list[str] = typer.Option(
         [], "--answer", "-a", metavar="NODE=TEXT", help="answer a node the run waits for (repeatable)"
     ),
@@ -333,6 +323,16 @@ def resume(
         remaining = ", ".join(point.remaining) or "none"
         console.print(Text(f"resuming {point.run_id} ({point.plan.name}): {len(point.finished)} of "
                            f"{len(point.plan.nodes)} nodes finished before; to run: {remaining}", style="dim"))
+    loading = RunSettings.build(pool=pool, base_dir=point.base_dir)  # loads the models here, so progress shows it
+    try:
+        _prepare(loading, point.plan, console, json_output)
+    except KeyboardInterrupt:
+        stderr_console().print(Text("interrupted", style="yellow"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (GraphError, ValueError, OSError) as error:
+        usage_error(error)
+    finally:
+        loading.close()  # the pool keeps the models for the resume
     try:
         record, directory, interrupted = anyio.run(
             lambda: execute_resume(point, pool=pool, console=console, quiet=json_output, trust_code=trust_code,
@@ -357,20 +357,28 @@ def validate(
     input: Optional[Path] = typer.Option(None, "--input", "-i", metavar="FILE",
                                          help="also plan it for these inputs (.json/.jsonl, - for stdin)"),
     trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    check_imports: bool = typer.Option(
+        False, "--check-imports", help="import the code the topology names, as run does (needs --trust-code)"
+    ),
     json_output: bool = typer.Option(False, "--json", help="print the plan (or the problems) as JSON"),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
     """Check a topology (and optionally inputs) without running anything. Exit 1 on problems.
 
-    With --input, also runs the checks `run` does before loading weights: each prompt against
-    its model's context (tokenizers only) and trusted code imports."""
+    Imports nothing unless --check-imports (with --trust-code); code the topology names is
+    checked as names, and `run` will need --trust-code for it. With --input, also plans it
+    for those inputs and checks each prompt against its model's context (tokenizers only)."""
     console = stdout_console()
+
+    def failing(label: str) -> None:
+        if len(runs) > 1:
+            stderr_console().print(Text(f"in the inputs of {label}:", style="bold"))
+
+    runs: list[tuple[str, dict[str, Any]]] = []
     try:
-        blueprint = validate_file(topology, trust_code=trust_code)
         runs = read_inputs(input, max_input_bytes=max_input_bytes) if input is not None else []
-        plans = _plans(topology, runs, trust_code, max_input_bytes) if runs else []
-        if plans:
-            _preflight(topology, plans, default_pool(), topology.resolve().parent)
+        check = check_topology(topology, runs, trust_code=trust_code, check_imports=check_imports,
+                               max_input_bytes=max_input_bytes, pool=default_pool(), failing=failing)
     except GraphError as error:
         if json_output:
             write_json({"valid": False, "problems": [problem.to_dict() for problem in error.problems]})
@@ -379,17 +387,22 @@ def validate(
         raise typer.Exit(EXIT_FAILED) from None
     except ValueError as error:
         usage_error(error)
-    spec = blueprint.spec
     if json_output:
-        write_json({"valid": True, "graph": spec.name, "plans": [plan.describe() for plan in plans]})
+        write_json(check.to_dict())
         return
+    spec = check.blueprint.spec
     outputs = [node.name for node in spec.nodes if node.output]
     line = Text("✓ ", style="green")
     line.append(printable(topology), style="bold")
     line.append(f" is valid: graph {spec.name}, {_count(len(spec.nodes), 'node')}, {_count(len(spec.edges), 'edge')}, "
                 f"outputs: {', '.join(outputs)}")
     console.print(line)
-    for (label, _), plan in zip(runs, plans):
+    note = trust_note(check)
+    if note is not None:
+        console.print(Text(f"  {printable(note)}", style="yellow"))
+    elif check_imports:
+        console.print(Text("  every module:function it names imports", style="dim"))
+    for (label, _), plan in zip(runs, check.plans):
         console.print(Text(f"  {printable(label)}: plan of {_count(len(plan.nodes), 'node')}, {_count(len(plan.edges), 'handoff')}, "
                            f"{_count(len(plan.levels()), 'level')}; fingerprint {plan.fingerprint()[:12]}"))
 
@@ -410,16 +423,16 @@ def draw(
                                        "<topology>.png for png)"),
     input: Optional[Path] = typer.Option(None, "--input", "-i", metavar="FILE", help="draw the plan for these inputs (.json): "
                                          "every foreach copy and loop round"),
-    trust_code: bool = typer.Option(False, "--trust-code", help="allow module:function selectors and methods"),
+    trust_code: bool = typer.Option(False, "--trust-code", help="read profile files outside the topology's directory"),
     max_input_bytes: int = MAX_INPUT_BYTES_OPTION,
 ) -> None:
-    """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib)."""
+    """Draw a topology: Mermaid flowchart text, or an offline PNG (matplotlib). Imports nothing."""
     try:
         if input is not None:
             runs = read_inputs(input, max_input_bytes=max_input_bytes)
-            sketch = sketch_plan(_plans(topology, runs[:1], trust_code, max_input_bytes)[0])
+            sketch = sketch_plan(drawable_plan(topology, runs[0][1], trust_code, max_input_bytes))
         else:
-            sketch = sketch_blueprint(validate_file(topology, trust_code=trust_code))
+            sketch = sketch_blueprint(checked_blueprint(topology, trust_code)[0])
     except (GraphError, ValueError) as error:
         usage_error(error)
     if format is DrawFormat.mermaid:
@@ -449,17 +462,36 @@ def inspect(
                                    show_default=False),
     json_output: bool = typer.Option(False, "--json", help="print the whole record (as inspect reads it: a killed "
                                      "run as crashed, with its finished nodes)"),
-    node: Optional[str] = typer.Option(None, "--node", "-n", metavar="NAME", help="show the detailed lineage of this node"),
+    node: Optional[str] = typer.Option(
+        None, "--node", "-n", metavar="NAME",
+        help="show only this node: what it is, its status, edges, handoffs, tool calls, prompt, output and lineage",
+    ),
 ) -> None:
     """Show a recorded run: status, outputs, per-hop figures and the lineage of every node."""
     try:
         record = current_record(run_dir)  # a killed run shows as crashed, with what finished
         if json_output:
-            write_json(record)
+            write_json(record if node is None else _node_data(record, node))
             return
-        render_record(stdout_console(), record, str(run_dir), every_node=True, node=node)
+        if node is not None:
+            render_node(stdout_console(), record, node, str(run_dir))
+            return
+        render_record(stdout_console(), record, str(run_dir), every_node=True)
     except ValueError as error:
         usage_error(error)
+
+
+def _node_data(record: dict[str, Any], name: str) -> dict[str, Any]:
+    """`inspect --node NAME --json`: the node's plan entry, status and result."""
+    plan_nodes = {node.get("name"): node for node in (record.get("plan") or {}).get("nodes") or []}
+    if name not in plan_nodes:
+        raise UsageError(f"node: the run has no node {name!r}; its nodes: {', '.join(map(str, plan_nodes)) or 'none'}")
+    return {"node": name, "status": (record.get("node_status") or {}).get(name), "plan": plan_nodes[name],
+            "skipped": (record.get("skipped") or {}).get(name),
+            "waiting": [item for item in record.get("waiting") or [] if item.get("node") == name],
+            "answer": (record.get("answers") or {}).get(name),
+            "hops": [hop for hop in record.get("hops") or [] if name in (hop.get("source"), hop.get("target"))],
+            "result": (record.get("nodes") or {}).get(name)}
 
 
 # -- schema ------------------------------------------------------------------------------------

@@ -17,8 +17,10 @@ import anyio
 from rich.console import Console
 from rich.text import Text
 
+from ..executors import Executor, ModelPool
+from ..plan.dag import Plan
 from ..results.events import EventStream
-from ..run import new_run_id, read_record, resume_run, run_recorded
+from ..run import ResumePoint, RunSettings, new_run_id, read_record, record_with, resume_run
 from .terminal import ProgressView
 
 
@@ -45,37 +47,34 @@ class _Interrupt:
 
 
 async def execute(
-    plan: Any,
+    plan: Plan,
+    settings: RunSettings,
     *,
     out: Path,
     seed: int,
     topology: Path | None,
-    pool: Any,
     console: Console,
     quiet: bool,
-    executor: Any = None,
     run_id: str | None = None,
 ) -> tuple[dict[str, Any], Path, bool]:
     """Run one plan with a record and a progress view; returns (record, run_dir, interrupted).
 
-    The run and a progress view reading its events run side by side; the first Ctrl-C
-    cancels the run (its record then says "cancelled" and lists what finished)."""
+    `settings` are the command's, built once (the caller preflighted the plan and loaded its
+    models: `prepare_run`). The run and a progress view reading its events run side by side;
+    the first Ctrl-C cancels the run (its record then says "cancelled" and lists what finished)."""
     run_id = run_id or new_run_id()
-    base_dir = None if topology is None else topology.resolve().parent
 
     async def start(events: EventStream) -> dict[str, Any]:
-        _, record, _ = await run_recorded(
-            plan, out, seed=seed, pool=pool, executor=executor, events=events, run_id=run_id,
-            topology_file=topology, base_dir=base_dir,
-        )
+        _, record, _ = await record_with(settings, plan, out, seed=seed, events=events, run_id=run_id,
+                                         topology_file=topology)
         return record
 
     return await _interactive(plan, Path(out) / run_id, start, console=console, quiet=quiet)
 
 
 async def execute_resume(
-    point: Any, *, pool: Any, console: Console, quiet: bool, trust_code: bool, executor: Any = None,
-    answers: dict[str, str] | None = None,
+    point: ResumePoint, *, pool: ModelPool, console: Console, quiet: bool, trust_code: bool,
+    executor: Executor | None = None, answers: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], Path, bool]:
     """`execute` for a resume (run/resume.py): the same progress view, record and Ctrl-C."""
     async def start(events: EventStream) -> dict[str, Any]:
@@ -88,7 +87,7 @@ async def execute_resume(
 
 
 async def _interactive(
-    plan: Any, run_dir: Path, start: Any, *, console: Console, quiet: bool, finished: tuple[str, ...] = ()
+    plan: Plan, run_dir: Path, start: Any, *, console: Console, quiet: bool, finished: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], Path, bool]:
     events = EventStream()
     view = ProgressView(plan, console, quiet=quiet)

@@ -23,7 +23,6 @@ from ..render.html_report import hops_text
 from ..render.terminal_text import printable, printable_data
 from ..render.units import format_bytes, format_seconds
 from ..results.events import EventStream
-from ..errors import UsageError
 
 STATUS_STYLE = {
     "pending": ("·", "dim"),  # not started yet
@@ -252,10 +251,32 @@ def _print_skipped(console: Console, record: dict[str, Any]) -> None:
 
 def render_record(
     console: Console, record: dict[str, Any], run_dir: str | None = None, *, every_node: bool = False,
-    node: str | None = None,
 ) -> None:
-    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record."""
+    """Status, outputs, hops and lineage (of output nodes, or of every node) of a run record
+    (one node's own view is node_view.py)."""
     record = printable_data(record)
+    _print_status(console, record, run_dir)
+    outputs = record.get("outputs", {})
+    if outputs:
+        console.print()
+        console.print(Text("Outputs", style="bold underline"))
+        for name, text in outputs.items():
+            line = Text(f"  {name}: ", style="bold green")
+            line.append(str(text))
+            console.print(line)
+    if record.get("hops", []):
+        _print_hops(console, record["hops"])
+    nodes = record.get("nodes", {})
+    if every_node and nodes:
+        _print_lineage_per_node(console, nodes)
+    for name in [name for name in outputs if name in nodes]:
+        _print_lineage_of(console, nodes, name)
+    if run_dir is not None:
+        _print_files(console, run_dir)
+
+
+def _print_status(console: Console, record: dict[str, Any], run_dir: str | None) -> None:
+    """The title line (graph, status, time, run id), the error, and who did not finish, skipped or waits."""
     title = Text()
     title.append(str(record.get("graph", "run")), style="bold")
     title.append("  ")
@@ -273,98 +294,77 @@ def render_record(
     _print_waiting(console, record, run_dir)
     _print_skipped(console, record)
 
-    outputs = record.get("outputs", {})
-    if outputs:
-        console.print()
-        console.print(Text("Outputs", style="bold underline"))
-        for name, text in outputs.items():
-            line = Text(f"  {name}: ", style="bold green")
-            line.append(str(text))
-            console.print(line)
 
-    hops = record.get("hops", [])
-    if hops:
-        console.print()
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
-        table.add_column("handoff")
-        table.add_column("policy")
-        table.add_column("T", justify="right")
-        table.add_column("I", justify="right")
-        table.add_column("budget", justify="right")
-        table.add_column("kept", justify="right")
-        table.add_column("kept by origin")
-        table.add_column("payload", justify="right")
-        table.add_column("select", justify="right")
-        for hop in hops:
-            text_edge = hop["mode"] == "text"
-            table.add_row(
-                Text(f"{hop['source']} → {hop['target']}"),
-                Text(str(hop["policy"])),
-                "–" if text_edge else str(hop["total_positions"]),
-                "–" if text_edge else str(hop["inherited_positions"]),
-                "–" if text_edge else str(hop["budget"]),
-                "–" if text_edge else str(hop["kept_positions"]),
-                Text("text" if text_edge else ", ".join(f"{k} {v}" for k, v in hop["kept_by_origin"].items())),
-                format_bytes(hop["payload_bytes"]),
-                _seconds(hop["selection_seconds"]),
-            )
-        console.print(Text("Handoffs", style="bold underline"),
-                      Text("  T: positions the sender held, I: of which it had inherited", style="dim"))
-        console.print(table)
+def _table(*columns: str, right: tuple[str, ...] = ()) -> Table:
+    """A table in the record's style; the `right` columns are right-aligned."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
 
-    nodes = record.get("nodes", {})
-    if node is not None:
-        chosen = [node]
-    elif every_node:
-        chosen = list(nodes)
+
+def _print_hops(console: Console, hops: list[dict[str, Any]]) -> None:
+    """The handoffs table: policy, T, I, budget, kept (by origin), payload and selection time per hop."""
+    console.print()
+    table = _table("handoff", "policy", "T", "I", "budget", "kept", "kept by origin", "payload", "select",
+                   right=("T", "I", "budget", "kept", "payload", "select"))
+    for hop in hops:
+        text_edge = hop["mode"] == "text"
+        table.add_row(
+            Text(f"{hop['source']} → {hop['target']}"),
+            Text(str(hop["policy"])),
+            "–" if text_edge else str(hop["total_positions"]),
+            "–" if text_edge else str(hop["inherited_positions"]),
+            "–" if text_edge else str(hop["budget"]),
+            "–" if text_edge else str(hop["kept_positions"]),
+            Text("text" if text_edge else ", ".join(f"{k} {v}" for k, v in hop["kept_by_origin"].items())),
+            format_bytes(hop["payload_bytes"]),
+            _seconds(hop["selection_seconds"]),
+        )
+    console.print(Text("Handoffs", style="bold underline"),
+                  Text("  T: positions the sender held, I: of which it had inherited", style="dim"))
+    console.print(table)
+
+
+def _print_lineage_per_node(console: Console, nodes: dict[str, Any]) -> None:
+    """One row per finished node: its positions by origin node, kind and hops crossed."""
+    console.print()
+    console.print(Text("Lineage per node", style="bold underline"),
+                  Text("  where each node's positions came from", style="dim"))
+    table = _table("node", "positions", "by origin node", "by kind", "by hops crossed", right=("positions",))
+    for name in nodes:
+        summary = nodes[name]["lineage_summary"]
+        table.add_row(
+            Text(name),
+            str(summary["positions"]),
+            Text(", ".join(f"{k} {v}" for k, v in summary["by_node"].items())),
+            Text(", ".join(f"{k} {v}" for k, v in summary["by_kind"].items())),
+            Text(", ".join(hops_text(int(k), v) for k, v in summary["by_hops"].items())),
+        )
+    console.print(table)
+
+
+def _print_lineage_of(console: Console, nodes: dict[str, Any], name: str) -> None:
+    """Node `name`'s lineage (a finished node): who created its positions, as what, how many handoffs ago."""
+    data = nodes[name]
+    console.print()
+    console.print(Text(f"Lineage of {name}", style="bold underline"),
+                  Text(f"  {data['positions']} positions, {data['inherited_positions']} inherited: who created "
+                       "them, as what, how many handoffs ago", style="dim"))
+    table = _table("origin", "kind", "hops crossed", "positions", right=("hops crossed", "positions"))
+    for origin, kind, hops_crossed, count in lineage_rows(data):
+        table.add_row(Text(origin), Text(kind), str(hops_crossed), str(count))
+    console.print(table)
+
+
+def _print_files(console: Console, run_dir: str) -> None:
+    """Where the record and the report are."""
+    shown = printable(run_dir)
+    console.print()
+    console.print(Text("record  ", style="bold") + Text(f"{shown}/record.json"))
+    if (Path(run_dir) / "report.html").is_file():
+        console.print(Text("report  ", style="bold") + Text(f"{shown}/report.html") +
+                      Text("  (open it in a browser: graph, kept spans, lineage)", style="dim"))
     else:
-        chosen = [name for name in outputs if name in nodes]
-    if every_node and node is None and nodes:
-        console.print()
-        console.print(Text("Lineage per node", style="bold underline"),
-                      Text("  where each node's positions came from", style="dim"))
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
-        table.add_column("node")
-        table.add_column("positions", justify="right")
-        table.add_column("by origin node")
-        table.add_column("by kind")
-        table.add_column("by hops crossed")
-        for name in chosen:
-            summary = nodes[name]["lineage_summary"]
-            table.add_row(
-                Text(name),
-                str(summary["positions"]),
-                Text(", ".join(f"{k} {v}" for k, v in summary["by_node"].items())),
-                Text(", ".join(f"{k} {v}" for k, v in summary["by_kind"].items())),
-                Text(", ".join(hops_text(int(k), v) for k, v in summary["by_hops"].items())),
-            )
-        console.print(table)
-        chosen = [name for name in outputs if name in nodes]
-    for name in chosen:
-        if name not in nodes:
-            known = ", ".join(nodes) or "none"
-            raise UsageError(f"node: {name!r} did not finish in this run; finished nodes: {known}")
-        data = nodes[name]
-        console.print()
-        console.print(Text(f"Lineage of {name}", style="bold underline"),
-                      Text(f"  {data['positions']} positions, {data['inherited_positions']} inherited: who created "
-                           "them, as what, how many handoffs ago", style="dim"))
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
-        table.add_column("origin")
-        table.add_column("kind")
-        table.add_column("hops crossed", justify="right")
-        table.add_column("positions", justify="right")
-        for origin, kind, hops_crossed, count in lineage_rows(data):
-            table.add_row(Text(origin), Text(kind), str(hops_crossed), str(count))
-        console.print(table)
-
-    if run_dir is not None:
-        shown = printable(run_dir)
-        console.print()
-        console.print(Text("record  ", style="bold") + Text(f"{shown}/record.json"))
-        if (Path(run_dir) / "report.html").is_file():
-            console.print(Text("report  ", style="bold") + Text(f"{shown}/report.html") +
-                          Text("  (open it in a browser: graph, kept spans, lineage)", style="dim"))
-        else:
-            console.print(Text("report  ", style="bold") + Text("none yet", style="dim") +
-                          Text("  (report.html is written when a run or resume ends)", style="dim"))
+        console.print(Text("report  ", style="bold") + Text("none yet", style="dim") +
+                      Text("  (report.html is written when a run or resume ends)", style="dim"))

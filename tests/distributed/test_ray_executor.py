@@ -27,10 +27,10 @@ from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from rclc_graph.spec.load import read_graph  # noqa: E402
 from rclc_graph.plan.compile import compile_plan  # noqa: E402
 from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool, RunContext  # noqa: E402
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[2]
 CHAIN = ROOT / "topologies" / "chain_of_agents.yaml"
 FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
 LIMIT = 240  # seconds any one test may take before it fails instead of hanging CI

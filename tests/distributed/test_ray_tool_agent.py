@@ -2,7 +2,7 @@
 
 A simulated two-machine cluster (one CPU each); the embedded model gets two replicas and the
 writer is pinned to the second, so the support agent's state (its tool results included)
-crosses machines. The support node's tool loop is scripted (tests/_scripted_tools.py) in this
+crosses machines. The support node's tool loop is scripted (tests/helpers/scripted_tools.py) in this
 process and, through Ray's `worker_process_setup_hook`, in every actor, so the loop runs on
 the actor: the tool is imported there (examples/ on the workers' PYTHONPATH), queries
 examples/shop.sqlite and its result is appended to the actor's agent. Needs the optional
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -24,14 +23,14 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from _scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall  # noqa: E402
+from tests.helpers.scripted_tools import ENV, TOOL_AGENT_REPLIES, install, uninstall  # noqa: E402
 from rclc_graph import EventStream, LocalExecutor, ModelPool, plan_file, run_plan  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
+from tests.paths import ROOT
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
-PATHS = [str(ROOT), str(ROOT / "examples"), str(ROOT / "tests")]
+PATHS = [str(ROOT), str(ROOT / "examples")]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,7 @@ def cluster():
     runtime_env = {
         "env_vars": {ENV: json.dumps(TOOL_AGENT_REPLIES),
                      "PYTHONPATH": os.pathsep.join(PATHS + [os.environ.get("PYTHONPATH", "")])},
-        "worker_process_setup_hook": "_scripted_tools.install_from_env",
+        "worker_process_setup_hook": "tests.helpers.scripted_tools.install_from_env",
     }
     ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING", runtime_env=runtime_env)
     try:
@@ -100,6 +99,6 @@ def test_tool_agent_on_ray_equals_local(cluster, plan):
         assert _without_seconds(other.tool_calls) == _without_seconds(node.tool_calls), name
     [hop] = remote.hops
     assert hop.placement["sender"]["node"] != hop.placement["receiver"]["node"]  # the state crossed machines
-    assert hop.kept_positions == local.hops[0].kept_positions == 96
+    assert hop.kept_positions == local.hops[0].kept_positions == 256  # tool_agent.yaml's findings budget
     assert remote.nodes["support"].placement["replica"] == "base#0"
     assert remote.nodes["reply"].placement["replica"] == "base#1"

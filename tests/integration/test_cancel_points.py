@@ -1,13 +1,13 @@
 """Every cancellation point of the six-node graph (issue 6, item 2): after each decoder
 forward and after each event of a whole run, on both tiny families, with the checks of
-tests/_cancelling.py (within one model step, dispatch restored, agents unchanged, no event
+tests/helpers/cancelling.py (within one model step, dispatch restored, agents unchanged, no event
 of the retired epoch after the notice, no busy thread, a new run works)."""
 
 from __future__ import annotations
 
 import pytest
 
-from _cancelling import cancel_once, cancel_setup, check
+from tests.helpers.cancelling import cancel_once, cancel_setup, check
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 from rclc_graph import json_schema, load_graph
 from rclc_graph.views.cli import app
 from rclc_graph.run.record import finished_nodes, read_record
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ["chain_of_agents", "debate", "fanout_qa", "hierarchical", "triage", "review_loop"]
 runner = CliRunner()
 

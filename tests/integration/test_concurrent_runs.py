@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from pathlib import Path
 
 import anyio
 import pytest
@@ -28,8 +27,8 @@ import pytest
 import rclc
 from rclc.backends.hf_batching import engine_for
 from rclc_graph import EventStream, ModelPool, ModelSpec, plan_file, run_plan
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNS = 32
 MAX_EVENTS, MAX_BYTES, CONSUMER_SECONDS = 4, 4096, 0.02
 RSS_GROWTH_LIMIT = 1536 << 20  # 32 runs' states are a few MiB each; the model's 0.5 GiB is loaded once

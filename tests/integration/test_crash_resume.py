@@ -4,7 +4,7 @@ and snapshot equals the uninterrupted run's, and finished nodes do no model work
 Also Ctrl-C (SIGINT) mid-generation, then resume.
 
 The graph runs on a tiny random model saved to a directory (the topology's `source` is that
-path). A pause point (`_paused_cli.py`) holds the run at an exact place so the kill lands
+path). A pause point (`tests/helpers/paused_cli.py`) holds the run at an exact place so the kill lands
 there: after k finished nodes (k = 0..5), between a snapshot and its node file, and inside
 a generation step."""
 
@@ -22,13 +22,14 @@ import pytest
 from rclc_graph import ModelPool, finished_nodes, plan_file, read_resume_point, resume_run_sync
 from rclc_graph.run.record import read_record
 
-from _reliability import (
+from tests.helpers.reliability import (
     ROOT,
     SIX_INPUTS,
     CountingExecutor,
     ForwardCounter,
     assert_same_runs,
     cli_environment,
+    communicate_or_kill,
     only_run_dir,
     run_until,
     save_tiny,
@@ -65,7 +66,7 @@ def _run_until(six, point: str, out: Path, marker: Path, *, hold: float | None =
 def test_sigkill_then_resume_gives_the_uninterrupted_outputs(six, tmp_path, point):
     process = _run_until(six, point, tmp_path / "runs", tmp_path / "paused")
     process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
+    communicate_or_kill(process, 60)
     assert process.returncode == -signal.SIGKILL
     run_dir = _only_run_dir(tmp_path / "runs")
     assert read_record(run_dir)["status"] == "running"  # the run never got to write its end
@@ -104,7 +105,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_outputs(six, tmp_path, poin
 def test_resume_through_the_cli_after_sigkill(six, tmp_path):
     process = _run_until(six, "after:3", tmp_path / "runs", tmp_path / "paused")
     process.kill()
-    process.communicate(timeout=60)
+    communicate_or_kill(process, 60)
     run_dir = _only_run_dir(tmp_path / "runs")
     resumed = subprocess.run([sys.executable, "-m", "rclc_graph", "resume", str(run_dir), "--json"],
                              cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300)
@@ -121,7 +122,7 @@ def test_resume_through_the_cli_after_sigkill(six, tmp_path):
 def test_ctrl_c_mid_generation_then_resume(six, tmp_path):
     process = _run_until(six, "forward:4", tmp_path / "runs", tmp_path / "paused", hold=600)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=300)
+    stdout, stderr = communicate_or_kill(process, 300)
     assert process.returncode == 130, stderr
     # issue 24 (load): the pause ended with the cancellation, not its hold (said by the pause itself,
     # not read off a clock: under load the old 25 s bound could pass its 30 s hold)

@@ -23,12 +23,13 @@ import pytest
 from rclc_graph import ModelPool, compile_plan, finished_nodes, load_graph, resume_run_sync, run_plan_sync, to_yaml
 from rclc_graph.run.record import read_record
 
-from _reliability import (
+from tests.helpers.reliability import (
     ROOT,
     CountingExecutor,
     ForwardCounter,
     assert_same_runs,
     cli_environment,
+    communicate_or_kill,
     only_run_dir,
     run_until,
     save_tiny,
@@ -101,7 +102,7 @@ def test_sigkill_at_every_point_then_resume_gives_the_uninterrupted_run(example,
         out, marker = tmp_path / f"runs{number}", tmp_path / f"paused{number}"
         process = run_until(example["topology"], example["inputs"], point, out, marker)
         process.send_signal(signal.SIGKILL)
-        process.communicate(timeout=60)
+        communicate_or_kill(process, 60)
         assert process.returncode == -signal.SIGKILL, point
         run_dir = only_run_dir(out)
         assert read_record(run_dir)["status"] == "running", point

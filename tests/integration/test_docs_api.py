@@ -7,13 +7,14 @@ import asyncio
 import inspect
 import re
 import tempfile
-from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
+
 pytestmark = pytest.mark.integration
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+GUIDE = ROOT / "docs" / "api.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 

@@ -8,13 +8,13 @@ import asyncio
 import inspect
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "streaming.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
@@ -41,3 +41,6 @@ def test_streaming_guide_blocks_run(embedded, tmp_path, monkeypatch, capsys):
     assert namespace["stopped"]["status"] == "cancelled"
     assert namespace["events"].record["status"] == "finished"
     assert namespace["stats"].high_water_events <= 4
+    # people in the loop while streaming (issue 27): waits, answered with answers=, streamed to the end
+    assert "approve asks: Refund" in printed and "finished {'approve': 'refunded'}" in printed
+    assert "Refund {\"order\":\"B-2\",\"refund\":40.0}? (yes/no) -> refused" in printed

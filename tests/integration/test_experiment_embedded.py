@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from rclc_graph.views.cli import app
 from rclc_graph.experiments.reproduce import compare_runs
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 FANOUT = ROOT / "topologies" / "fanout_qa.yaml"
 # r4: CacheBack as the seed defines it; r4s: the graph defaults (sentence spans, exclusion)
 ARMS = ["floor=question_only", "full=full", "r4=state:ratio=4,span=fixed,exclude=none", "r4s=state:ratio=4"]

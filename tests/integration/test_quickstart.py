@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 
 
 @pytest.mark.integration
@@ -27,3 +27,6 @@ def test_quickstart_prints_answer_positions_and_bytes():
         assert int(selected) == -(-int(total) // 4)
         assert int(nbytes) == int(selected) * 576 * 4
     assert "kept positions: [0," in out
+    # progress on stderr, flushed as each slow step starts (issue 27: a log saw nothing for 50 s)
+    steps = [line for line in done.stderr.splitlines() if line.endswith("...") or "loaded in" in line]
+    assert [step.split(" ")[0] for step in steps] == ["loading", "", "prefilling", "answering"], done.stderr

@@ -11,7 +11,7 @@ import pytest
 from rclc_graph.results.run_events import HopDelivered, NodeFinished, event_from_dict
 from rclc_graph.run.event_log import read_events
 
-from _serve_process import ServeProcess, example_inputs, sse_messages
+from tests.helpers.serve_process import ServeProcess, example_inputs, sse_messages
 
 pytestmark = pytest.mark.integration
 

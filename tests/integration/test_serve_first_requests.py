@@ -7,21 +7,21 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent('''
     import sys, threading, time
-    sys.path.insert(0, {root!r}); sys.path.insert(0, {helpers!r})
+    sys.path.insert(0, {root!r})
     assert "transformers" not in sys.modules
     import httpx, uvicorn
     from rclc_graph.server import ServerSettings, create_app
-    from _server_helpers import PAIR_INPUTS, listening_socket, write_topologies
+    from tests.helpers.servers import PAIR_INPUTS, listening_socket, write_topologies
     from pathlib import Path
     directory = Path({directory!r})
     write_topologies(directory)
@@ -53,6 +53,6 @@ SCRIPT = textwrap.dedent('''
 
 # issue 24 item 3
 def test_two_first_requests_to_a_fresh_server_both_succeed(tmp_path):
-    script = SCRIPT.format(root=str(ROOT), helpers=str(ROOT / "tests" / "unit"), directory=str(tmp_path))
+    script = SCRIPT.format(root=str(ROOT), directory=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]

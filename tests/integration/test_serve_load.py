@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 RSS_GROWTH_LIMIT_MIB = 768  # 4 concurrent fanout_qa runs measured +241 MiB over the loaded model
 
 

@@ -23,7 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as expect
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from _serve_process import ROOT, ServeProcess
+from tests.helpers.serve_process import ROOT, ServeProcess
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +131,7 @@ def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, 
         time.sleep(0.5)
         browser.save_screenshot(str(artifacts / "4-skipped.png"))
 
-        # review_loop waits for a person's approval of its final text; the card asks and takes the answer
+        # review_loop waits for a person's approval of its final text; the banner asks and takes the answer
         start_from_form(browser, wait, "review_loop")
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "waiting"))
         run_id = browser.find_element(By.ID, "run-id").text
@@ -139,13 +139,16 @@ def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, 
         wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "waiting"))
         assert "Approve this announcement" in browser.find_element(By.CSS_SELECTOR, f"{final} .facts").text
         assert "waiting" in browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="final"]').get_attribute("class")
+        ask = '#waiting-banner .ask[data-node="final"]'
+        wait.until(expect.visibility_of_element_located((By.CSS_SELECTOR, ask)))
+        assert "Approve this announcement" in browser.find_element(By.CSS_SELECTOR, ask).text
         time.sleep(0.5)
         browser.save_screenshot(str(artifacts / "5-waiting.png"))
-        browser.find_element(By.CSS_SELECTOR, f"{final} form.answer textarea").send_keys("approved")
-        browser.find_element(By.CSS_SELECTOR, f"{final} form.answer button").click()
+        browser.find_element(By.CSS_SELECTOR, f"{ask} textarea").send_keys("approved")
+        browser.find_element(By.ID, "answer").click()
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
         wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "finished"))
-        assert not browser.find_elements(By.CSS_SELECTOR, f"{final} form.answer")
+        assert not browser.find_element(By.ID, "waiting-banner").is_displayed()
         record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
         assert record["status"] == "finished" and record["answers"] == {"final": "approved"}
         assert browser.find_element(By.CSS_SELECTOR, "#outputs .output .text").text.strip()
@@ -155,3 +158,116 @@ def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, 
         assert errors == [], errors
     for name in ("4-skipped.png", "5-waiting.png", "6-answered.png"):
         assert (artifacts / name).stat().st_size > 10_000
+
+
+# -- issue 27: the waiting banner, the graph preview, one status vocabulary, function cards ------
+
+ASK_TOPOLOGY = """\
+version: 1
+name: ask
+description: a person's note, a function that counts its words, an agent that answers
+inputs:
+  topic: {type: str, default: the Cedar app}
+models:
+  - {name: base, source: embedded}
+agents:
+  - {name: writer, model: base, max_new_tokens: 6}
+nodes:
+  - name: notes
+    agent: writer
+    prompt: "Topic: {topic}. Notes: {answer}"
+    interrupt: before
+    question: "What should the note about {topic} say?"
+  - {name: count, call: "ask_tools:count_words"}
+  - {name: final, agent: writer, prompt: "Say it in one line:", output: true}
+edges:
+  - {source: notes, target: count}
+  - {source: notes, target: final}
+  - {source: count, target: final}
+"""
+ASK_TOOLS = """\
+def count_words(inputs, senders):
+    \"\"\"How many words the notes have (a function node beside the topology file).\"\"\"
+    return {"words": len(senders["notes"].split())}
+"""
+
+
+def badges(browser):
+    """(the run view's status, the run list's status for the same run)."""
+    return (browser.find_element(By.ID, "run-status").text,
+            browser.find_element(By.CSS_SELECTOR, "#run-list li.selected .badge").text)
+
+
+def test_the_waiting_banner_asks_at_the_top_and_function_cards_are_plain(tmp_path, browser, artifacts):
+    topologies = tmp_path / "topologies"
+    topologies.mkdir()
+    (topologies / "ask.yaml").write_text(ASK_TOPOLOGY)
+    (topologies / "ask_tools.py").write_text(ASK_TOOLS)  # beside the topology: no PYTHONPATH needed
+    with ServeProcess(tmp_path / "runs", topologies=topologies, options=("--trust-code",)) as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 300)
+        start_from_form(browser, wait, "ask")
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "waiting"))
+        banner = browser.find_element(By.ID, "waiting-banner")
+        ask = '#waiting-banner .ask[data-node="notes"]'
+        wait.until(expect.visibility_of_element_located((By.CSS_SELECTOR, ask)))
+        assert "What should the note about the Cedar app say?" in browser.find_element(By.CSS_SELECTOR, ask).text
+        # at the top of the run view: above the graph and the cards, inside the first screen
+        top = browser.execute_script("return arguments[0].getBoundingClientRect().top", banner)
+        graph_top = browser.execute_script("return document.getElementById('graph').getBoundingClientRect().top")
+        assert top < graph_top and top < browser.execute_script("return window.innerHeight")
+        wait.until(lambda driver: badges(driver) == ("waiting", "waiting"))  # one word in both places
+        assert browser.find_element(By.CSS_SELECTOR, "#run-status").get_attribute("title").startswith("waits for")
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "7-waiting-banner.png"))
+
+        run_id = browser.find_element(By.ID, "run-id").text
+        browser.find_element(By.CSS_SELECTOR, f"{ask} textarea").send_keys("Cedar now works offline.")
+        browser.find_element(By.ID, "answer").click()
+        wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
+        wait.until(lambda driver: badges(driver) == ("finished", "finished"))
+        assert not browser.find_element(By.ID, "waiting-banner").is_displayed()
+        record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
+        assert record["status"] == "finished" and record["answers"] == {"notes": "Cedar now works offline."}
+        words = len(record["nodes"]["notes"]["text"].split())  # the plain edge carried the notes' text
+        assert record["nodes"]["count"]["text"] == f'{{"words":{words}}}'
+        
+
+        # a function node's card: its output, no prompt toggle, no lineage bar; an agent's keeps both
+        count, final = '.card[data-node="count"]', '.card[data-node="final"]'
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{count} .badge"), "finished"))
+        wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, f"{final} .bar"))
+        assert f'{{"words":{words}}}' in browser.find_element(By.CSS_SELECTOR, f"{count} .tokens").text
+        assert not browser.find_elements(By.CSS_SELECTOR, f"{count} details")
+        assert not browser.find_elements(By.CSS_SELECTOR, f"{count} .bar")
+        assert browser.find_elements(By.CSS_SELECTOR, f"{final} details")
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "8-function-card.png"))
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], errors
+    for name in ("7-waiting-banner.png", "8-function-card.png"):
+        assert (artifacts / name).stat().st_size > 10_000
+
+
+def test_the_start_form_previews_the_graph_before_any_run(tmp_path, browser, artifacts):
+    with ServeProcess(tmp_path / "runs") as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 180)
+
+        def previewed(driver):  # read in one script: the preview is replaced while a new topology loads
+            return set(driver.execute_script(
+                "return [...document.querySelectorAll('#topology-graph svg g.node')].map((g) => g.dataset.node)"))
+
+        wait.until(lambda driver: "fanout_qa" in [option.get_attribute("value")
+                                                  for option in Select(driver.find_element(By.ID, "topology")).options])
+        Select(browser.find_element(By.ID, "topology")).select_by_value("fanout_qa")
+        wait.until(lambda driver: previewed(driver) == {"reader", "final"})
+        assert browser.find_element(By.ID, "topology-graph").is_displayed()
+        time.sleep(0.5)
+        browser.save_screenshot(str(artifacts / "9-graph-preview.png"))
+        Select(browser.find_element(By.ID, "topology")).select_by_value("triage")
+        wait.until(lambda driver: {"triage", "billing", "technical"} <= previewed(driver))
+        assert httpx.get(f"{server.url}/runs").json()["runs"] == []  # nothing was started to draw it
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], errors
+    assert (artifacts / "9-graph-preview.png").stat().st_size > 10_000

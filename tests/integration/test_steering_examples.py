@@ -14,11 +14,11 @@ import pytest
 
 from rclc_graph import plan_file, resume_run_sync, run_recorded_sync
 
-from _reliability import assert_same_runs
+from tests.helpers.reliability import assert_same_runs
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(name: str, *arguments: str, cwd: Path) -> str:

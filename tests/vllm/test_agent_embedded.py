@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_engines import running_engine, vllm
 
 import rclc
 from rclc import models
 from rclc.vllm.capture import registry
 from rclc.selectors import cacheback, cacheback_scores
 from rclc.snapshot import model_identity
+from tests.helpers.vllm_engines import running_engine, vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 

@@ -12,9 +12,9 @@ import inspect
 import anyio
 import pytest
 import torch
-from vllm_engines import running_engine, save_tiny, vllm
 
 import rclc
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models, testing
 from rclc.backends import Backend, VLLMBackend
 from rclc.selectors import cacheback, cacheback_scores
@@ -22,6 +22,7 @@ from rclc.snapshot import model_identity
 from rclc.vllm import request_capture, shared_view
 from rclc.vllm.capture import registry
 from rclc.vllm.engine import engine_tokenizer
+from tests.helpers.vllm_engines import running_engine, save_tiny, vllm
 
 pytestmark = pytest.mark.vllm
 

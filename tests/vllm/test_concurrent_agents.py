@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from vllm_engines import running_engine, save_tiny, vllm
 
 import rclc
 from rclc.vllm.capture import registry
 from rclc.vllm.submission import engine_loop
+from tests.helpers.vllm_engines import running_engine, save_tiny, vllm
 
 pytestmark = pytest.mark.vllm
 

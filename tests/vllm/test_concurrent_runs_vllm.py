@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import anyio
 import pytest
@@ -17,10 +16,10 @@ import rclc
 from rclc.vllm.capture import registry
 from rclc_graph import ModelPool, plan_file, run_plan
 from rclc_graph.executors.vllm_engine import shutdown
+from tests.paths import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNS = 8
 BRIDGES = ["Cedar", "Birch", "Maple", "Aspen", "Rowan", "Alder", "Hazel", "Willow"]
 FOUNDERS = ["Ada Holm", "Bo Lind", "Cai Moreau", "Dita Shah", "Eli Park", "Fay Okafor", "Gus Rossi", "Hana Ito"]

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_engines import engine_arguments, save_tiny
 
 from rclc.vllm.capture import registry
 from rclc.vllm.capture.pages import PageGeometry, scatter_prompt
+from tests.helpers.vllm_engines import engine_arguments, save_tiny
 
 pytestmark = pytest.mark.vllm
 
@@ -117,6 +117,7 @@ def test_discard_stops_tracking(config):
 
 @pytest.mark.parametrize("layout", ["flash", "cpu"])
 def test_worker_copies_pages_into_the_registry(config, layout):
+    # private on purpose: the vLLM connector's internals under test, without an engine
     from rclc.vllm.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
 
     worker = _connector(config, "WORKER")
@@ -148,6 +149,7 @@ def test_worker_copies_pages_into_the_registry(config, layout):
 
 
 def test_worker_without_pages_reports_failure(config):
+    # private on purpose: the vLLM connector's internals under test, without an engine
     from rclc.vllm.capture._engine_connector import CaptureSpec, RCLCCaptureMetadata
 
     worker = _connector(config, "WORKER")

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-from pathlib import Path
 
 import pytest
 
 from rclc.vllm.capture import registry
+from tests.paths import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
+GUIDE = ROOT / "docs" / "vllm.md"
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 YAML = re.compile(r"^```yaml\n(# (\S+\.yaml)\n.*?)^```", re.DOTALL | re.MULTILINE)
 

@@ -10,16 +10,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rclc.vllm.capture.engine_checks import TESTED_VLLM
 from rclc.doctor import check
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tested_environment_passes(monkeypatch):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_engines import running_engine, vllm
 
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models
 from rclc.vllm.capture import registry
 from rclc.vllm import check_engine, model_from_vllm, prefill_state, shared_view, view_state_dict
+from tests.helpers.vllm_engines import running_engine, vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 

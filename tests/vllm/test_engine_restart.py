@@ -7,7 +7,6 @@ past the vocabulary; agents on it must still match HF agents and snapshots of th
 from __future__ import annotations
 
 import pytest
-from vllm_engines import running_engine, save_tiny
 
 import rclc
 from rclc import models
@@ -15,6 +14,7 @@ from rclc.vllm.capture import registry
 from rclc.snapshot import model_identity
 from rclc.state import VLLM_PLACEHOLDER
 from rclc.vllm.engine import engine_tokenizer
+from tests.helpers.vllm_engines import running_engine, save_tiny
 
 pytestmark = pytest.mark.vllm
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_engines import running_engine, save_tiny
 
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models
 from rclc.vllm.capture import registry
 from rclc.vllm import prefill_state, shared_view, view_state_dict
+from tests.helpers.vllm_engines import running_engine, save_tiny
 
 pytestmark = pytest.mark.vllm
 

@@ -26,9 +26,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from _openai_stub import ChatStub, free_port
 from rclc import models
 from rclc_graph import Graph, Policy, resume_run_sync, run_recorded_sync
+from tests.helpers.openai_stub import ChatStub, free_port
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.vllm
 
@@ -218,7 +219,7 @@ def test_the_event_stream_carries_the_served_tokens(server, uninterrupted):
 def test_the_shipped_api_example_runs_through_the_cli(server, tmp_path):
     """examples/topologies/incident_review_api.yaml, as docs/graphs.md runs it, against this
     server (the file's base_url, port 8000, pointed at the fixture's port)."""
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     shipped = root / "examples" / "topologies" / "incident_review_api.yaml"
     topology = tmp_path / shipped.name
     topology.write_text(shipped.read_text(encoding="utf-8").replace("http://127.0.0.1:8000", server), encoding="utf-8")

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import torch
-from vllm_engines import running_engine, save_tiny
 
 import pytest
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models
 from rclc.vllm import check_engine, prefill_state, shared_view
 from rclc.vllm.capture import registry
+from tests.helpers.vllm_engines import running_engine, save_tiny
 
 pytestmark = pytest.mark.vllm
 

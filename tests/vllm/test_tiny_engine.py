@@ -7,9 +7,9 @@ both backends run identical weights; float32 throughout, tolerances are float32 
 from __future__ import annotations
 
 import torch
-from vllm_engines import running_engine, save_tiny, vllm
 
 import pytest
+# private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc import _cache, models
 from rclc.vllm.capture import registry
 from rclc.vllm import (
@@ -27,6 +27,7 @@ from rclc.vllm import (
     state_from_capture,
     view_state_dict,
 )
+from tests.helpers.vllm_engines import running_engine, save_tiny, vllm
 
 pytestmark = pytest.mark.vllm
 

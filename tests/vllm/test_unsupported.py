@@ -12,9 +12,10 @@ import dataclasses
 
 import pytest
 import torch
-from vllm_engines import CONNECTOR, engine_arguments, running_engine, save_tiny, vllm
 
 from rclc.vllm import check_engine, model_from_vllm
+from tests.helpers.vllm_engines import CONNECTOR, engine_arguments, running_engine, save_tiny, vllm
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.vllm
 
@@ -162,7 +163,7 @@ import sys
 
 
 def main(path):
-    from vllm_engines import engine_arguments, shutdown
+    from tests.helpers.vllm_engines import engine_arguments, shutdown
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     import vllm
@@ -192,13 +193,11 @@ def test_multiprocessing_engine_refused_at_construction_and_binding(tiny_dir, tm
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     script = tmp_path / "multiprocess_engine.py"
     script.write_text(_MULTIPROCESS_SCRIPT)
-    here = Path(__file__).resolve().parent
     environment = dict(os.environ, VLLM_CONFIGURE_LOGGING="0")
-    environment["PYTHONPATH"] = os.pathsep.join([str(here.parents[1]), str(here), environment.get("PYTHONPATH", "")])
+    environment["PYTHONPATH"] = os.pathsep.join([str(ROOT), environment.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, env=environment, timeout=540
     )

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import platform
 import re
@@ -43,7 +42,6 @@ import rclc
 from rclc.files import file_sha256
 
 from ...spec.bounded_json import loads
-from ...errors import UsageError
 
 RECORD_FORMAT = "rclc-graph-run"
 RECORD_VERSION = 1
@@ -62,14 +60,20 @@ def safe_name(node: str) -> str:
     """A file-name stem for a plan node name, injective and free of shell-special characters.
 
     `reader` -> `reader`, `worker[2]` -> `worker.2`, `a@3` -> `a.r3`, `worker[2]@3` ->
-    `worker.2.r3`. Declared names never contain '.', so the encoded parts cannot collide
-    with a plain name. Anything else (not a plan name) is hex-encoded after `.x`.
+    `worker.2.r3`; a subgraph's node `research[1]/reader@2` -> `research.1..reader.r2` (each
+    part encoded, joined by `..`). Declared names never contain '.', and an encoded part never
+    holds `..`, so the encoded parts cannot collide with a plain name or split two ways.
+    Anything else (not a plan name) is hex-encoded after `.x`.
     """
-    match = _PLAN_NAME.match(node)
-    if match is None:
+    parts = node.split("/")
+    matches = [_PLAN_NAME.match(part) for part in parts]
+    if any(match is None for match in matches):
         return ".x" + node.encode("utf-8").hex()
-    base, index, round_ = match.groups()
-    return base + ("" if index is None else f".{index}") + ("" if round_ is None else f".r{round_}")
+    encoded = []
+    for match in matches:
+        base, index, round_ = match.groups()  # type: ignore[union-attr]
+        encoded.append(base + ("" if index is None else f".{index}") + ("" if round_ is None else f".r{round_}"))
+    return "..".join(encoded)
 
 
 def _version(distribution: str) -> str | None:

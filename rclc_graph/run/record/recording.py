@@ -1,11 +1,12 @@
-"""Running a plan with a record: the recording executor, model preparation, and the run
-functions that leave a run directory behind (also when the run is cancelled or crashes).
+"""Running a plan with a record: the recording executor and the run functions that leave a
+run directory behind (also when the run is cancelled or crashes).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,13 @@ import anyio
 
 import rclc
 
-from ...executors import DelegatingExecutor, Executor, LocalExecutor, ModelPool, RunContext, default_pool, make_executor
+from ...executors import DelegatingExecutor, Executor, ModelPool, RunContext
 from ...plan.dag import Plan, PlanNode
 from ...results.events import EventStream
 from ...results.run_result import NodeResult, RunResult
-from ..preflight import check_code, check_context
+from ..scheduler import is_cancellation, new_run_id, refuse_event_stream, run_with
+from ..settings import RunSettings, prepare_run
 from .writer import RunRecorder
-from ..scheduler import is_cancellation, new_run_id, refuse_event_stream, run_plan
 
 
 class RecordingExecutor(DelegatingExecutor):
@@ -60,51 +61,52 @@ async def run_recorded(
     With the local executor (the default) the plan's prompts are first checked against
     each model's context with its tokenizer alone (preflight.py), then the models are
     loaded, so a run that cannot work fails before any weights are read and the 'running'
-    record already names the models' fingerprints. A cancelled run (or one that crashes)
-    still leaves a record of the nodes that finished, with status "cancelled" (or
-    "failed"), before the cancellation or error propagates.
+    record already names the models' fingerprints. An executor passed as an object is the
+    caller's to prepare (a view that built its `RunSettings` prepares once: `prepare_run`).
+    A cancelled run (or one that crashes) still leaves a record of the nodes that finished,
+    with status "cancelled" (or "failed"), before the cancellation or error propagates.
     """
-    pool = pool if pool is not None else default_pool()
-    owned = None
-    if isinstance(executor, str):  # a name: make it here and close it when the run ends
-        executor = owned = make_executor(executor, pool=pool)
+    settings = RunSettings.build(pool=pool, executor=executor, base_dir=base_dir)
     try:
-        if executor is None or isinstance(owned, LocalExecutor):
-            await prepare_models(plan, pool, base_dir)
-        recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
-                               pool=pool, base_dir=base_dir)
-        recorder.start()
-        inner = executor if executor is not None else LocalExecutor(pool)
-        return await record_run(recorder, inner, pool=pool, events=events, base_dir=base_dir)
+        if settings.loads_models_here:
+            await prepare_run(plan, settings)
+        return await record_with(settings, plan, out, seed=seed, events=events, run_id=run_id,
+                                 topology_file=topology_file)
     finally:
-        if owned is not None:
-            owned.close()
+        settings.close()
 
 
-async def prepare_models(plan: Plan, pool: ModelPool, base_dir: Path | None) -> None:
-    """Check every prompt fits its context (tokenizers only) and every trusted module:callable
-    imports, then load the plan's models."""
-    await anyio.to_thread.run_sync(check_code, plan)
-    await anyio.to_thread.run_sync(check_context, plan, pool, base_dir)
-    for spec in plan.models():
-        await anyio.to_thread.run_sync(pool.get, spec, base_dir)
+async def record_with(
+    settings: RunSettings,
+    plan: Plan,
+    out: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    events: EventStream | None = None,
+    run_id: str | None = None,
+    topology_file: str | os.PathLike[str] | None = None,
+) -> tuple[RunResult, dict[str, Any], Path]:
+    """`run_recorded` for a view that built its settings and prepared the plan itself."""
+    recorder = RunRecorder(out, plan, run_id=run_id or new_run_id(), seed=seed, topology_file=topology_file,
+                           pool=settings.pool, base_dir=settings.base_dir)
+    recorder.start()
+    return await record_run(recorder, settings, events=events)
 
 
 async def record_run(
     recorder: RunRecorder,
-    executor: Executor,
+    settings: RunSettings,
     *,
-    pool: ModelPool | None,
     events: EventStream | None = None,
-    base_dir: Path | None = None,
     completed: dict[str, NodeResult] | None = None,
 ) -> tuple[RunResult, dict[str, Any], Path]:
-    """Run the recorder's plan through `executor`, recording every node, and finish the record
-    (also when the run is cancelled or crashes, before that propagates)."""
+    """Run the recorder's plan through the settings' executor, recording every node, and finish
+    the record (also when the run is cancelled or crashes, before that propagates)."""
     began = time.perf_counter()
+    recording = replace(settings, executor=RecordingExecutor(settings.executor, recorder), owns_executor=False)
     try:
-        result = await run_plan(recorder.plan, pool=pool, executor=RecordingExecutor(executor, recorder), events=events,
-                                run_id=recorder.run_id, seed=recorder.seed, base_dir=base_dir, completed=completed)
+        result = await run_with(recording, recorder.plan, events=events, run_id=recorder.run_id, seed=recorder.seed,
+                                completed=completed)
     except BaseException as error:
         stopped = isinstance(error, KeyboardInterrupt) or is_cancellation(error)
         partial = recorder.partial_result(

@@ -8,7 +8,10 @@ and raises one ValueError naming the first wrong field, what it holds and what w
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
+
+from ...results.lineage import HopRecord, required_fields
 
 Check = Callable[[Any], bool]
 
@@ -35,11 +38,20 @@ def _counts(value: Any) -> bool:
 
 _WANTED = {_number: "a number", _whole: "a whole number", _text: "text", _counts: "a mapping of names to counts"}
 
-_HOP = {
-    "source": _text, "target": _text, "mode": _text, "policy": _text, "total_positions": _whole,
-    "inherited_positions": _whole, "budget": _whole, "kept_positions": _whole, "payload_bytes": _whole,
-    "selection_seconds": _number, "kept_by_origin": _counts,
+def _mapping(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+# A hop row is a HopRecord (results/lineage.py): its fields and their types are checked from the
+# class itself, so a field added there is checked here. Fields with a default may be absent.
+_BY_ANNOTATION: dict[str, Check] = {
+    "str": _text, "int": _whole, "float": _number, "int | None": _optional(_whole), "Mapping[str, int]": _counts,
+    "Mapping[str, Any] | None": _optional(_mapping),
 }
+_WANTED_BY_ANNOTATION = {"int | None": "a whole number or null", "Mapping[str, Any] | None": "a mapping or null"}
+_HOP = {item.name: (_BY_ANNOTATION[str(item.type)], _WANTED_BY_ANNOTATION.get(str(item.type)))
+        for item in dataclasses.fields(HopRecord)}
+_HOP_REQUIRED = frozenset(required_fields(HopRecord))
 _SEGMENT_TYPES = (_text, _text, _whole, _whole, _whole)  # origin, kind, hops, start, length
 
 
@@ -90,8 +102,9 @@ def check_record(record: Any) -> None:
     shape.field(timings, "seconds", _optional(_number), "timings.", "a number or null")
     for index, hop in enumerate(shape.sequence(record.get("hops", []), "hops")):
         hop = shape.mapping(hop, f"hops[{index}]")
-        for key, check in _HOP.items():
-            shape.field(hop, key, check, f"hops[{index}].")
+        for key, (check, wanted) in _HOP.items():
+            if key in _HOP_REQUIRED or key in hop:
+                shape.field(hop, key, check, f"hops[{index}].", wanted)
     for name, node in shape.mapping(record.get("nodes", {}), "nodes").items():
         node = shape.mapping(node, f"nodes.{name}")
         for key in ("positions", "inherited_positions"):

@@ -18,7 +18,7 @@ import anyio
 
 from rclc.files import DIRECTORY_MODE, write_atomic, write_json_atomic
 
-from ...executors import model_key
+from ...executors import ModelPool, model_key
 from ...plan.dag import Plan
 from ...render.html_report import render_report
 from ...results.lineage import HopRecord
@@ -37,6 +37,7 @@ from .format import (
     snapshot_identity,
     versions,
 )
+from .trust_seal import seal
 from ...errors import UsageError
 
 
@@ -68,7 +69,7 @@ class RunRecorder:
         run_id: str,
         seed: int = 0,
         topology_file: str | os.PathLike[str] | None = None,
-        pool: Any = None,
+        pool: ModelPool | None = None,
         base_dir: Path | None = None,
         snapshots: bool = True,
     ) -> None:
@@ -87,6 +88,8 @@ class RunRecorder:
         self.attempts: list[dict[str, Any]] = []  # earlier attempts (resume)
         self.attempt: dict[str, Any] = {"started_at": self.started_at, "ran": [], "reused": [], "restored": []}
         self.earlier_seconds = 0.0
+        self.earlier_fired: dict[str, bool] = {}  # decisions recorded by earlier attempts (a resume)
+        self._trust_seal: str | None = None
         self.lock: DirectoryLock | None = None
         self._created = False
 
@@ -150,11 +153,40 @@ class RunRecorder:
         if earlier[-1].get("status") == "running":
             earlier[-1]["status"] = "crashed"  # it never wrote its final record
         self.attempts = earlier
+        self.earlier_fired = self._fired_before(record.get("fired"))
         self.earlier_seconds = sum(float(attempt.get("seconds") or 0.0) for attempt in earlier)
         self.attempt = {"started_at": time.time(), "ran": [], "reused": sorted(finished, key=self._order),
                         "restored": sorted(restored, key=self._order)}
         write_json_atomic(self.run_dir / RECORD_FILE, self._record("running", None, None, 0.0))
         return self.run_dir
+
+    def _seal(self) -> dict[str, str]:
+        """`trust_seal` for a run with trust_code (trust_seal.py), made once per recorder."""
+        if not self.plan.trust_code:
+            return {}
+        if self._trust_seal is None:
+            base_dir = None if self.base_dir is None else str(Path(self.base_dir).resolve())  # as the record says
+            self._trust_seal = seal(self.run_id, self.plan.fingerprint(), base_dir) or ""
+        return {"trust_seal": self._trust_seal} if self._trust_seal else {}
+
+    def _fired_before(self, fired: Any) -> dict[str, bool]:
+        """The decisions an earlier attempt recorded, by "source->target": records written
+        before issue 27 keyed them by plan edge id, which the same plan maps back."""
+        if not isinstance(fired, Mapping):
+            return {}
+        keys = {edge.key for edge in self.plan.edges}
+        by_id = {str(edge.id): edge.key for edge in self.plan.edges}
+        decisions = {}
+        for key, decision in fired.items():
+            name = key if key in keys else by_id.get(str(key))
+            if name is not None and isinstance(decision, bool):
+                decisions[name] = decision
+        return decisions
+
+    def _fired(self, result: RunResult | None) -> dict[str, bool]:
+        """Every conditional edge decided so far (earlier attempts, then this one), in plan order."""
+        decided = {**self.earlier_fired, **({} if result is None else result.fired)}
+        return {edge.key: decided[edge.key] for edge in self.plan.edges if edge.key in decided}
 
     def _order(self, name: str) -> int:
         try:
@@ -189,7 +221,8 @@ class RunRecorder:
         for name in self.plan.order:
             if name in self.nodes:
                 hops.extend(self.nodes[name].hops)
-        outputs = {name: self.nodes[name].effective_text for name in self.plan.outputs if name in self.nodes}
+        outputs = {self.plan.output_key(name): self.nodes[name].effective_text for name in self.plan.outputs
+                   if name in self.nodes}
         return RunResult(self.run_id, status, outputs, dict(self.nodes), hops, error=error, seconds=seconds)
 
     def finish(self, result: RunResult, *, report: bool = True) -> dict[str, Any]:
@@ -231,14 +264,15 @@ class RunRecorder:
                 "base_dir": None if self.base_dir is None else str(Path(self.base_dir).resolve()),
                 "spec": plan.spec.model_dump(mode="json"),
             },
-            "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **plan.describe()},
+            "plan": {"fingerprint": plan.fingerprint(), "trust_code": plan.trust_code, **self._seal(), **plan.describe()},
             "inputs": plain(dict(plan.inputs)),
             "answers": plan.answers(),
             "outputs": outputs,
             # nodes that did not run, and why; an output node among them is why `outputs` lacks it
             "skipped": {name: skipped[name] for name in plan.order if name in skipped},
             "waiting": [] if result is None else [dict(item) for item in result.waiting],
-            "fired": {} if result is None else {str(edge): fired for edge, fired in sorted(result.fired.items())},
+            # conditional edges' decisions by "source->target" (records before issue 27 keyed them by plan edge id)
+            "fired": self._fired(result),
             "seeds": {
                 "run": self.seed,
                 "nodes": {node.name: node.sampling_seed(self.seed) for node in plan.nodes

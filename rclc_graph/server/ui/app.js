@@ -7,7 +7,26 @@ const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948
 const $ = (id) => document.getElementById(id);
 let token = sessionStorage.getItem("rclc-token") || "";
 let topologies = [];
-let view = null; // the run on screen: {id, nodes, kept, lastId, controller, colours}
+let view = null; // the run on screen: {id, status, nodes, kinds, kept, lastId, controller, colours, shown}
+
+// One status vocabulary for a run, the same words in the run list and the run view (the
+// server's: GET /runs/{id} `status`); the title says what each means.
+const RUN_STATUS = {
+  queued: "admitted; waits for a free slot",
+  starting: "loading models; no node has started yet",
+  running: "its nodes are running",
+  waiting: "waits for a person's answer (the banner above asks)",
+  finished: "every node finished",
+  failed: "a node failed; fix the cause, then resume it",
+  cancelled: "cancelled; the nodes that finished are recorded",
+  interrupted: "the server stopped while it ran; resume it",
+};
+
+function paintBadge(element, status) {
+  element.textContent = status;
+  element.className = "badge " + status;
+  element.title = RUN_STATUS[status] || "";
+}
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -62,6 +81,7 @@ function buildInputs() {
   box.replaceChildren();
   if (!topology) return;
   $("topology-description").textContent = topology.description || "";
+  previewGraph(topology.name);
   const example = topology.example_inputs || {};
   for (const [name, spec] of Object.entries(topology.inputs || {})) {
     const isList = spec.type === "list[str]";
@@ -72,6 +92,16 @@ function buildInputs() {
     const hint = [spec.type, isList ? "one item per line" : "", spec.description].filter(Boolean).join(" · ");
     box.append(el("label", {class: "field"}, name + " ", el("small", {text: hint}), area));
   }
+}
+
+// The topology drawn before any run starts (GET /topologies/{name}/graph.svg), so people see
+// what they are about to run. Server-rendered SVG: every label is escaped there.
+async function previewGraph(name) {
+  const box = $("topology-graph");
+  box.dataset.topology = name;
+  const response = await api(`/topologies/${encodeURIComponent(name)}/graph.svg`);
+  if (box.dataset.topology !== name) return; // another topology was chosen meanwhile
+  box.innerHTML = response.ok ? await response.text() : "";
 }
 
 async function startRun(event) {
@@ -105,9 +135,19 @@ async function refreshRuns() {
   if (!runs.ok) return;
   const list = $("run-list");
   list.replaceChildren(...(await runs.json()).runs.map((run) => {
-    const item = el("li", {"data-run": run.run_id, class: view && view.id === run.run_id ? "selected" : ""},
-      el("div", {}, el("div", {text: run.graph || "(run)"}), el("div", {class: "rid mono", text: run.run_id})),
-      el("span", {class: "badge " + run.status, text: run.status}));
+    const shown = view && view.id === run.run_id;
+    // the run on screen: one word in both places. While its events stream, they are the newest
+    // news; otherwise the server's status is, and the view takes it.
+    if (shown && !view.following && view.status && run.status !== view.status) {
+      // resumed or answered elsewhere (another tab, the CLI): follow the new attempt, else take the word
+      if (["queued", "starting", "running"].includes(run.status)) selectRun(run.run_id);
+      else setStatus(run.status);
+    }
+    const status = shown && view.status ? view.status : run.status;
+    const badge = el("span", {});
+    paintBadge(badge, status);
+    const item = el("li", {"data-run": run.run_id, class: shown ? "selected" : ""},
+      el("div", {}, el("div", {text: run.graph || "(run)"}), el("div", {class: "rid mono", text: run.run_id})), badge);
     item.addEventListener("click", () => selectRun(run.run_id));
     return item;
   }));
@@ -116,16 +156,20 @@ async function refreshRuns() {
 // -- one run, live -----------------------------------------------------------------------
 
 function setStatus(status) {
-  const badge = $("run-status");
-  badge.textContent = status;
-  badge.className = "badge " + status;
+  view.status = status;
+  paintBadge($("run-status"), status);
+  for (const item of $("run-list").children) {
+    const badge = item.querySelector(".badge");
+    if (item.dataset.run === view.id && badge) paintBadge(badge, status);
+  }
   $("run-cancel").hidden = !["queued", "starting", "running"].includes(status);
   $("run-resume").hidden = !["interrupted", "cancelled", "failed"].includes(status);
 }
 
 async function selectRun(runId) {
   if (view && view.controller) view.controller.abort();
-  view = {id: runId, nodes: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(), colours: {}, order: []};
+  view = {id: runId, status: null, nodes: {}, kinds: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(),
+    colours: {}, order: [], shown: {}, following: true, scopes: {}}; // following: its events stream (until their end)
   $("placeholder").hidden = true;
   $("run").hidden = false;
   $("run-id").textContent = runId;
@@ -135,6 +179,8 @@ async function selectRun(runId) {
   $("nodes").replaceChildren();
   $("graph").replaceChildren();
   $("run-report").hidden = true;
+  $("waiting-items").replaceChildren();
+  $("waiting-banner").hidden = true;
   for (const item of $("run-list").children) item.classList.toggle("selected", item.dataset.run === runId);
   const response = await api(`/runs/${encodeURIComponent(runId)}`);
   if (!response.ok) return;
@@ -144,11 +190,31 @@ async function selectRun(runId) {
   showReport(run);
   if (run.record) {
     $("run-title").textContent = run.record.graph;
+    learnPlan(run.record);
     view.order = run.record.plan.nodes.map((node) => node.name);
+    // a subgraph's nodes (scope) and run-time foreach copies (foreach_from) say so on their cards
+    for (const node of run.record.plan.nodes) view.scopes[node.name] = {scope: node.scope || "", from: node.foreach_from || ""};
     view.order.forEach((name, index) => { view.colours[name] = PALETTE[index % PALETTE.length]; card(name); });
   }
   await drawGraph();
   follow(view);
+}
+
+// What the record says about the plan's nodes (function or agent) and the people it waits for.
+function learnPlan(record) {
+  for (const node of record.plan.nodes || []) {
+    view.kinds[node.name] = node.call ? "function" : "agent";
+    if (node.call && view.nodes[node.name]) asFunction(view.nodes[node.name]);
+  }
+  for (const item of record.waiting || []) view.shown[item.node] = item.shown || {};
+  for (const node of Object.keys(view.shown)) showWhatWasShown(node);
+}
+
+async function learnRun(current) {
+  const response = await api(`/runs/${encodeURIComponent(current.id)}`);
+  if (!response.ok || current !== view) return;
+  const run = await response.json();
+  if (run.record) learnPlan(run.record);
 }
 
 function showError(run) {
@@ -201,13 +267,30 @@ function card(name) {
     lineage: el("div", {class: "small"}),
     prompt: el("div", {class: "prompt"}),
   };
-  const title = el("h3", {}, el("span", {}, parts.dot, name), parts.status);
+  // a subgraph's node is named "subgraph/node" (nested: "a/b/node"), so its name says where it is
+  const where = view.scopes[name] || {scope: name.includes("/") ? name.slice(0, name.lastIndexOf("/")) : ""};
+  const notes = [where.scope ? `in subgraph ${where.scope}` : "", where.from ? `an item of ${where.from}'s list` : ""]
+    .filter(Boolean).join(", ");
+  const title = el("h3", {}, el("span", {}, parts.dot, name), notes ? el("span", {class: "scope", text: notes}) : "",
+    parts.status);
   parts.details = el("details", {}, el("summary", {text: "prompt (kept spans highlighted)"}), parts.prompt);
   const box = el("div", {class: "card", "data-node": name}, title, parts.facts, parts.hops, parts.tokens, parts.lineage,
     parts.details);
   $("nodes").append(box);
-  view.nodes[name] = {box, parts, status: "pending", tokens: [], info: null, lineage: null, opened: false};
+  view.nodes[name] = {box, parts, status: "pending", tokens: [], info: null, lineage: null, opened: false, kind: "agent"};
+  if (view.kinds[name] === "function") asFunction(view.nodes[name]);
   return view.nodes[name];
+}
+
+// A function node has no prompt and no model state: its card shows what it received and
+// returned, without the prompt toggle and the lineage bar an agent's card has.
+function asFunction(node) {
+  if (node.kind === "function") return;
+  node.kind = "function";
+  node.box.classList.add("function");
+  node.parts.details.remove();
+  node.parts.lineage.remove();
+  node.lineage = null;
 }
 
 function nodeStatus(name, status) {
@@ -215,25 +298,41 @@ function nodeStatus(name, status) {
   node.status = status;
   node.parts.status.textContent = status;
   node.parts.status.className = "badge " + status;
-  node.box.className = "card " + status;
+  node.box.className = "card " + status + (node.kind === "function" ? " function" : "");
   paintNode(name, status);
-  if (status !== "waiting" && node.parts.answer) { node.parts.answer.remove(); node.parts.answer = null; }
+  if (status !== "waiting") dropQuestion(name);
 }
 
-// A node that waits for a person: its question, and a box for the answer. The Answer button
-// sends every filled box of the run's waiting nodes at once (POST /runs/{id}/answer).
+// A node that waits for a person: its question, what it shows them, and a box for the answer,
+// in the banner at the top of the run view (not inside the node's card, below the fold). The
+// Answer button sends every filled box at once (POST /runs/{id}/answer).
 function waiting(event) {
   nodeStatus(event.node, "waiting");
   const node = card(event.node);
   if (node.info) node.finishedFacts = node.parts.facts.textContent; // interrupt after: it ran
-  node.parts.facts.textContent = event.question;
-  if (node.parts.answer) return;
-  const box = el("textarea", {name: "answer", "data-node": event.node, rows: "2", placeholder: "your answer"});
-  const button = el("button", {type: "submit", text: "Answer"});
-  const form = el("form", {class: "answer"}, box, button);
-  form.addEventListener("submit", (submitted) => { submitted.preventDefault(); answerRun(); });
-  node.parts.answer = form;
-  node.parts.facts.after(form);
+  node.parts.facts.textContent = "waiting: " + event.question;
+  const items = $("waiting-items");
+  if (!items.querySelector(`.ask[data-node="${CSS.escape(event.node)}"]`)) {
+    const box = el("textarea", {name: "answer", "data-node": event.node, rows: "3", placeholder: `your answer for ${event.node}`});
+    items.append(el("div", {class: "ask", "data-node": event.node},
+      el("div", {class: "question"}, el("strong", {text: event.node}), ": ", event.question),
+      el("div", {class: "shown"}), box));
+    showWhatWasShown(event.node);
+  }
+  $("waiting-banner").hidden = false;
+}
+
+function showWhatWasShown(name) {
+  const item = $("waiting-items").querySelector(`.ask[data-node="${CSS.escape(name)}"]`);
+  const shown = view.shown[name];
+  if (!item || !shown) return;
+  item.querySelector(".shown").textContent = Object.entries(shown).map(([sender, text]) => `${sender}: ${text}`).join("\n\n");
+}
+
+function dropQuestion(name) {
+  const item = $("waiting-items").querySelector(`.ask[data-node="${CSS.escape(name)}"]`);
+  if (item) item.remove();
+  if (!$("waiting-items").children.length) $("waiting-banner").hidden = true;
 }
 
 // An edge's state (fired, idle: a condition that did not hold, delivered), kept so a graph
@@ -258,6 +357,7 @@ function handle(event) {
   switch (event.type) {
     case "run.started":
       setStatus("running");
+      learnRun(view); // the record exists now: which nodes are functions
       // a new attempt starts only once people answered: a node that waited after it finished
       // is finished, one that waited before it ran is pending again (it asks again if unanswered)
       for (const [name, node] of Object.entries(view.nodes)) {
@@ -265,6 +365,7 @@ function handle(event) {
         nodeStatus(name, node.info ? "finished" : "pending");
         node.parts.facts.textContent = node.info ? node.finishedFacts || "" : "";
       }
+      view.shown = {};
       $("run-title").textContent = event.plan;
       drawGraph();
       break;
@@ -331,26 +432,34 @@ function highlight(name) {
       marked += 1;
     }
   }
-  if (marked && !node.opened) { node.opened = true; node.parts.details.open = true; } // show what survived, once
+  if (marked && !node.opened && node.kind !== "function") { node.opened = true; node.parts.details.open = true; } // once
 }
 
 async function finished(event) {
   nodeStatus(event.node, "finished");
   const node = card(event.node);
   node.info = {positions: event.positions, generated_tokens: event.generated_tokens};
-  node.parts.facts.textContent = `${event.positions} positions (${event.inherited_positions} inherited), `
-    + `${event.generated_tokens} tokens generated in ${Number(event.generation_seconds).toFixed(2)} s`;
-  node.lineage = (event.lineage && event.lineage.by_node) || {};
-  renderLineage(node);
-  if (!node.tokens.length && event.text) node.parts.tokens.textContent = event.text; // vLLM-style: text without token events
+  if (node.kind === "function") {
+    node.parts.facts.textContent = `function: returned ${(event.text || "").length} characters of text`;
+  } else {
+    node.parts.facts.textContent = `${event.positions} positions (${event.inherited_positions} inherited), `
+      + `${event.generated_tokens} tokens generated in ${Number(event.generation_seconds).toFixed(2)} s`;
+    node.lineage = (event.lineage && event.lineage.by_node) || {};
+    renderLineage(node);
+  }
+  if (!node.tokens.length && event.text) node.parts.tokens.textContent = event.text; // functions, vLLM: no token events
   const current = view;
   const response = await api(`/runs/${encodeURIComponent(current.id)}/nodes/${encodeURIComponent(event.node)}`);
-  if (response.ok && current === view) showPrompt(node, await response.json());
+  if (response.ok && current === view) {
+    const data = await response.json();
+    if (data.kind === "function") asFunction(node);
+    else showPrompt(node, data);
+  }
   drawGraph();
 }
 
 function renderLineage(node) {
-  if (!node.lineage) return;
+  if (!node.lineage || node.kind === "function") return;
   const byNode = node.lineage;
   const total = Object.values(byNode).reduce((a, b) => a + b, 0) || 1;
   const bar = el("div", {class: "bar"});
@@ -391,6 +500,7 @@ function ended(event) {
 // Server-Sent Events over fetch (EventSource cannot send the Authorization header), resumed
 // with Last-Event-ID after a dropped connection.
 async function follow(current) {
+  current.following = true;
   while (current === view) {
     try {
       const headers = current.lastId ? {"Last-Event-ID": String(current.lastId)} : {};
@@ -414,6 +524,8 @@ async function follow(current) {
           }
           if (fields.event === "end") {
             const end = JSON.parse(fields.data);
+            current.following = false;
+            if (current !== view) return;
             setStatus(end.status);
             refreshRuns();
             const again = await api(`/runs/${encodeURIComponent(current.id)}`);
@@ -421,6 +533,7 @@ async function follow(current) {
               const run = await again.json();
               showError(run);
               showReport(run);
+              if (run.record) learnPlan(run.record); // what a waiting run shows the person
             }
             return;
           }
@@ -431,7 +544,7 @@ async function follow(current) {
         }
       }
     } catch (error) {
-      if (current.controller.signal.aborted) return;
+      if (current.controller.signal.aborted) { current.following = false; return; }
     }
     await new Promise((resolve) => setTimeout(resolve, 1000)); // reconnect, continuing after lastId
   }
@@ -441,9 +554,10 @@ async function cancelRun() {
   await api(`/runs/${encodeURIComponent(view.id)}/cancel`, {method: "POST"});
 }
 
-async function answerRun() {
+async function answerRun(event) {
+  if (event) event.preventDefault();
   const answers = {};
-  for (const box of $("nodes").querySelectorAll("form.answer textarea")) {
+  for (const box of $("waiting-items").querySelectorAll("textarea")) {
     if (box.value.trim()) answers[box.dataset.node] = box.value;
   }
   if (!Object.keys(answers).length) return;
@@ -471,6 +585,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("start-form").addEventListener("submit", startRun);
   $("run-cancel").addEventListener("click", cancelRun);
   $("run-resume").addEventListener("click", resumeRun);
+  $("answer-form").addEventListener("submit", answerRun);
   $("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     token = $("token").value.trim();

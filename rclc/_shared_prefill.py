@@ -1,0 +1,297 @@
+"""Token prompts prefilled from position 0 (a reader's prompt, an agent's history): shared
+prefixes computed once, and prompts that arrive together prefilled in one forward (HF).
+
+Why: the prompts agents prefill start alike (the chat template, a system prompt, the
+question), and a fan-out's readers, or the readers of concurrent runs, ask for theirs at
+the same moment. On a CPU a short prompt's forward costs mostly the reading of the weights
+(a 26-token forward of the embedded model takes over half the time of a 64-token one), so
+several prompts in one forward, each over the one prefix they share, cost little more than
+one of them.
+
+How: `prefill_tokens(model, ids)` queues the prompt; the caller then takes one of the
+model's forward slots (`rclc._locks`). Whoever holds a slot first serves every prompt
+waiting at that moment (flat combining: no extra thread), and the others find their
+prefill done when they get a slot in turn. A batch is served as:
+
+1. the longest prefix all its prompts share that the model's prefix store
+   (`_prefix_cache.py`) holds is taken from it (with sharing on; none otherwise);
+2. the prompts' remaining tokens, right-padded to the longest, are forwarded together
+   over that prefix. Padding comes after every real token, so causal attention never lets
+   a real position see it;
+3. every prompt's KV is stored for later prompts.
+
+Exactness, measured (docs/performance.md): a batch of whole prompts (nothing stored)
+computes each prompt's KV bit for bit as its own forward on the CPUs measured; a prompt
+forwarded over a stored prefix agrees with one causal prefill to float32 rounding (its
+queries attend over cached keys through an explicit mask, another kernel path), which is
+why `shared_prefixes` can be turned off.
+
+A prompt alone is forwarded over the longest prefix the store has. Long prompts are
+forwarded alone (their forward is compute-bound: batching saves nothing). With the model's
+`shared_prefixes` off and `prefill_batch` 1, a prompt is prefilled exactly as before, by
+one causal forward of its rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._cache import cache_from_layers, cache_layers, forward_batch, forward_rows, new_cache, prefill
+from ._locks import forward_slot
+from ._per_object import PerObject
+from ._prefix_cache import PrefixCache, SharedPrefix, common_length
+from ._worker import WorkCancelled, current_stop, serving_others
+from .policy import DEFAULT_PREFILL_BATCH, DEFAULT_PREFIX_CACHE_MIB
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+GATHER_SECONDS = 0.003
+"""How long a slot holder waits for more prompts before it serves a batch smaller than
+`prefill_batch`: a fan-out's readers ask within a few milliseconds of each other (the
+scheduler starts their tasks one after another), and the wait is ~2% of a short prefill."""
+
+BATCHED_TOKENS = 512
+"""A prompt whose uncached part is longer is prefilled alone, and a batch stops growing once
+its padded rows would pass this many: beyond it a forward is compute-bound on a CPU."""
+
+
+@dataclass(frozen=True)
+class PrefillOptions:
+    """`rclc.Batching`'s prefill options of one model."""
+
+    shared_prefixes: bool = True
+    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
+    prefill_batch: int = DEFAULT_PREFILL_BATCH
+
+    @property
+    def plain(self) -> bool:
+        """Prefill every prompt alone from its rows, as before either feature existed."""
+        return not self.shared_prefixes and self.prefill_batch == 1
+
+
+@dataclass(eq=False)  # compared by identity
+class _Request:
+    ids: torch.Tensor  # [n] int64 on the model's device
+    cancel: threading.Event | None
+    done: threading.Event = field(default_factory=threading.Event)
+    layers: Layers | None = None
+    error: BaseException | None = None
+
+    def finish(self, layers: Layers | None, error: BaseException | None = None) -> None:
+        self.layers, self.error = layers, error
+        self.done.set()
+
+
+@dataclass
+class _Statistics:
+    prompts: int = 0
+    forwards: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    forwarded_positions: int = 0
+    reused_positions: int = 0
+
+
+class SharedPrefill:
+    """One model's prefills of token prompts (see the module docs)."""
+
+    def __init__(self, model: Any) -> None:
+        self.options = PrefillOptions()
+        self.store = PrefixCache(self.options.prefix_cache_mib << 20)
+        self.stats = _Statistics()
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._pending: list[_Request] = []
+
+    def configure(self, options: PrefillOptions) -> None:
+        """New options; a store that shares nothing any more is emptied."""
+        with self._lock:
+            self.options = options
+        self.store.resize(options.prefix_cache_mib << 20 if options.shared_prefixes else 0)
+
+    def prefill(self, model: Any, ids: torch.Tensor) -> Any:
+        """A cache of the prompt `ids` (1-D int64 on the model's device) from position 0."""
+        options = self.options
+        if options.plain:
+            return prefill(model, model.get_input_embeddings().weight[ids])
+        request = _Request(ids, current_stop())
+        with self._lock:
+            self._pending.append(request)
+            self._arrived.notify_all()
+        with forward_slot(model):
+            batch = self._take(request, options)
+            try:
+                self._serve(model, batch, options)
+            except BaseException as error:  # never leave a prompt that waits on this thread waiting
+                for other in batch:
+                    if not other.done.is_set():
+                        other.finish(None, error)
+                raise
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        assert request.layers is not None
+        return cache_from_layers(model, request.layers)
+
+    def _take(self, request: _Request, options: PrefillOptions) -> list[_Request]:
+        """The prompts this slot holder serves: its own (unless another holder already did)
+        and those waiting with it, oldest first, while the batch stays small."""
+        with self._lock:
+            deadline = time.monotonic() + GATHER_SECONDS
+            while request in self._pending and len(self._pending) < options.prefill_batch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._arrived.wait(remaining)  # prompts asked for together arrive within milliseconds
+            if request not in self._pending:  # another slot holder took it: its KV is on the way
+                return []
+            waiting = [other for other in self._pending if other is not request]
+            batch, rows = [request], int(request.ids.shape[0])
+            for other in waiting:
+                if len(batch) >= options.prefill_batch:
+                    break
+                length = int(other.ids.shape[0])
+                if rows + length > BATCHED_TOKENS * 2 or length > BATCHED_TOKENS:
+                    continue
+                batch.append(other)
+                rows += length
+            self._pending = [other for other in self._pending if other not in batch]
+            return batch
+
+    def _serve(self, model: Any, batch: list[_Request], options: PrefillOptions) -> None:
+        """Compute every prompt of `batch` and hand each its KV (a failure fails only the
+        prompts it concerns: a failing batch is retried one prompt at a time). The slot
+        holder serves the others even when its own caller was cancelled meanwhile (they
+        wait on it); a cancelled caller's prompt gets `WorkCancelled` instead of its KV."""
+        live = [request for request in batch if not _cancelled_request(request)]  # (empty batch: nothing)
+        for request in batch:
+            if request not in live:
+                request.finish(None, _cancelled())
+        if not live:
+            return
+        with serving_others():
+            try:
+                results = self._forward(model, live, options)
+            except Exception as error:
+                if len(live) == 1:
+                    live[0].finish(None, error)
+                    return
+                results = []
+                for request in live:  # another prompt's trouble must not fail this one
+                    try:
+                        results.append(self._forward(model, [request], options)[0])
+                    except Exception as alone:
+                        results.append(alone)
+        for request, outcome in zip(live, results):
+            if isinstance(outcome, Exception):
+                request.finish(None, outcome)
+            elif _cancelled_request(request):
+                request.finish(None, _cancelled())
+            else:
+                request.finish(outcome)
+
+    def _forward(self, model: Any, batch: list[_Request], options: PrefillOptions) -> list[Layers]:
+        """The KV of every prompt of `batch`, stored for later prompts when sharing is on."""
+        ids = [request.ids for request in batch]
+        prefix = self._stored_prefix(ids) if options.shared_prefixes else None
+        results = _suffixes(model, ids, prefix)
+        reused = 0 if prefix is None else int(prefix[0][0].shape[2])
+        with self._lock:
+            stats = self.stats
+            stats.prompts += len(batch)
+            stats.forwards += 1
+            stats.batch_sizes[len(batch)] = stats.batch_sizes.get(len(batch), 0) + 1
+            stats.forwarded_positions += sum(int(i.shape[0]) for i in ids) - len(ids) * reused
+            stats.reused_positions += len(ids) * reused
+        if options.shared_prefixes:
+            for request, layers in zip(batch, results):
+                self.store.add(request.ids, layers)
+        return results
+
+    def _stored_prefix(self, ids: list[torch.Tensor]) -> Layers | None:
+        """The longest stored prefix every prompt of a batch starts with (views of its KV).
+
+        What the prompts share beyond it is forwarded once per prompt, in the batch: a
+        prefix forwarded alone first would be one more forward, and its KV would differ in
+        the last bits from the prompts' own (a batch of whole prompts, right-padded, computes
+        each exactly as alone on the CPUs measured)."""
+        found = self.common_stored_prefix(ids)
+        return None if found is None else found.layers
+
+    def common_stored_prefix(self, ids: list[torch.Tensor]) -> SharedPrefix | None:
+        """The longest stored prefix all of `ids` (1-D prompts) start with, leaving each at
+        least its last position to forward; None when the store has none that long."""
+        length = int(ids[0].shape[0])
+        for other in ids[1:]:
+            length = min(length, common_length(ids[0], other), int(other.shape[0]))
+        return self.store.longest(ids[0][: length + 1] if len(ids) > 1 else ids[0])
+
+    def report(self) -> dict[str, Any]:
+        """Options and figures (`rclc.batching_report`'s `prompt_prefills`)."""
+        with self._lock:
+            stats = self.stats
+            figures = {
+                "shared_prefixes": self.options.shared_prefixes,
+                "prefill_batch": self.options.prefill_batch,
+                "prompts": stats.prompts,
+                "forwards": stats.forwards,
+                "batch_sizes": {str(size): count for size, count in sorted(stats.batch_sizes.items())},
+                "forwarded_positions": stats.forwarded_positions,
+                "reused_positions": stats.reused_positions,
+            }
+        return figures | {"prefix_cache": self.store.report()}
+
+
+def _suffixes(model: Any, ids: list[torch.Tensor], prefix: Layers | None) -> list[Layers]:
+    """Forward each prompt's tokens after the `prefix` they share (None: from position 0),
+    right-padded to the longest, in one forward; return each prompt's whole KV."""
+    start = 0 if prefix is None else int(prefix[0][0].shape[2])
+    if len(ids) == 1:
+        cache = None if prefix is None else cache_from_layers(model, prefix)
+        rows = model.get_input_embeddings().weight[ids[0][start:]].unsqueeze(0)
+        _, cache = forward_rows(model, cache, inputs_embeds=rows, start=start)
+        return [cache_layers(cache)]
+    count = len(ids)
+    lengths = [int(i.shape[0]) - start for i in ids]
+    width = max(lengths)
+    tokens = torch.stack([torch.cat([i[start:], i.new_zeros(width - length)]) for i, length in zip(ids, lengths)])
+    if prefix is None:
+        cache = new_cache(model)
+    else:
+        cache = cache_from_layers(model, [(k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)) for k, v in prefix])
+    positions = torch.arange(start, start + width, device=tokens.device).expand(count, -1)
+    forward_batch(model, cache, tokens, positions)
+    return [
+        [(k[row : row + 1, :, : start + length].clone(), v[row : row + 1, :, : start + length].clone())
+         for k, v in cache_layers(cache)]
+        for row, length in enumerate(lengths)
+    ]
+
+
+def _cancelled() -> BaseException:
+    return WorkCancelled("the caller was cancelled before its prompt was prefilled")
+
+
+def _cancelled_request(request: _Request) -> bool:
+    return request.cancel is not None and request.cancel.is_set()
+
+
+_prefills: PerObject[SharedPrefill] = PerObject(SharedPrefill)
+
+
+def shared_prefill(model: Any) -> SharedPrefill:
+    """The prompt prefills of `model` (made on first use)."""
+    return _prefills.get(model)
+
+
+def existing_shared_prefill(model: Any) -> SharedPrefill | None:
+    return _prefills.existing(model)
+
+
+def prefill_tokens(model: Any, ids: torch.Tensor) -> Any:
+    """A DynamicCache of the token prompt `ids` (1-D) from position 0 (see the module docs)."""
+    return shared_prefill(model).prefill(model, ids)
