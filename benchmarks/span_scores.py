@@ -20,7 +20,7 @@ Scores (per sentence span, from the request's attention over the reader's state)
                  relation"); rows whose attention is spread evenly change nothing
     best_rows    the mean over the request's k most concentrated rows of their share
 
-Run: python benchmarks/span_scores.py --data out/dev_fan_profiles.jsonl --cases 30
+Run: python benchmarks/span_scores.py --data out/dev_fan_profiles.jsonl --cases 30 [--exclude-by span]
 """
 
 from __future__ import annotations
@@ -165,6 +165,8 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=30)
     parser.add_argument("--best-rows", type=int, default=4)
     parser.add_argument("--show", type=int, default=0, help="print the ranked spans of the first N cases")
+    parser.add_argument("--exclude-by", choices=("position", "span"), default="position",
+                        help="how instruction/known exclusion passes over spans (the edge policy's exclude_by)")
     args = parser.parse_args()
     cases = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()][: args.cases]
     model, tokenizer = load("embedded")
@@ -183,7 +185,8 @@ def main() -> None:
             fold = RowFold()
             with torch.inference_mode():
                 capture(state.model, state.past_key_values, fold, state.positions, input_ids=ids)
-            spans, flags = SpanOptions(span="sentence", max_span=32, exclude=mask).spans(state)
+            spans, flags = SpanOptions(span="sentence", max_span=32, exclude=mask,
+                                       exclude_by=args.exclude_by).spans(state)
             profile = _pooling.SpanProfile(composite_score(fold), spans, flags, 0)
             candidates = [i for i, (a, b) in enumerate(spans) if a > 0 and not (flags and flags[a])]
             scores = _scores(fold, profile, candidates, args.best_rows)
