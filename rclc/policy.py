@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_WAIT_MS",
     "DEFAULT_WORKER_FORWARDS",
     "EXCLUSION_REASONS",
+    "EXCLUSION_UNITS",
     "MODES",
     "POSITION_ROLES",
     "REASONING_CONTEXTS",
@@ -64,11 +65,18 @@ POSITION_ROLES = ("material", "instruction", "template")
 """What a sender position holds, as a caller who built the prompt knows it: material the
 sender read or wrote, its instructions, or chat-template markup."""
 
+EXCLUSION_UNITS = ("position", "span")
+"""How `instruction` and `known` exclusion pass over a sender's spans (`exclude_by`): position
+by position, cutting a span where its flags change (the seed's keep step), or a whole span when
+they cover more than half of it (none of it otherwise), so a partly known sentence is never cut
+into fragments. Chat markup (`template`) is always passed over position by position."""
+
 ALLOCATIONS = ("per_sender", "pooled")
 """How a transfer with several senders spends its budget: each sender its own fitted count,
 or the senders' total where the scores are highest across them."""
 
-_SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage"}
+_SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage",
+          "relevance": "fraction", "exclude_by": "exclusion_unit"}
 """The span options every attention selector takes."""
 
 
@@ -119,6 +127,8 @@ _OPTION_KINDS = {
     "odd_int": ("an odd whole number >= 1", lambda v: type(v) is int and v >= 1 and v % 2 == 1),
     "span": ("one of " + ", ".join(repr(kind) for kind in SPAN_KINDS), lambda v: v in SPAN_KINDS),
     "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),
+    "fraction": ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
+    "exclusion_unit": ("one of " + ", ".join(repr(unit) for unit in EXCLUSION_UNITS), lambda v: v in EXCLUSION_UNITS),
 }
 _SET_BY_THE_TRANSFER = {
     "edge_field": "write it as the edge policy's `exclude:` field (a list of template, instruction, known)",

@@ -16,9 +16,10 @@ import torch
 from .._arguments import is_exact_int, require_entries, require_int
 from ..errors import ContextLimitError, RclcError
 from ..models import context_limit_of
+from ..policy import EXCLUSION_UNITS
 from ..state import SenderState
 from ._sentences import check_max_span, check_span_option, check_span_starts, partition
-from ._spans import Span, keep_spans, protected_positions, refine
+from ._spans import Span, check_relevance, keep_spans, protected_positions, refine
 
 
 def check_sender(sender: Any) -> SenderState:
@@ -113,6 +114,36 @@ def excluded_flags(exclude: Sequence[str | None] | None) -> list[bool] | None:
     return [reason is not None for reason in exclude]
 
 
+def check_exclude_by(exclude_by: Any) -> str:
+    """The `exclude_by` option: one of `rclc.policy.EXCLUSION_UNITS`."""
+    if exclude_by not in EXCLUSION_UNITS:
+        raise RclcError(f"exclude_by: expected one of {', '.join(map(repr, EXCLUSION_UNITS))} (how instruction and "
+                        f"known exclusion pass over spans), got {exclude_by!r}")
+    return exclude_by
+
+
+def whole_span_flags(spans: Sequence[Span], exclude: Sequence[str | None]) -> list[bool] | None:
+    """Exclusion flags for `exclude_by="span"`: chat markup (`template`) is passed over position
+    by position, as always; any other reason passes over a whole span when it covers more than
+    half of the span's other positions, and none of it otherwise.
+
+    Why an option: `known` matches runs of words the receiver holds, which inside a document
+    sentence ("975 people work for the Falcon studio." against "How many people work for the
+    Lemur cooperative?") are a part of the sentence; cutting them out leaves orphan fragments
+    ("975", "Falcon studio.") that rank as spans of their own and reach the receiver without the
+    words that give them meaning. Passing spans over whole avoids that, but changes selections
+    and has not been measured against the default (`exclude_by="position"`, the seed's rule).
+    """
+    flags = [reason == "template" for reason in exclude]
+    for start, stop in spans:
+        others = [p for p in range(start, stop) if exclude[p] != "template"]
+        passed = sum(1 for p in others if exclude[p] is not None)
+        if others and 2 * passed > len(others):
+            for position in others:
+                flags[position] = True
+    return flags if any(flags) else None
+
+
 @dataclass(frozen=True)
 class SpanOptions:
     """How a built-in selector cuts a sender into the spans it keeps whole, and what it passes
@@ -122,8 +153,10 @@ class SpanOptions:
     longer spans; `exclude`: None, or one entry per position (None, or why it is passed over);
     `starts`: positions where a run of the sender's rows begins (text-aligned spans do not
     cross them); `size_field`: the name the caller gave `size` (ChunkKV says chunk_size), for
-    error messages. (They used to travel as five loose keywords through four layers of every
-    selector, each layer re-listing them.)
+    error messages; `relevance`: None, or the fraction of the best span's score a span needs
+    to be kept (`keep_spans`); `exclude_by`: "position" (spans are cut where exclusion flags
+    change, as the seed's keep step defines) or "span" (`whole_span_flags`). (They used to
+    travel as loose keywords through four layers of every selector, each layer re-listing them.)
     """
 
     span: Any = "fixed"
@@ -132,6 +165,8 @@ class SpanOptions:
     exclude: Any = None
     starts: Any = None
     size_field: str = "span_size"
+    relevance: Any = None
+    exclude_by: Any = "position"
 
     @classmethod
     def from_keywords(cls, keywords: dict[str, Any], size_field: str = "span_size") -> tuple[SpanOptions, dict[str, Any]]:
@@ -139,7 +174,8 @@ class SpanOptions:
         with `functools.partial`, as pooled allocation reads them."""
         rest = dict(keywords)
         values = {name: rest.pop(keyword) for name, keyword in (("span", "span"), ("size", size_field),
-                  ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts")) if keyword in rest}
+                  ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts"),
+                  ("relevance", "relevance"), ("exclude_by", "exclude_by")) if keyword in rest}
         return cls(**values, size_field=size_field), rest
 
     def check(self, sender: SenderState) -> tuple[list[bool] | None, tuple[int, ...] | None]:
@@ -148,13 +184,18 @@ class SpanOptions:
         check_span_option(sender, self.span)
         check_span_size(self.size, self.size_field)
         check_max_span(self.max_span)
+        check_relevance(self.relevance)
+        check_exclude_by(self.exclude_by)
         starts = check_span_starts(self.starts, sender.positions)
         return excluded_flags(check_exclude(self.exclude, sender.positions)), starts
 
     def spans(self, sender: SenderState) -> tuple[list[Span], list[bool] | None]:
         """The sender's spans (cut at exclusion boundaries) and its exclusion flags."""
         flags, starts = self.check(sender)
-        return refine(partition(sender, self.span, self.size, self.max_span, starts), flags), flags
+        spans = partition(sender, self.span, self.size, self.max_span, starts)
+        if flags is not None and self.exclude_by == "span":
+            flags = whole_span_flags(spans, self.exclude)
+        return refine(spans, flags), flags
 
 
 @dataclass(frozen=True)
@@ -168,6 +209,7 @@ class SpanProfile:
     spans: list[Span]
     excluded: list[bool] | None
     latent_steps: int
+    relevance: float | None = None
 
     @property
     def positions(self) -> int:
@@ -177,8 +219,11 @@ class SpanProfile:
     def protected(self) -> list[int]:
         return protected_positions(self.positions, self.latent_steps)
 
-    def keep(self, budget: int) -> list[int]:
-        return keep_spans(self.scores, budget, self.spans, self.latent_steps, self.excluded)
+    def keep(self, budget: int, *, relevant_only: bool = True) -> list[int]:
+        """The selection for `budget`; `relevant_only=False` ignores `relevance` (pooled
+        allocation applies it across senders before it calls keep)."""
+        relevance = self.relevance if relevant_only else None
+        return keep_spans(self.scores, budget, self.spans, self.latent_steps, self.excluded, relevance)
 
 
 Scores = Callable[[list[Span]], torch.Tensor]
@@ -192,7 +237,7 @@ def span_profile(sender: Any, options: SpanOptions, *, name: str, scores: Scores
     spans, flags = options.spans(sender)
     scored = scores(spans)
     check_finite(scored, name)
-    return SpanProfile(scored, spans, flags, sender.latent_steps)
+    return SpanProfile(scored, spans, flags, sender.latent_steps, check_relevance(options.relevance))
 
 
 def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str, scores: Scores) -> list[int]:
@@ -232,8 +277,11 @@ def request_selector(
         max_span: int | None = None,
         exclude: Sequence[str | None] | None = None,
         span_starts: Sequence[int] | None = None,
+        relevance: float | None = None,
+        exclude_by: str = "position",
     ) -> list[int]:
-        options = SpanOptions(span, span_size, max_span, exclude, span_starts)
+        options = SpanOptions(span, span_size, max_span, exclude, span_starts, relevance=relevance,
+                              exclude_by=exclude_by)
         return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids))
 
     def scored(sender: SenderState, request_ids: Any) -> torch.Tensor:
@@ -258,6 +306,10 @@ _SPAN_OPTIONS_DOC = """
     tokenizer and token IDs); `max_span` splits longer spans. `exclude` (one entry per
     position, None or the reason) ranks the excluded positions after all others.
     `span_starts` (positions where a run of rows begins, e.g. a chain's inherited runs) also
-    cut the text-aligned spans; the fixed grid ignores them.
+    cut the text-aligned spans; the fixed grid ignores them. `relevance` (a fraction in (0, 1])
+    keeps only spans scoring at least that fraction of the best span, so fewer than `budget`
+    positions when few are relevant. `exclude_by="span"` passes over a whole span when
+    instruction/known exclusion covers more than half of it (none of it otherwise) instead of
+    cutting the span where the flags change (`"position"`, the default).
     Returns every position, without any model work, when `budget >= T`.
     """

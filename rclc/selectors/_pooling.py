@@ -20,6 +20,10 @@ counted for less exactly where it was.
 The joint ranking keeps each sender's own span order (the normalisation is one positive
 factor per sender), so each sender's share is exactly what its own keep step selects for the
 count the joint ranking gives it: the pooled result is `profile.keep(count)` per sender.
+
+With `relevance` (rclc.selectors._spans), the fraction is of the best candidate span across
+all senders, in the same comparable units: a sender holding nothing near the best sends only
+its protected positions, and the group's budget is not spent on it.
 """
 
 from __future__ import annotations
@@ -127,10 +131,11 @@ def pooled_counts(profiles: Sequence[SpanProfile], counts: Sequence[int]) -> lis
             f"budget: the senders' {total} positions cannot hold their {sum(result)} protected ones "
             "(first positions and latent tails); raise the budget"
         )
-    entries: list[tuple[int, float, int, int, int]] = []  # (tier, -normalised mean, sender, rank, free)
+    entries: list[tuple[int, float, int, int, int, float]] = []  # (tier, -normalised mean, sender, rank, free, raw)
     for sender, profile in enumerate(profiles):
         pinned = pin_first(profile.scores)
         means = span_means(pinned, profile.spans).tolist()
+        raw = span_means(profile.scores.detach().float().cpu(), profile.spans).tolist()
         shift, scale = comparable(profile)
         for rank, index in enumerate(span_order(pinned, profile.spans, profile.excluded)):
             start, stop = profile.spans[index]
@@ -138,12 +143,29 @@ def pooled_counts(profiles: Sequence[SpanProfile], counts: Sequence[int]) -> lis
             if free == 0:
                 continue
             tier = 1 if profile.excluded is not None and profile.excluded[start] else 0
-            entries.append((tier, -(means[index] - shift) / scale, sender, rank, free))
+            entries.append((tier, -(means[index] - shift) / scale, sender, rank, free, (raw[index] - shift) / scale))
     entries.sort()
-    for _tier, _score, sender, _rank, free in entries:
+    entries = _relevant(entries, profiles)
+    for _tier, _score, sender, _rank, free, _raw in entries:
         if room == 0:
             break
         grant = min(free, room)
         result[sender] += grant
         room -= grant
     return result
+
+
+def _relevant(entries: list[tuple[int, float, int, int, int, float]], profiles: Sequence[SpanProfile]) -> list:
+    """`entries` cut by the senders' `relevance` (they share one selector, so one fraction):
+    candidate spans (tier 0) at least that fraction of the best one's comparable raw mean."""
+    fractions = {profile.relevance for profile in profiles}
+    if fractions == {None}:
+        return entries
+    if len(fractions) != 1:
+        raise RclcError(f"relevance: the senders of one pooled group must share it, got {sorted(map(str, fractions))}")
+    relevance = fractions.pop()
+    candidates = [entry for entry in entries if entry[0] == 0]
+    if not candidates:
+        return []
+    threshold = relevance * max(entry[5] for entry in candidates)
+    return [entry for entry in candidates if entry[5] >= threshold]

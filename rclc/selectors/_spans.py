@@ -11,6 +11,13 @@ other partition plugs into `keep_spans` unchanged.
 Receiver-aware selection (`exclude`, rclc.exclusion) adds one rule: spans are first cut where
 positions change between excluded and not, and every excluded span ranks after every other
 span, so excluded rows only fill what is left once the rest is kept.
+
+`relevance` (a fraction r in (0, 1]; 0 or None: off) keeps less when less is relevant: spans are kept in
+rank order only while their mean score is at least r times the best candidate span's (a
+candidate: not excluded, not only protected positions; raw scores, the first position not
+pinned), so a sender whose state holds one relevant sentence sends that sentence and not
+`budget` positions of the next-best ones. Excluded spans are not kept at all then. The budget
+stays the cap: never more than `budget` positions.
 """
 
 from __future__ import annotations
@@ -104,19 +111,50 @@ def span_order(pinned: torch.Tensor, spans: Sequence[Span], excluded: Sequence[b
     return [i for i in order if not excluded[spans[i][0]]] + [i for i in order if excluded[spans[i][0]]]
 
 
+def relevant_spans(
+    scores: torch.Tensor, spans: Sequence[Span], order: Sequence[int], protected: Sequence[int],
+    excluded: Sequence[bool] | None, relevance: float,
+) -> list[int]:
+    """`order` cut to the spans whose raw mean is at least `relevance` x the best candidate
+    span's (module docstring); spans holding only protected positions stay (they are kept anyway)."""
+    means = span_means(scores.detach().to(dtype=torch.float32, device="cpu"), spans).tolist()
+    guarded = set(protected)
+    free = [any(p not in guarded for p in range(start, stop)) for start, stop in spans]
+    candidates = [i for i in range(len(spans)) if free[i] and not (excluded is not None and excluded[spans[i][0]])]
+    if not candidates:
+        return [i for i in order if not free[i]]
+    threshold = relevance * max(means[i] for i in candidates)
+    chosen = {i for i in candidates if means[i] >= threshold}
+    return [i for i in order if not free[i] or i in chosen]
+
+
+def check_relevance(relevance: object) -> float | None:
+    """None or 0 (keep the whole budget), or a fraction in (0, 1]; returns None for "keep the
+    whole budget" and the fraction otherwise."""
+    if relevance is None:
+        return None
+    if isinstance(relevance, bool) or not isinstance(relevance, (int, float)) or not 0 <= relevance <= 1:
+        raise RclcError(f"relevance: expected a number in [0, 1] (a fraction of the best span's score; 0: keep the "
+                        f"whole budget), got {relevance!r}")
+    return float(relevance) or None
+
+
 def keep_spans(
     scores: torch.Tensor,
     budget: int,
     spans: Sequence[Span],
     latent_steps: int = 0,
     excluded: Sequence[bool] | None = None,
+    relevance: float | None = None,
 ) -> list[int]:
     """Pin the first position, protect first + latent tail, fill `budget` with whole spans
     in descending mean order and a contiguous partial window around the peak of the span
-    that overshoots. Ascending positions; exactly `budget` of them when `budget < T`.
+    that overshoots. Ascending positions; exactly `budget` of them when `budget < T` (at most
+    `budget` with `relevance`).
 
     With `excluded` (one flag per position), spans are first cut where the flag changes and
-    excluded spans rank after all others (module docstring).
+    excluded spans rank after all others; with `relevance`, spans scoring below that fraction
+    of the best are not kept (module docstring).
     """
     if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.shape[0] < 1:
         raise RclcError("scores: expected a non-empty 1-D tensor with one score per position")
@@ -135,6 +173,8 @@ def keep_spans(
         return list(range(total))
     pinned = pin_first(scores)
     order = span_order(pinned, spans, excluded)
+    if relevance is not None:
+        order = relevant_spans(scores, spans, order, protected, excluded, check_relevance(relevance))
     values = pinned.tolist()
     keep = set(protected)
     for span_index in order:

@@ -113,7 +113,7 @@ def _window_scores(sender: SenderState, chunk_size: object, window_size: object,
     return scores
 
 
-def chunkkv(
+def chunkkv(  # the selector protocol: one keyword per option a graph may set (rclc.policy.SELECTORS), so 12 parameters
     sender: SenderState,
     request_ids: torch.Tensor,
     budget: int,
@@ -125,11 +125,14 @@ def chunkkv(
     max_span: int | None = None,
     exclude: Sequence[str | None] | None = None,
     span_starts: Sequence[int] | None = None,
+    relevance: float | None = None,
+    exclude_by: str = "position",
 ) -> list[int]:
     """Keep `budget` positions by chunk-averaged attention from the sender's own last window
-    (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span` and `exclude`
-    as in `cacheback`)."""
-    options = SpanOptions(span, chunk_size, max_span, exclude, span_starts, size_field="chunk_size")
+    (`span="sentence"`: chunks are the sender's sentences; `span`, `max_span`, `exclude`,
+    `relevance` and `exclude_by` as in `cacheback`)."""
+    options = SpanOptions(span, chunk_size, max_span, exclude, span_starts, size_field="chunk_size", relevance=relevance,
+                          exclude_by=exclude_by)
     return keep_best_spans(sender, budget, options, name=NAME,
                            scores=_window_scores(sender, chunk_size, window_size, kernel_size))
 

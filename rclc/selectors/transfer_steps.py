@@ -70,7 +70,7 @@ def select(
     take it; `fold` is this sender's request capture, made with the other senders' of its
     fan-in (`prefetch_folds`)."""
     if profile is not None:
-        positions: Any = profile.keep(count)
+        positions: Any = profile.keep(count, relevant_only=False)  # pooling applied relevance across senders
     else:
         extra: dict[str, Any] = {}
         if exclude is not None:

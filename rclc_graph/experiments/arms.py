@@ -18,7 +18,9 @@ Keys (each maps to an edge-policy field, see docs/yaml_reference.md):
     selector                       cacheback | qsnap | chunkkv | recent | random | module:callable
     span                           fixed | sentence | paragraph | line (attention selectors)
     max_span                       whole number: the longest span kept in one piece
+    relevance                      a number in [0, 1]: keep spans scoring at least that fraction of the best (0: off)
     exclude                        none | all | reasons joined by '+': template+instruction+known
+    exclude_by                     position | span: how instruction/known exclusion passes over spans
     allocation                     per_sender | pooled
     span_size, seed                selector options (span_size for built-ins, seed for random)
     opt.NAME                       any other selector option (true/false, numbers, text)
@@ -61,9 +63,10 @@ SPECIAL = ("question_only", "single_context")
 MODES = POLICY_MODES + SPECIAL
 INT_KEYS = ("ratio", "budget", "max_span", "span_size", "seed", "reasoning_steps", "reasoning_budget",
             "max_new_tokens")
-TEXT_KEYS = ("selector", "span", "allocation", "representation", "reasoning", "reasoning_context")
-KEYS = ("ratio", "budget", "selector", "span", "max_span", "exclude", "allocation", "span_size", "seed",
-        "representation", "reasoning", "reasoning_steps", "reasoning_context", "reasoning_budget", "max_new_tokens")
+TEXT_KEYS = ("selector", "span", "exclude_by", "allocation", "representation", "reasoning", "reasoning_context")
+FLOAT_KEYS = ("relevance",)
+KEYS = ("ratio", "budget", "selector", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation", "span_size",
+        "seed", "representation", "reasoning", "reasoning_steps", "reasoning_context", "reasoning_budget", "max_new_tokens")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _OPTION = re.compile(r"^opt\.([A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -176,6 +179,10 @@ def _from_text(name: str, key: str, value: str) -> Any:
         if not re.fullmatch(r"[0-9]+", value):
             raise _arm_error(("arms", name, key), "E_FIELD", f"{key} must be a whole number, got {value!r}", f"write {key}=4")
         return int(value)
+    if key in FLOAT_KEYS:
+        if not re.fullmatch(r"[0-9]*\.?[0-9]+", value):
+            raise _arm_error(("arms", name, key), "E_FIELD", f"{key} must be a number, got {value!r}", f"write {key}=0.5")
+        return float(value)
     return value
 
 

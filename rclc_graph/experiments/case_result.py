@@ -21,6 +21,7 @@ from ..run.scheduler import run_plan_sync
 from ..spec.models import GraphSpec
 from .datasets import Case
 from .evidence import evidence_survival
+from .kept_text import kept_text
 from ..errors import UsageError
 
 
@@ -77,6 +78,7 @@ class CaseResult:
     hops: tuple[HopFigures, ...] = ()
     output_positions: int | None = None  # positions in the answering node's state
     evidence: Mapping[str, Any] | None = None  # EvidenceSurvival.to_dict()
+    kept: tuple[tuple[str, str], ...] | None = None  # [origin, text] the answering node received (kept_text)
     model_fingerprints: Mapping[str, str] = field(default_factory=dict)
     plan_fingerprint: str | None = None
     greedy: bool | None = None  # every agent decodes greedily: a rerun must give the same answer
@@ -99,10 +101,12 @@ def case_result_from_run(run: Any, plan: Plan, case: Case, *, model_fingerprints
         raise UsageError(f"plan {plan.name!r}: an experiment scores one answer, the plan has {len(plan.outputs)} outputs")
     nodes: Mapping[str, Any] = run.nodes
     answer = run.outputs.get(output) if run.status == "finished" else None
-    evidence = None
+    evidence = kept = None
     if run.status == "finished":
-        survival = evidence_survival(nodes, run.hops, plan.outputs, evidence=case.evidence, document=case.gold_text)
+        survival = evidence_survival(nodes, run.hops, plan.outputs, items=case.evidence_items())
         evidence = None if survival is None else survival.to_dict()
+        pieces = kept_text(nodes, output)
+        kept = None if pieces is None else tuple((origin, text) for origin, text in pieces)
     hops = tuple(HopFigures.from_record(record) for record in run.hops)
     return CaseResult(
         answer=answer,
@@ -114,6 +118,7 @@ def case_result_from_run(run: Any, plan: Plan, case: Case, *, model_fingerprints
         hops=hops,
         output_positions=int(nodes[output].positions) if output in nodes else None,
         evidence=evidence,
+        kept=kept,
         model_fingerprints=dict(model_fingerprints or {}),
         plan_fingerprint=plan.fingerprint(),
         greedy=all(node.agent.greedy for node in plan.nodes),

@@ -5,7 +5,7 @@
     rclc-graph experiment --topology T --data D.jsonl --arm NAME=POLICY ... [--arms-file F.yaml]
                           --out DIR [--limit N] [--json] [--trust-code] [--scorer module:fn]
                           [--compare-to ARM] [--concurrency N] [--max-batch N]
-    rclc-graph data make --size N --seed S --out FILE [--documents K]
+    rclc-graph data make --size N --seed S --out FILE [--family NAME] [--documents K]
     rclc-graph compare-runs DIR_A DIR_B [--json]
 
 Problems found before any model runs (a bad arm, a case the topology cannot read) exit with
@@ -36,7 +36,9 @@ from .arms import load_arms, parse_arms
 from .inputs import parse_mapping
 from .reproduce import compare_runs
 from .summary import TABLE_WIDTH, format_p, table
+from .datasets import write_jsonl
 from .synthetic import write_dataset
+from .tasks import FAMILIES, make_family
 
 class UsageCommand(typer.core.TyperCommand):
     """A command whose usage line names arguments the way docs/cli.md writes them (`TOPOLOGY`,
@@ -177,28 +179,45 @@ def data_make(
     size: int = typer.Option(..., "--size", "-n", min=1, metavar="N", help="number of cases"),
     seed: int = typer.Option(0, "--seed", "-s", min=0, metavar="N", help="same seed, same cases"),
     out: Path = typer.Option(..., "--out", "-o", metavar="FILE", help="JSONL file to write"),
+    family: str = typer.Option(
+        "single-fact", "--family", "-f", metavar="NAME",
+        help=f"task family: {', '.join(FAMILIES)} (docs/experiments.md#task-families)",
+    ),
     documents: str = typer.Option(
         "3", "--documents", "-k", metavar="N|LOW-HIGH",
-        help="documents per case, N or LOW-HIGH (drawn per case; needs --document-tokens); chain_of_agents reads 4",
+        help="documents per case, N or LOW-HIGH (drawn per case; long family, or with --document-tokens); chain_of_agents reads 4",
     ),
-    facts_per_document: int = typer.Option(4, "--facts-per-document", min=1, metavar="N", help="fact sentences per document"),
-    filler_per_document: int = typer.Option(4, "--filler-per-document", min=0, metavar="N", help="neutral filler sentences per document"),
+    facts_per_document: Optional[int] = typer.Option(
+        None, "--facts-per-document", min=1, metavar="N", help="single-fact: fact sentences per document (default 4)"
+    ),
+    filler_per_document: Optional[int] = typer.Option(
+        None, "--filler-per-document", min=0, metavar="N", help="single-fact: neutral filler sentences per document (default 4)"
+    ),
     document_tokens: Optional[str] = typer.Option(
         None, "--document-tokens", metavar="LOW-HIGH", help="long documents: each filled to LOW-HIGH word pieces "
-        "(e.g. 300-600) with generated filler in paragraphs, instead of --filler-per-document sentences"
+        "(e.g. 300-600) with generated filler in paragraphs (single-fact; the long family's default is 300-600)"
     ),
 ) -> None:
-    """Write a seeded synthetic multi-document fact dataset (owners, places, dates among distractors)."""
+    """Write a seeded multi-document question dataset of one task family (owners, places,
+    dates, ... among distractors)."""
     try:
-        written = write_dataset(
-            out, size, seed=seed, documents=_count_range("--documents", documents), facts_per_document=facts_per_document,
-            filler_per_document=filler_per_document,
-            document_tokens=None if document_tokens is None else _count_range("--document-tokens", document_tokens, pair=True),
-        )
+        count = _count_range("--documents", documents)
+        tokens = None if document_tokens is None else _count_range("--document-tokens", document_tokens, pair=True)
+        if family == "single-fact":
+            written = write_dataset(
+                out, size, seed=seed, documents=count,
+                facts_per_document=4 if facts_per_document is None else facts_per_document,
+                filler_per_document=4 if filler_per_document is None else filler_per_document, document_tokens=tokens,
+            )
+        else:
+            for option, value in (("--facts-per-document", facts_per_document), ("--filler-per-document", filler_per_document)):
+                if value is not None:
+                    raise UsageError(f"{option}: only the single-fact family takes it, not {family!r}")
+            written = write_jsonl(out, make_family(family, size, seed=seed, documents=count, document_tokens=tokens))
     except ValueError as exc:
         _fail(exc, False)
         return
-    typer.echo(f"wrote {written} cases to {out}")
+    typer.echo(f"wrote {written} cases ({family}) to {out}")
 
 
 def _count_range(option: str, text: str, *, pair: bool = False) -> Any:

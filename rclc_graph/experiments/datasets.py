@@ -8,6 +8,8 @@ One case per line, a JSON object:
      "answers": ["Oslo"],                     required; non-empty list of accepted answers
      "gold_document": 0,                      optional; index of the document holding the answer
      "evidence": "The X project is ...",      optional; the gold sentence, verbatim in a document
+     (or, when the answer needs facts from several documents: "gold_document": [0, 2] and
+     "evidence": ["first fact ...", "second fact ..."], one sentence per listed document)
      "meta": {...}}                           optional; free JSON, carried along untouched
 
 Blank (whitespace-only) lines are skipped. Unknown fields are errors (a typo such as
@@ -52,15 +54,17 @@ class Case:
 
     `gold_document` (index into `documents`) and `evidence` (the sentence that answers the
     question, verbatim inside the gold document) are optional; with them an experiment can
-    measure how much of the evidence survives each handoff.
+    measure how much of the evidence survives each handoff. An answer that needs facts from
+    several documents (a two-hop question) lists them: `gold_document` a tuple of indices and
+    `evidence` a tuple of as many sentences, `evidence[i]` inside `documents[gold_document[i]]`.
     """
 
     id: str
     documents: tuple[str, ...]
     question: str
     answers: tuple[str, ...]
-    gold_document: int | None = None
-    evidence: str | None = None
+    gold_document: int | tuple[int, ...] | None = None
+    evidence: str | tuple[str, ...] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -71,9 +75,9 @@ class Case:
             "answers": list(self.answers),
         }
         if self.gold_document is not None:
-            data["gold_document"] = self.gold_document
+            data["gold_document"] = _plain(self.gold_document)
         if self.evidence is not None:
-            data["evidence"] = self.evidence
+            data["evidence"] = _plain(self.evidence)
         if self.meta:
             data["meta"] = dict(self.meta)
         return data
@@ -81,11 +85,26 @@ class Case:
     def fingerprint(self) -> str:
         """sha256 of the case's content (meta excluded): a stored result row names it, so a
         resumed experiment refuses rows computed for a case that has since changed."""
-        return _content_hash(self.documents, self.question, self.answers, self.gold_document, self.evidence)
+        return _content_hash(self.documents, self.question, self.answers, _plain(self.gold_document), _plain(self.evidence))
 
     @property
     def gold_text(self) -> str | None:
-        return None if self.gold_document is None else self.documents[self.gold_document]
+        """The gold document's text (None without one, or when the answer needs several)."""
+        return self.documents[self.gold_document] if type(self.gold_document) is int else None
+
+    def evidence_items(self) -> list[tuple[str | None, str | None]]:
+        """(gold document text, evidence sentence) per fact the answer needs: one pair for a
+        single gold document, one per listed document otherwise; [] when neither is known.
+        Either side may be None (a document without its sentence, a sentence without its
+        document)."""
+        if isinstance(self.gold_document, tuple):
+            sentences = self.evidence if isinstance(self.evidence, tuple) else (None,) * len(self.gold_document)
+            return [(self.documents[index], sentence) for index, sentence in zip(self.gold_document, sentences)]
+        if isinstance(self.evidence, tuple):
+            return [(None, sentence) for sentence in self.evidence]
+        if self.gold_document is None and self.evidence is None:
+            return []
+        return [(self.gold_text, self.evidence)]
 
 
 def make_case(
@@ -94,15 +113,15 @@ def make_case(
     question: str,
     answers: Sequence[str],
     id: str | None = None,  # noqa: A002 - the dataset field's name
-    gold_document: int | None = None,
-    evidence: str | None = None,
+    gold_document: int | Sequence[int] | None = None,
+    evidence: str | Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> Case:
     """A checked `Case` (the same checks as a JSONL line); ValueError names the field."""
     data: dict[str, Any] = {"documents": list(documents), "question": question, "answers": list(answers)}
     for name, value in (("id", id), ("gold_document", gold_document), ("evidence", evidence), ("meta", meta)):
         if value is not None:
-            data[name] = dict(value) if name == "meta" else value
+            data[name] = dict(value) if name == "meta" else list(value) if isinstance(value, tuple) else value
     problems: list[Problem] = []
     case = _case_from(data, problems, None)
     if problems:
@@ -311,20 +330,10 @@ def _case_from(data: dict[str, Any], problems: list[Problem], where: Location | 
         bad(("id",), f"expected non-empty text without surrounding spaces, found {_json_kind(case_id)}", 'write "id": "q1" (or drop it)')
     gold = data.get("gold_document")
     if "gold_document" in data and gold is not None:
-        if type(gold) is not int:
-            bad(("gold_document",), f"expected a document index (whole number), found {_json_kind(gold)}", "write the 0-based index of the gold document")
-        elif isinstance(documents, list) and not 0 <= gold < len(documents):
-            bad(("gold_document",), f"index {gold} is outside the {len(documents)} documents", f"use 0..{len(documents) - 1}")
+        gold = _check_gold(gold, documents, bad)
     evidence = data.get("evidence")
     if "evidence" in data and evidence is not None:
-        if not isinstance(evidence, str) or not evidence.strip():
-            bad(("evidence",), f"expected non-empty text, found {_json_kind(evidence)}", "give the gold sentence, or drop evidence")
-        elif isinstance(documents, list) and not found:
-            holders = [index for index, document in enumerate(documents) if evidence in document]
-            if type(gold) is int and gold not in holders:
-                bad(("evidence",), f"the evidence does not occur verbatim in documents[{gold}] (the gold document)", "copy the sentence exactly from the gold document")
-            elif not holders:
-                bad(("evidence",), "the evidence does not occur verbatim in any document", "copy the sentence exactly from a document")
+        evidence = _check_evidence(evidence, gold, documents if not found else None, bad)
     meta = data.get("meta")
     if "meta" in data and not isinstance(meta, dict):
         bad(("meta",), f"expected a JSON object, found {_json_kind(meta)}", 'write "meta": {...} or drop it')
@@ -334,11 +343,64 @@ def _case_from(data: dict[str, Any], problems: list[Problem], where: Location | 
         return None
     documents_t = tuple(documents)  # type: ignore[arg-type]
     answers_t = tuple(answers)  # type: ignore[arg-type]
-    gold_t = gold if type(gold) is int else None
-    evidence_t = evidence if isinstance(evidence, str) else None
+    gold_t = tuple(gold) if isinstance(gold, list) else gold if type(gold) is int else None
+    evidence_t = tuple(evidence) if isinstance(evidence, list) else evidence if isinstance(evidence, str) else None
     if case_id is None:
-        case_id = "sha-" + _content_hash(documents_t, question, answers_t, gold_t, evidence_t)[:12]
+        case_id = "sha-" + _content_hash(documents_t, question, answers_t, _plain(gold_t), _plain(evidence_t))[:12]
     return Case(case_id, documents_t, question, answers_t, gold_t, evidence_t, dict(meta or {}))
+
+
+def _check_gold(gold: Any, documents: Any, bad: Any) -> Any:
+    """`gold_document`: an index, or a non-empty list of distinct indices (facts from several
+    documents); returns it, or None after reporting what is wrong."""
+    listed = gold if isinstance(gold, list) else [gold]
+    if isinstance(gold, list) and (not gold or len(set(map(repr, gold))) != len(gold)):
+        bad(("gold_document",), "expected a non-empty list of distinct document indices",
+            "write one index, or [i, j] when the answer needs facts from several documents")
+        return None
+    for index in listed:
+        if type(index) is not int:
+            bad(("gold_document",), f"expected a document index (whole number), found {_json_kind(index)}", "write the 0-based index of the gold document")
+            return None
+        if isinstance(documents, list) and not 0 <= index < len(documents):
+            bad(("gold_document",), f"index {index} is outside the {len(documents)} documents", f"use 0..{len(documents) - 1}")
+            return None
+    return gold
+
+
+def _check_evidence(evidence: Any, gold: Any, documents: Any, bad: Any) -> Any:
+    """`evidence`: a sentence, or (with a list of gold documents) one sentence per listed
+    document, each verbatim in its document; returns it, or None after reporting."""
+    if isinstance(gold, list) and not isinstance(evidence, list):
+        bad(("evidence",), f"gold_document lists {len(gold)} documents, so evidence must list one sentence each",
+            'write "evidence": ["...", "..."], one sentence per gold document, in the same order')
+        return None
+    sentences = evidence if isinstance(evidence, list) else [evidence]
+    if isinstance(evidence, list) and (not evidence or (isinstance(gold, list) and len(evidence) != len(gold))):
+        bad(("evidence",), f"expected one sentence per gold document ({len(gold) if isinstance(gold, list) else 'a non-empty list'}), "
+            f"found {len(evidence)}", "list the evidence sentences in the order of gold_document")
+        return None
+    for index, sentence in enumerate(sentences):
+        path = ("evidence", index) if isinstance(evidence, list) else ("evidence",)
+        if not isinstance(sentence, str) or not sentence.strip():
+            bad(path, f"expected non-empty text, found {_json_kind(sentence)}", "give the gold sentence, or drop evidence")
+            return None
+        if not isinstance(documents, list):
+            continue
+        holders = [number for number, document in enumerate(documents) if sentence in document]
+        expected = gold[index] if isinstance(gold, list) else gold
+        if type(expected) is int and expected not in holders:
+            bad(path, f"the evidence does not occur verbatim in documents[{expected}] (the gold document)", "copy the sentence exactly from the gold document")
+            return None
+        if not holders:
+            bad(path, "the evidence does not occur verbatim in any document", "copy the sentence exactly from a document")
+            return None
+    return evidence
+
+
+def _plain(value: Any) -> Any:
+    """A gold index or evidence value as JSON writes it (tuples as lists)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _content_hash(documents, question, answers, gold, evidence) -> str:

@@ -8,7 +8,9 @@ recomputed from a run record and tested on synthetic lineages.
     gold node(s)     the node(s) whose own rendered prompt contains the gold document (or,
                      without a gold document, the evidence sentence); when several do, only
                      those not downstream of another one count (a text receiver quoting its
-                     sender is not a second reader)
+                     sender is not a second reader). An answer that needs facts from several
+                     documents (`items`, one (document, sentence) pair each) has a gold node
+                     per fact, and its evidence tokens are the union over the facts
     evidence tokens  the gold node's prompt tokens whose character span (`prompt_offsets`)
                      overlaps the evidence sentence inside that document; the whole document
                      when no sentence is known. Their identities are the lineage origins of
@@ -110,35 +112,32 @@ def evidence_survival(
     hops: Sequence[HopLike],
     outputs: Sequence[str],
     *,
-    evidence: str | None,
-    document: str | None,
+    evidence: str | None = None,
+    document: str | None = None,
+    items: Sequence[tuple[str | None, str | None]] | None = None,
 ) -> EvidenceSurvival | None:
     """Survival of the evidence through a finished run; None when no node read it (e.g. a
-    question-only run) or nothing is known about it."""
-    if evidence is None and document is None:
-        return None
-    spans = {}
-    for name, node in nodes.items():
-        span = evidence_span(node.prompt_text, evidence, document)
-        if span is not None:
-            spans[name] = span
-    if not spans:
+    question-only run) or nothing is known about it. `items` ((document, sentence) per fact
+    the answer needs, `Case.evidence_items()`) replaces `evidence` and `document`."""
+    pairs = list(items) if items is not None else [(document, evidence)]
+    pairs = [(doc, sentence) for doc, sentence in pairs if doc is not None or sentence is not None]
+    if not pairs:
         return None
     every_hop = _adjacency(hops, include_text=True)
-    gold = [name for name in spans if not any(name in _reachable(other, every_hop) for other in spans if other != name)]
-
+    gold: list[str] = []
     origins: set[tuple[str, int, str]] = set()
-    for name in gold:
-        node = nodes[name]
-        for index in evidence_token_indices(node.prompt_offsets, spans[name]):
-            position = node.prompt_start + index
-            if position >= len(node.lineage):
-                raise UsageError(
-                    f"node {name}: prompt token {index} sits at position {position}, past its lineage of "
-                    f"{len(node.lineage)} positions (prompt_start or prompt_offsets disagree with lineage)"
-                )
-            origin = node.lineage.origin(position)
-            origins.add((origin.node, origin.index, origin.kind))
+    for doc, sentence in pairs:
+        spans = {}
+        for name, node in nodes.items():
+            span = evidence_span(node.prompt_text, sentence, doc)
+            if span is not None:
+                spans[name] = span
+        readers = [name for name in spans if not any(name in _reachable(other, every_hop) for other in spans if other != name)]
+        gold.extend(name for name in readers if name not in gold)
+        for name in readers:
+            origins |= _origins(name, nodes[name], spans[name])
+    if not gold:
+        return None
 
     state_hops = _adjacency(hops, include_text=False)
     depth: dict[str, int] = {name: 0 for name in gold}
@@ -164,6 +163,21 @@ def evidence_survival(
         output=None if output is None else output.node,
         at_output=None if output is None else output.surviving,
     )
+
+
+def _origins(name: str, node: NodeLike, span: tuple[int, int]) -> set[tuple[str, int, str]]:
+    """The lineage origins of `node`'s prompt tokens that overlap `span`."""
+    found = set()
+    for index in evidence_token_indices(node.prompt_offsets, span):
+        position = node.prompt_start + index
+        if position >= len(node.lineage):
+            raise UsageError(
+                f"node {name}: prompt token {index} sits at position {position}, past its lineage of "
+                f"{len(node.lineage)} positions (prompt_start or prompt_offsets disagree with lineage)"
+            )
+        origin = node.lineage.origin(position)
+        found.add((origin.node, origin.index, origin.kind))
+    return found
 
 
 def _adjacency(hops: Sequence[HopLike], *, include_text: bool) -> dict[str, list[str]]:

@@ -248,6 +248,7 @@ def result_row(case: Case, arm: Arm, result: CaseResult, scorer: Scorer, *, arm_
         "hops": [hop.to_dict() for hop in result.hops],
         "evidence": evidence,
         "evidence_at_output": None if evidence is None else evidence.get("fraction_at_output"),
+        "kept": None if result.kept is None else [list(piece) for piece in result.kept],
         "case_fingerprint": case.fingerprint(),
         "arm_fingerprint": arm_fingerprint,
         "plan_fingerprint": result.plan_fingerprint,

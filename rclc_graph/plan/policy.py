@@ -42,6 +42,11 @@ Mode = Literal[MODES]  # type: ignore[valid-type]
 #   alone cost accuracy (30% vs 50%), all three 20-25%. They stay available per edge.
 DEFAULT_SPAN = "sentence"
 DEFAULT_MAX_SPAN: int | None = 32
+# Off by default, not measured yet (issue 26): `relevance` (keep less when less is relevant) and
+# `exclude_by: span` (instruction/known exclusion passes over whole spans). None: not passed to
+# the selector, whose own defaults are the same (the whole budget; position by position).
+DEFAULT_RELEVANCE: float | None = None
+DEFAULT_EXCLUDE_BY: str | None = None
 DEFAULT_EXCLUDE: tuple[str, ...] = ("template",)
 DEFAULT_ALLOCATION = "per_sender"
 
@@ -86,7 +91,9 @@ class ResolvedPolicy:
     name: str | None = None  # the graph-level policy name, when the edge used one
     span: str | None = None  # how the selector cuts spans (attention selectors); None: not passed
     max_span: int | None = None
+    relevance: float | None = None  # keep spans >= this fraction of the best; None: the whole budget
     exclude: tuple[str, ...] = ()  # exclusion reasons; () passes nothing over
+    exclude_by: str | None = None  # "span": instruction/known pass over whole spans; None: position by position
     allocation: str = "per_sender"
 
     @property
@@ -96,12 +103,17 @@ class ResolvedPolicy:
 
     @property
     def options(self) -> dict[str, Any]:
-        """The selector's keyword options as a dict (`span` and `max_span` included when set)."""
+        """The selector's keyword options as a dict (`span`, `max_span`, `relevance` and `exclude_by`
+        included when set)."""
         options = dict(self.selector_options)
         if self.span is not None:
             options["span"] = self.span
         if self.max_span is not None:
             options["max_span"] = self.max_span
+        if self.relevance is not None:
+            options["relevance"] = self.relevance
+        if self.exclude_by is not None:
+            options["exclude_by"] = self.exclude_by
         return options
 
     def user_code(self) -> tuple[tuple[str, str], ...]:
@@ -114,8 +126,9 @@ class ResolvedPolicy:
         return tuple(found)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data (plan descriptions and records)."""
-        return {
+        """Plain JSON data (plan descriptions and records); `relevance` and `exclude_by` only when
+        set, so records of policies that do not use them are what they were before they existed."""
+        data = {
             "mode": self.mode,
             "label": self.label,
             "ratio": self.ratio,
@@ -131,6 +144,10 @@ class ResolvedPolicy:
             "exclude": list(self.exclude),
             "allocation": self.allocation,
         }
+        for name, value in (("relevance", self.relevance), ("exclude_by", self.exclude_by)):
+            if value is not None:
+                data[name] = value
+        return data
 
 
 def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedPolicy:
@@ -148,14 +165,20 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
     ratio = policy.ratio if policy.ratio is not None or policy.budget is not None else DEFAULT_RATIO
     selector = policy.selector or DEFAULT_SELECTOR
     options = dict(policy.selector_options)
-    span, max_span = policy.span, policy.max_span
+    span, max_span, relevance, exclude_by = policy.span, policy.max_span, policy.relevance, policy.exclude_by
     if selector in ATTENTION_SELECTORS:
         # Defaults fill what neither the policy field nor selector_options says.
         if span is None and "span" not in options:
             # A span_size alone asks for the grid it sizes.
             span = "fixed" if "span_size" in options else DEFAULT_SPAN
-        if max_span is None and "max_span" not in options and options.get("span", span) != "fixed":
+        text_spans = options.get("span", span) != "fixed"
+        if max_span is None and "max_span" not in options and text_spans:
             max_span = DEFAULT_MAX_SPAN
+        if relevance is None and "relevance" not in options and text_spans:
+            relevance = DEFAULT_RELEVANCE
+        if exclude_by is None and "exclude_by" not in options:
+            exclude_by = DEFAULT_EXCLUDE_BY
+    relevance = relevance or None  # 0: keep the whole budget, as with no relevance at all
     builtin = selector in BUILTIN_SELECTORS
     exclude = policy.exclude if policy.exclude is not None else (DEFAULT_EXCLUDE if builtin else ())
     allocation = policy.allocation or (DEFAULT_ALLOCATION if selector in ATTENTION_SELECTORS else "per_sender")
@@ -171,6 +194,8 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
         name=name,
         span=span,
         max_span=max_span,
+        relevance=relevance,
         exclude=tuple(exclude),
+        exclude_by=exclude_by,
         allocation=allocation,
     )

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Discriminator, Field, NonNegativeInt, PositiveInt, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    Tag,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from rclc.policy import (
     ALLOCATIONS,
@@ -19,6 +29,7 @@ from rclc.policy import (
     BUILTIN_REASONING,
     BUILTIN_SELECTORS,
     EXCLUSION_REASONS,
+    EXCLUSION_UNITS,
     MODES,
     REASONING_CONTEXTS,
     REPRESENTATIONS,
@@ -53,8 +64,14 @@ class ReasoningSpec(SpecBase):
         return self
 
 
-_STATE_ONLY = ("ratio", "budget", "selector", "selector_options", "span", "max_span", "exclude", "allocation")
-_SPAN_FIELDS = ("span", "max_span")
+_STATE_ONLY = (
+    "ratio", "budget", "selector", "selector_options", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation"
+)
+_SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by")
+_OPT_IN_FIELDS = ("relevance", "exclude_by")
+"""Selection levers added later and off unless set (not measured yet): a policy that leaves them
+out dumps, and so fingerprints, as it did before they existed (`TransferPolicy._dump`)."""
+_PARTIAL_REASONS = ("instruction", "known")  # the reasons exclude_by: span changes
 _NOT_TEXT = _STATE_ONLY + ("reasoning", "representation", "request")
 
 
@@ -80,10 +97,22 @@ class TransferPolicy(SpecBase):
     max_span: PositiveInt | None = Field(
         None, description="split spans longer than this many positions into near-equal pieces; default: the graph's"
     )
+    relevance: float | None = Field(
+        None, ge=0, le=1,
+        description="keep only spans scoring at least this fraction of the best one (pooled: of the best across the "
+        "group's senders), so a sender holding little that is relevant sends little; 0 keeps the whole budget; "
+        "default: 0 (off; not measured yet)",
+    )
     exclude: list[Literal[EXCLUSION_REASONS]] | None = Field(  # type: ignore[valid-type]
         None,
         description="what selection passes over: template (chat markup), instruction (the sender's system prompt and "
         "template text), known (text the receiver holds); [] passes nothing over; default: the graph's default",
+    )
+    exclude_by: Literal[EXCLUSION_UNITS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="how instruction and known exclusion pass over spans: position (cut a span where its positions "
+        "change between excluded and not) or span (pass over a whole span when they cover more than half of it, none "
+        "of it otherwise); default: position (span is not measured yet)",
     )
     allocation: Literal[ALLOCATIONS] | None = Field(  # type: ignore[valid-type]
         None,
@@ -95,6 +124,16 @@ class TransferPolicy(SpecBase):
     request: Template | None = Field(
         None, description="what the receiver needs (conditions selection); default: the receiver's prompt"
     )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Every field, less the opt-in levers left unset, so plan fingerprints and records of
+        graphs that do not use them stay what they were."""
+        data = handler(self)
+        for name in _OPT_IN_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
     @field_validator("selector")
     @classmethod
@@ -128,7 +167,8 @@ class TransferPolicy(SpecBase):
         return self
 
     def _check_selection_fields(self) -> None:
-        """span, max_span and allocation need a selector that has spans and scores."""
+        """span, max_span, relevance, exclude_by and allocation need a selector that has spans and
+        scores; exclude_by: span needs a reason it applies to."""
         twice = [name for name in _SPAN_FIELDS if getattr(self, name) is not None and name in self.selector_options]
         if twice:
             raise spec_error(
@@ -145,6 +185,14 @@ class TransferPolicy(SpecBase):
                     f"selector {selector!r} keeps no spans, so {', '.join(spans)} does not apply",
                     f"remove {', '.join(spans)}, or use one of {', '.join(ATTENTION_SELECTORS)}",
                 )
+        exclude_by = self.exclude_by or self.selector_options.get("exclude_by")
+        if exclude_by == "span" and not set(self.exclude or ()) & set(_PARTIAL_REASONS):
+            raise spec_error(
+                "E_POLICY",
+                f"exclude_by 'span' changes how {' and '.join(_PARTIAL_REASONS)} exclusion pass over spans, and this "
+                f"policy's exclude lists neither (exclude: {self.exclude if self.exclude is not None else 'the default [template]'})",
+                "add instruction or known to exclude, or remove exclude_by",
+            )
         if self.allocation == "pooled" and selector is not None and selector not in ATTENTION_SELECTORS:
             raise spec_error(
                 "E_POLICY",

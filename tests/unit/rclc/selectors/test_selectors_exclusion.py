@@ -4,6 +4,7 @@ every built-in selector and baseline with `exclude`, and `transfer(..., exclude=
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,8 +24,8 @@ from rclc.selectors import (
     recent,
 )
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
+from rclc.selectors._common import SpanOptions, whole_span_flags
 from rclc.selectors._sentences import partition, token_pieces
-# private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._spans import refine
 from tests.helpers.selector_inputs import make_sender, request
 
@@ -171,18 +172,51 @@ def _mask(sender, tokenizer, text_excluded: str):
 
 @pytest.mark.parametrize("selector", [cacheback, qsnap])
 @pytest.mark.parametrize("span", ["fixed", "sentence"])
-def test_attention_selectors_keep_over_the_refined_partition(tiny, selector, span):
+@pytest.mark.parametrize("exclude_by", ["position", "span"])
+def test_attention_selectors_keep_over_the_refined_partition(tiny, selector, span, exclude_by):
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer, DOCUMENT)
     mask = _mask(sender, tokenizer, " Who owns the Cedar project?")
     flags = [reason is not None for reason in mask]
     ids = request(tokenizer)
     scores = SCORES[selector](sender, ids)
+    if exclude_by == "span":  # spans passed over whole (whole_span_flags)
+        flags = whole_span_flags(partition(sender, span, 4), mask) or [False] * len(mask)
     spans = refine(partition(sender, span, 4), flags)
     for budget in (3, 8, 15):
-        kept = selector(sender, ids, budget, span=span, span_size=4, exclude=mask)
+        kept = selector(sender, ids, budget, span=span, span_size=4, exclude=mask, exclude_by=exclude_by)
         assert kept == keep_spans(scores, budget, spans, 0, flags)
         assert not any(flags[p] for p in kept if p != 0) or budget > flags.count(False)
+        if exclude_by == "position":  # the default: the seed's rule, unchanged
+            assert kept == selector(sender, ids, budget, span=span, span_size=4, exclude=mask)
+
+
+def test_text_spans_are_passed_over_whole_and_markup_alone():
+    """A sentence mostly known is passed over whole; one partly known is kept whole (not cut
+    into orphan fragments); chat markup is passed over position by position."""
+    spans = [(0, 2), (2, 8), (8, 14)]
+    reasons = ["template", None, None, "known", "known", "known", "known", None,  # 4 of 6 known: passed over
+               None, "known", "known", None, None, "template"]  # 2 of 5: kept whole, markup still out
+    flags = whole_span_flags(spans, reasons)
+    assert flags == [True, False] + [True] * 6 + [False] * 5 + [True]
+    assert whole_span_flags([(0, 3)], [None, "known", None]) is None
+
+
+def test_exclude_by_span_is_opt_in_and_changes_only_partly_excluded_spans(tiny):
+    """Off by default: a sentence with a known run is cut around it; with exclude_by="span" the
+    same sentence is kept or passed over whole."""
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, DOCUMENT)
+    mask = _mask(sender, tokenizer, " The Cedar project is owned")  # part of one sentence, not all of it
+    options = SpanOptions(span="sentence", exclude=mask)
+    default_spans, default_flags = options.spans(sender)
+    whole_spans, whole_flags = replace(options, exclude_by="span").spans(sender)
+    assert default_flags == [reason is not None for reason in mask]  # position by position, as before
+    assert len(whole_spans) < len(default_spans)  # the sentence is no longer cut around the known run
+    for start, stop in whole_spans:
+        assert len({whole_flags[p] for p in range(start, stop) if mask[p] != "template"} if whole_flags else {False}) == 1
+    with pytest.raises(ValueError, match="exclude_by: expected one of 'position', 'span'"):
+        cacheback(sender, request(tokenizer), 4, span="sentence", exclude=mask, exclude_by="sentence")
 
 
 def test_chunkkv_and_baselines_pass_over_excluded_positions(tiny):

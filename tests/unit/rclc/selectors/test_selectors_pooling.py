@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from rclc import Exclusion, HFReceiver, transfer_sync
-from rclc.selectors import cacheback, qsnap, random_selector, recent
+from rclc.selectors import cacheback, keep_spans, qsnap, random_selector, recent
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
-from rclc.selectors._common import SpanProfile
+from rclc.selectors._common import SpanOptions, SpanProfile
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._pooling import comparable, pooled_counts, scoring_selector
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
@@ -148,3 +148,55 @@ def test_pooled_needs_a_selector_with_scores(tiny):
         _pooled(model, tokenizer, senders, ratio=4, allocation="pooled", selector=recent)
     with pytest.raises(ValueError, match="allocation: 'shared' is not one of"):
         _pooled(model, tokenizer, senders, ratio=4, allocation="shared")
+
+
+def relevant_profile(values, spans, relevance, excluded=None):
+    return SpanProfile(torch.tensor(values, dtype=torch.float32), spans, excluded, 0, relevance)
+
+
+def test_relevance_keeps_less_when_less_is_relevant():
+    # Sentences of 4: the second scores 6, the third 4, the others 1. At relevance 0.5 only
+    # spans >= 3 are kept (plus the first position), whatever the budget.
+    values = [1.0] * 4 + [6.0] * 4 + [4.0] * 4 + [1.0] * 8
+    spans = sentences(20, 4)
+    assert relevant_profile(values, spans, 0.5).keep(15) == [0, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert relevant_profile(values, spans, 0.8).keep(15) == [0, 4, 5, 6, 7]
+    assert relevant_profile(values, spans, 0.5).keep(3) == [0, 4, 5]  # the cap still binds: a partial window
+    assert relevant_profile(values, spans, None).keep(15) == relevant_profile(values, spans, 1.0).keep(15, relevant_only=False)
+    assert len(relevant_profile(values, spans, None).keep(15)) == 15
+    # excluded spans are never kept under relevance, even when they score best
+    excluded = [False] * 4 + [True] * 4 + [False] * 12
+    assert relevant_profile(values, spans, 0.5, excluded).keep(15) == [0, 8, 9, 10, 11]
+
+
+def test_pooled_relevance_is_relative_to_the_best_span_of_any_sender():
+    holder = relevant_profile([1.0] * 8 + [6.0] * 4 + [1.0] * 8, sentences(20, 4), 0.5)
+    other = relevant_profile([1.2] * 20, sentences(20, 4), 0.5)
+    counts = pooled_counts([holder, other], [10, 10])
+    assert counts == [1 + 4, 1]  # the holder's evidence sentence; the other sender only its first position
+    assert holder.keep(counts[0], relevant_only=False) == [0, 8, 9, 10, 11]
+    with pytest.raises(ValueError, match="share it"):
+        pooled_counts([holder, relevant_profile([1.0] * 20, sentences(20, 4), 0.3)], [10, 10])
+
+
+def test_relevance_is_checked():
+    from rclc.policy import selector_option_problems
+
+    with pytest.raises(ValueError, match="relevance"):
+        relevant_profile([1.0] * 8, sentences(8, 4), 1.5).keep(4)
+    assert selector_option_problems("cacheback", {"relevance": 0.4}) == []
+    assert selector_option_problems("cacheback", {"relevance": 0}) == []  # 0: off, the whole budget
+    for bad in (1.5, -0.1, True, "0.5"):
+        assert selector_option_problems("cacheback", {"relevance": bad})[0][0] == "relevance"
+    assert selector_option_problems("recent", {"relevance": 0.4})[0][0] == "relevance"
+    assert selector_option_problems("chunkkv", {"exclude_by": "span"}) == []
+    assert selector_option_problems("qsnap", {"exclude_by": "sentence"})[0][:2] == (
+        "exclude_by", "exclude_by of selector 'qsnap' must be one of 'position', 'span', got 'sentence'")
+    assert selector_option_problems("recent", {"exclude_by": "span"})[0][0] == "exclude_by"
+
+
+def test_relevance_is_off_by_default():
+    values = [1.0] * 4 + [6.0] * 4 + [4.0] * 4 + [1.0] * 8
+    assert SpanOptions().relevance is None and SpanOptions().exclude_by == "position"
+    assert relevant_profile(values, sentences(20, 4), None).keep(15) == keep_spans(
+        torch.tensor(values), 15, sentences(20, 4))

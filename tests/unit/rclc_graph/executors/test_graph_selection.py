@@ -41,6 +41,47 @@ def test_policy_fields_are_accepted_and_resolved():
     assert data["exclude"] == ["known"] and data["allocation"] == "pooled" and data["span"] == "line"
 
 
+def test_relevance_is_a_policy_field_and_0_keeps_the_whole_budget(monkeypatch):
+    policy = resolve_policy(TransferPolicy(relevance=0.4, exclude=["template", "known"]))
+    assert policy.relevance == 0.4 and policy.options == {"span": "sentence", "max_span": 32, "relevance": 0.4}
+    assert policy.to_dict()["relevance"] == 0.4
+    assert resolve_policy(TransferPolicy(relevance=0)).relevance is None
+    monkeypatch.setattr(plan_policy, "DEFAULT_RELEVANCE", 0.3)
+    assert resolve_policy(TransferPolicy()).options["relevance"] == 0.3  # the default fills text-aligned spans
+    assert "relevance" not in resolve_policy(TransferPolicy(span="fixed")).options  # not the seed's grid
+    assert resolve_policy(TransferPolicy(relevance=0)).relevance is None  # 0 turns the default off
+    assert resolve_policy(TransferPolicy(selector_options={"relevance": 0.6})).options["relevance"] == 0.6
+    spec = load_graph_text(FAN_IN.replace("POLICY", "{mode: state, ratio: 4, relevance: 0.5}"))
+    assert Graph.from_spec(spec).to_yaml().count("relevance: 0.5") == 1
+
+
+def test_exclude_by_is_an_opt_in_policy_field(monkeypatch):
+    policy = resolve_policy(TransferPolicy(exclude=["template", "known"], exclude_by="span"))
+    assert policy.exclude_by == "span" and policy.options == {"span": "sentence", "max_span": 32, "exclude_by": "span"}
+    assert policy.to_dict()["exclude_by"] == "span"
+    assert resolve_policy(TransferPolicy(exclude=["known"], exclude_by="position")).options["exclude_by"] == "position"
+    assert resolve_policy(TransferPolicy(selector_options={"exclude_by": "span"}, exclude=["instruction"])).options[
+        "exclude_by"] == "span"
+    monkeypatch.setattr(plan_policy, "DEFAULT_EXCLUDE_BY", "span")
+    assert resolve_policy(TransferPolicy()).options["exclude_by"] == "span"  # the default fills attention selectors
+    assert "exclude_by" not in resolve_policy(TransferPolicy(selector="recent")).options
+    spec = load_graph_text(FAN_IN.replace("POLICY", "{mode: state, ratio: 4, exclude: [known], exclude_by: span}"))
+    assert Graph.from_spec(spec).to_yaml().count("exclude_by: span") == 1
+
+
+def test_unset_levers_keep_a_plans_fingerprint():
+    """A graph that does not use relevance or exclude_by fingerprints as it did before they
+    existed (a resumed run checks it), and one that sets them fingerprints differently."""
+    plain = load_graph_text(FAN_IN.replace("POLICY", "{mode: state, ratio: 4, exclude: [known]}"))
+    assert "relevance" not in plain.model_dump_json() and "exclude_by" not in plain.model_dump_json()
+    inputs = {"question": "Q?", "documents": ["a", "b"]}
+    fingerprints = {Graph.from_spec(load_graph_text(FAN_IN.replace("POLICY", policy))).plan(inputs).fingerprint()
+                    for policy in ("{mode: state, ratio: 4, exclude: [known]}",
+                                   "{mode: state, ratio: 4, exclude: [known], exclude_by: span}",
+                                   "{mode: state, ratio: 4, exclude: [known], relevance: 0.5}")}
+    assert len(fingerprints) == 3
+
+
 def test_defaults_fill_only_what_is_not_said(monkeypatch):
     monkeypatch.setattr(plan_policy, "DEFAULT_SPAN", "sentence")
     monkeypatch.setattr(plan_policy, "DEFAULT_MAX_SPAN", 24)
@@ -68,6 +109,9 @@ def test_the_graph_defaults_are_the_measured_ones():
     policy = resolve_policy(TransferPolicy())
     assert policy.options == {"span": "sentence", "max_span": 32}
     assert policy.exclude == ("template",) and policy.allocation == "per_sender"
+    # issue 26's levers are off until measured: nothing reaches the selector, records or fingerprints
+    assert policy.relevance is None and policy.exclude_by is None
+    assert not {"relevance", "exclude_by"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
     assert resolve_policy(TransferPolicy(exclude=["template", "instruction", "known"])).exclude == (
         "template", "instruction", "known")  # still there when an edge asks for it
 
@@ -86,12 +130,37 @@ def test_the_graph_defaults_are_the_measured_ones():
         ({"exclude": ["question"]}, "exclude"),
         ({"span": "chapter"}, "span"),
         ({"max_span": 0}, "max_span"),
+        ({"relevance": 1.5}, "relevance"),
+        ({"relevance": -0.1}, "relevance"),
+        ({"selector": "recent", "relevance": 0.5}, "selector 'recent' keeps no spans"),
+        ({"relevance": 0.5, "selector_options": {"relevance": 0.5}}, "relevance is set both"),
+        ({"exclude_by": "sentence", "exclude": ["known"]}, "exclude_by"),
+        ({"exclude_by": "span"}, "exclude_by 'span' changes how instruction and known exclusion"),
+        ({"exclude_by": "span", "exclude": ["template"]}, "exclude lists neither"),
+        ({"selector_options": {"exclude_by": "span"}, "exclude": []}, "exclude lists neither"),
+        ({"selector": "recent", "exclude_by": "span", "exclude": ["known"]}, "selector 'recent' keeps no spans"),
+        ({"exclude_by": "span", "exclude": ["known"], "selector_options": {"exclude_by": "span"}}, "exclude_by is set both"),
+        ({"mode": "full", "exclude_by": "span"}, "does not use exclude_by"),
         ({"allocation": "shared"}, "allocation"),
     ],
 )
 def test_bad_selection_fields_are_refused(fields, message):
     with pytest.raises(SpecError, match=message):
         Policy(**fields)
+
+
+FAN_IN = """
+version: 1
+name: fan
+inputs: {question: str, documents: "list[str]"}
+models: [{name: base, source: embedded}]
+agents: [{name: reader, model: base}]
+nodes:
+  - {name: r, agent: reader, foreach: documents, item: doc, generate: false, prompt: "Q: {question} D: {doc}"}
+  - {name: final, agent: reader, output: true, prompt: "{question}"}
+edges:
+  - {source: r, target: final, policy: POLICY}
+"""
 
 
 def test_yaml_and_builder_carry_the_fields():
@@ -230,6 +299,18 @@ def test_a_fan_in_passes_over_markup_instructions_and_the_question_copy(pool):
     kept = sum(hop.kept_positions for hop in result.hops)
     assert len(inherited) == kept and inherited.count(MATERIAL) > kept // 2
     assert result.to_dict()["nodes"]["final"]["roles"][0][0] in (TEMPLATE, MATERIAL, INSTRUCTION)
+
+
+@pytest.mark.parametrize("allocation", ["per_sender", "pooled"])
+def test_a_fan_in_with_whole_span_exclusion_runs_and_records_it(pool, allocation):
+    exclude = ["template", "instruction", "known"]
+    plans = [fan_in(Policy(ratio=2, exclude=exclude, exclude_by="span", allocation=allocation)),
+             fan_in(Policy(ratio=2, exclude=exclude, allocation=allocation))]
+    whole, cut = (run_plan_sync(plan, pool=pool) for plan in plans)
+    assert whole.status == cut.status == "finished", (whole.error, cut.error)
+    kept = [[hop.kept_positions for hop in result.hops] for result in (whole, cut)]
+    assert sum(kept[0]) == sum(kept[1]) and (allocation == "pooled" or kept[0] == kept[1])  # same budgets
+    assert [plan.describe()["edges"][0]["policy"].get("exclude_by") for plan in plans] == ["span", None]
 
 
 def test_a_pooled_fan_in_records_each_senders_fitted_budget(pool):

@@ -304,6 +304,15 @@ def test_selection_keys_are_policy_fields(tmp_path):
     assert mapping.policy.exclude == ["template", "instruction", "known"] and mapping.policy.span == "line"
 
 
+def test_issue_26_levers_are_arm_keys_and_off_unless_given():
+    arm = parse_arm("w=state:ratio=4,exclude=template+known,exclude_by=span,relevance=0.5")
+    assert (arm.policy.exclude_by, arm.policy.relevance) == ("span", 0.5)
+    assert arm.describe()["policy"]["exclude_by"] == "span"
+    plain = parse_arm("d=state:ratio=4")
+    assert plain.policy.exclude_by is None and plain.policy.relevance is None
+    assert not {"exclude_by", "relevance"} & set(plain.describe()["policy"])
+
+
 @pytest.mark.parametrize(
     ("text", "path", "message"),
     [
@@ -313,6 +322,10 @@ def test_selection_keys_are_policy_fields(tmp_path):
         ("a=state:allocation=shared", "arms.a.allocation", "pooled"),
         ("a=state:selector=recent,span=sentence", "arms.a", "keeps no spans"),
         ("a=state:selector=random,allocation=pooled", "arms.a", "has none"),
+        ("a=state:exclude_by=whole,exclude=known", "arms.a.exclude_by", "'position' or 'span'"),
+        ("a=state:exclude_by=span", "arms.a", "exclude lists neither"),
+        ("a=state:relevance=x", "arms.a.relevance", "must be a number"),
+        ("a=state:relevance=2", "arms.a.relevance", "less than or equal to 1"),
     ],
 )
 def test_bad_selection_keys_name_the_field(text, path, message):

@@ -235,3 +235,27 @@ def test_a_lone_surrogate_in_a_row_is_named_with_file_line_and_field(tmp_path):
     (problem,) = caught.value.problems
     assert problem.code == "E_ENCODING" and problem.path == ("documents", 1)
     assert problem.location.file == str(path) and problem.location.line == 2
+
+
+def test_evidence_from_several_documents(tmp_path):
+    """A two-hop case lists its gold documents and one evidence sentence each."""
+    documents = ["The Cedar lab is owned by Ann Lee. Filler.", "Filler. Ann Lee lives in Oslo."]
+    case = make_case(documents=documents, question="Where does the owner of the Cedar lab live?", answers=["Oslo"],
+                     gold_document=[0, 1], evidence=["The Cedar lab is owned by Ann Lee.", "Ann Lee lives in Oslo."])
+    assert case.gold_document == (0, 1) and case.gold_text is None
+    assert case.evidence_items() == [(documents[0], "The Cedar lab is owned by Ann Lee."), (documents[1], "Ann Lee lives in Oslo.")]
+    path = tmp_path / "two.jsonl"
+    write_jsonl(path, [case])
+    assert read_dataset(path)[0] == case and '"gold_document": [0, 1]' in path.read_text()
+    single = make_case(documents=documents, question="q", answers=["Oslo"], gold_document=1, evidence="Ann Lee lives in Oslo.")
+    assert single.evidence_items() == [(documents[1], "Ann Lee lives in Oslo.")] and single.gold_text == documents[1]
+    for gold, evidence, message in [
+        ([0, 1], "Ann Lee lives in Oslo.", "must list one sentence each"),
+        ([0, 1], ["Ann Lee lives in Oslo."], "one sentence per gold document"),
+        ([0, 0], ["x", "y"], "distinct document indices"),
+        ([0, 5], ["x", "y"], "outside the 2 documents"),
+        ([1, 0], ["The Cedar lab is owned by Ann Lee.", "Ann Lee lives in Oslo."], "verbatim in documents\\[1\\]"),
+        (None, ["The Cedar lab is owned by Ann Lee.", "Nowhere."], "not occur verbatim in any document"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            make_case(documents=documents, question="q", answers=["Oslo"], gold_document=gold, evidence=evidence)

@@ -130,3 +130,44 @@ def test_inconsistent_node_records_are_refused():
     broken.prompt_start = 50  # says the prompt starts past the end of its state
     with pytest.raises(ValueError, match="prompt_start or prompt_offsets disagree"):
         evidence_survival({"final": broken}, [], ["final"], evidence=EVIDENCE, document=DOC)
+
+
+SECOND_DOC = "Ann Lee lives in Oslo. Other filler."
+SECOND = "Ann Lee lives in Oslo."
+
+
+def test_an_answer_needing_two_documents_counts_both_facts():
+    """Two-hop cases: one (document, sentence) pair per fact; a gold reader per fact, and the
+    evidence tokens are the union of both facts' tokens."""
+    first = reader("reader[0]", "Question: where?\nDocument 0:\n" + DOC)
+    second = reader("reader[1]", "Question: where?\nDocument 1:\n" + SECOND_DOC)
+    span = evidence_span(second.prompt_text, SECOND, SECOND_DOC)
+    second_evidence = [second.prompt_start + i for i in evidence_token_indices(second.prompt_offsets, span)]
+    first_evidence = evidence_positions(first)
+    hop_a = compose_hop(first.lineage, [0, *first_evidence], source="reader[0]", target="final", inherited_positions=0,
+                        budget=9)
+    hop_b = compose_hop(second.lineage, [0, second_evidence[0]], source="reader[1]", target="final",
+                        inherited_positions=0, budget=2)
+    final = reader("final", "Question: where?\nAnswer:", [hop_a.lineage, hop_b.lineage])
+    nodes = {"reader[0]": first, "reader[1]": second, "final": final}
+    hops = [HopLike("reader[0]", "final", "state"), HopLike("reader[1]", "final", "state")]
+    survival = evidence_survival(nodes, hops, ["final"], items=[(DOC, EVIDENCE), (SECOND_DOC, SECOND)])
+    assert survival.gold_nodes == ("reader[0]", "reader[1]")
+    assert survival.evidence_tokens == 8 + 5 and survival.at_output == 8 + 1
+    # one pair is the single-fact call
+    one = evidence_survival(nodes, hops, ["final"], items=[(DOC, EVIDENCE)])
+    assert one.to_dict() == evidence_survival(nodes, hops, ["final"], evidence=EVIDENCE, document=DOC).to_dict()
+    assert evidence_survival(nodes, hops, ["final"], items=[]) is None
+
+
+def test_kept_text_names_what_reached_the_answerer():
+    from rclc_graph.experiments.kept_text import kept_text
+
+    gold = reader("reader[1]", "Question: who?\nDocument 1:\n" + DOC)
+    evidence = evidence_positions(gold)
+    hop = compose_hop(gold.lineage, [0, *evidence[:3], evidence[-1]], source="reader[1]", target="final",
+                      inherited_positions=0, budget=5)
+    final = reader("final", "Question: who?\nAnswer:", [hop.lineage])
+    pieces = kept_text({"reader[1]": gold, "final": final}, "final")
+    assert pieces == [["reader[1]", "Question:"], ["reader[1]", "The Cedar project"], ["reader[1]", "Lee."]]
+    assert kept_text({"reader[1]": gold}, "final") is None
