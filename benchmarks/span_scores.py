@@ -1,8 +1,9 @@
 """How well does each span score single out the evidence among a fan-in's distractors?
 
-Why: on the task families (docs/experiments.md#task-families) a 135M answerer given only the
-evidence sentence answers 90-100% of the questions, yet given all documents it answers a
-third of them: what selection keeps beside the evidence decides. This script scores the
+Why: on held-out fan-out cases (issue 26) the graph default kept most of the evidence sentence
+yet answered fewer questions than recency: what selection keeps beside the evidence decides
+(how a 135M answerer does given the evidence sentence alone is not measured yet on the task
+families of docs/experiments.md#task-families). This script scores the
 fan-out readers of a dataset exactly as topologies/fanout_qa.yaml binds them and labels every
 sentence span (the evidence; another fact of the asked subject; the asked relation of another
 subject; another fact; filler; the reader's question copy and instructions, which the
