@@ -26,6 +26,7 @@ from rclc.policy import (
 )
 
 from ..spec.models import TransferPolicy
+from ..spec.models.edge import OPT_IN_FIELDS, SPAN_FIELDS
 
 Mode = Literal[MODES]  # type: ignore[valid-type]
 
@@ -106,14 +107,9 @@ class ResolvedPolicy:
         """The selector's keyword options as a dict (`span`, `max_span`, `relevance` and `exclude_by`
         included when set)."""
         options = dict(self.selector_options)
-        if self.span is not None:
-            options["span"] = self.span
-        if self.max_span is not None:
-            options["max_span"] = self.max_span
-        if self.relevance is not None:
-            options["relevance"] = self.relevance
-        if self.exclude_by is not None:
-            options["exclude_by"] = self.exclude_by
+        for name in SPAN_FIELDS:
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
         return options
 
     def user_code(self) -> tuple[tuple[str, str], ...]:
@@ -144,9 +140,9 @@ class ResolvedPolicy:
             "exclude": list(self.exclude),
             "allocation": self.allocation,
         }
-        for name, value in (("relevance", self.relevance), ("exclude_by", self.exclude_by)):
-            if value is not None:
-                data[name] = value
+        for name in OPT_IN_FIELDS:
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return data
 
 
@@ -165,20 +161,10 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
     ratio = policy.ratio if policy.ratio is not None or policy.budget is not None else DEFAULT_RATIO
     selector = policy.selector or DEFAULT_SELECTOR
     options = dict(policy.selector_options)
-    span, max_span, relevance, exclude_by = policy.span, policy.max_span, policy.relevance, policy.exclude_by
+    spans = {field: getattr(policy, field) for field in SPAN_FIELDS}
     if selector in ATTENTION_SELECTORS:
-        # Defaults fill what neither the policy field nor selector_options says.
-        if span is None and "span" not in options:
-            # A span_size alone asks for the grid it sizes.
-            span = "fixed" if "span_size" in options else DEFAULT_SPAN
-        text_spans = options.get("span", span) != "fixed"
-        if max_span is None and "max_span" not in options and text_spans:
-            max_span = DEFAULT_MAX_SPAN
-        if relevance is None and "relevance" not in options and text_spans:
-            relevance = DEFAULT_RELEVANCE
-        if exclude_by is None and "exclude_by" not in options:
-            exclude_by = DEFAULT_EXCLUDE_BY
-    relevance = relevance or None  # 0: keep the whole budget, as with no relevance at all
+        spans = _span_defaults(spans, options)
+    spans["relevance"] = spans["relevance"] or None  # 0: keep the whole budget, as with no relevance at all
     builtin = selector in BUILTIN_SELECTORS
     exclude = policy.exclude if policy.exclude is not None else (DEFAULT_EXCLUDE if builtin else ())
     allocation = policy.allocation or (DEFAULT_ALLOCATION if selector in ATTENTION_SELECTORS else "per_sender")
@@ -192,10 +178,26 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
         representation=representation,
         request=policy.request,
         name=name,
-        span=span,
-        max_span=max_span,
-        relevance=relevance,
         exclude=tuple(exclude),
-        exclude_by=exclude_by,
         allocation=allocation,
+        **spans,
     )
+
+
+def _span_defaults(spans: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """An attention selector's span fields with the graph's defaults filling what neither the
+    policy field nor selector_options says (the others stay None: not passed)."""
+    spans = dict(spans)
+    if spans["span"] is None and "span" not in options:
+        # A span_size alone asks for the grid it sizes.
+        spans["span"] = "fixed" if "span_size" in options else DEFAULT_SPAN
+    text_spans = options.get("span", spans["span"]) != "fixed"  # max_span and relevance cut text spans only
+    defaults = {
+        "max_span": DEFAULT_MAX_SPAN if text_spans else None,
+        "relevance": DEFAULT_RELEVANCE if text_spans else None,
+        "exclude_by": DEFAULT_EXCLUDE_BY,
+    }
+    for field, default in defaults.items():
+        if spans[field] is None and field not in options:
+            spans[field] = default
+    return spans

@@ -67,8 +67,9 @@ class ReasoningSpec(SpecBase):
 _STATE_ONLY = (
     "ratio", "budget", "selector", "selector_options", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation"
 )
-_SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by")
-_OPT_IN_FIELDS = ("relevance", "exclude_by")
+SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by")
+"""The policy fields that are also selector options (`ResolvedPolicy.options` passes the set ones)."""
+OPT_IN_FIELDS = ("relevance", "exclude_by")
 """Selection levers added later and off unless set (not measured yet): a policy that leaves them
 out dumps, and so fingerprints, as it did before they existed (`TransferPolicy._dump`)."""
 _PARTIAL_REASONS = ("instruction", "known")  # the reasons exclude_by: span changes
@@ -130,7 +131,7 @@ class TransferPolicy(SpecBase):
         """Every field, less the opt-in levers left unset, so plan fingerprints and records of
         graphs that do not use them stay what they were."""
         data = handler(self)
-        for name in _OPT_IN_FIELDS:
+        for name in OPT_IN_FIELDS:
             if data.get(name) is None:
                 data.pop(name, None)
         return data
@@ -169,7 +170,7 @@ class TransferPolicy(SpecBase):
     def _check_selection_fields(self) -> None:
         """span, max_span, relevance, exclude_by and allocation need a selector that has spans and
         scores; exclude_by: span needs a reason it applies to."""
-        twice = [name for name in _SPAN_FIELDS if getattr(self, name) is not None and name in self.selector_options]
+        twice = [name for name in SPAN_FIELDS if getattr(self, name) is not None and name in self.selector_options]
         if twice:
             raise spec_error(
                 "E_POLICY",
@@ -178,7 +179,7 @@ class TransferPolicy(SpecBase):
             )
         selector = self.selector
         if selector in BASELINE_SELECTORS:
-            spans = [name for name in _SPAN_FIELDS if getattr(self, name) is not None]
+            spans = [name for name in SPAN_FIELDS if getattr(self, name) is not None]
             if spans:
                 raise spec_error(
                     "E_POLICY",
