@@ -15,7 +15,8 @@ from rclc_graph.experiments.scoring import normalise
 from rclc_graph.experiments.synthetic import make_dataset, pieces
 from rclc_graph.experiments.tasks import FAMILIES, make_family
 from rclc_graph.experiments.tasks.lexical import content_stems, shared_stems, stem
-from rclc_graph.experiments.tasks.relations import ORG_RELATIONS, PERSON_RELATIONS
+from rclc_graph.experiments.tasks.relations import ORG_RELATIONS, PERSON_RELATIONS, Relation
+from rclc_graph.experiments.tasks.vocabulary import words
 
 SHORT = ("profiles", "paraphrase", "two-hop")
 
@@ -175,3 +176,29 @@ def test_cli_refuses_single_fact_options_for_other_families(tmp_path):
     result = CliRunner().invoke(app, ["data", "make", "--family", "profiles", "--facts-per-document", "3",
                                       "--size", "2", "--out", str(tmp_path / "x.jsonl")])
     assert result.exit_code == 2 and "only the single-fact family" in result.output
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def test_the_words_file_holds_only_text_in_the_shape_the_generators_read():
+    """words.yaml is read through importlib.resources (the installed copy when installed); YAML
+    would read an unquoted `no` or `1982` as a bool or a number, so every leaf must be a string."""
+    data = words()
+    assert set(data) == {"org_names", "org_kinds", "first_names", "last_names", "cities", "products", "filler",
+                         "org_relations", "person_relations", "bridges"}
+    assert set(data["filler"]) == {"subjects", "verbs", "objects", "tails"}
+    assert all(isinstance(leaf, str) for leaf in _leaves(data))
+    assert all(len(pair) == 2 for pair in data["products"])
+    relation_fields = {field for field in Relation.__dataclass_fields__}
+    for entry in data["org_relations"] + data["person_relations"]:
+        assert set(entry) <= relation_fields and entry["subject"] in ("org", "person"), entry["name"]
+    assert set(data["bridges"]) <= {entry["name"] for entry in data["org_relations"] if entry.get("roles")}
