@@ -32,30 +32,15 @@ from pathlib import Path
 from statistics import mean
 
 import torch
-import yaml
 
 import rclc
 from rclc.selectors._receiver_aware import receiver_grams, sender_reasons
 from rclc.models import load
 from rclc.policy import BudgetPolicy
 from rclc.selectors import _pooling
-from rclc_graph.executors.roles import INSTRUCTION, MATERIAL, char_roles, token_roles
 from rclc_graph.spec.templates import render_spans
 
-ROOT = Path(__file__).resolve().parents[1]
-TOPOLOGY = yaml.safe_load((ROOT / "topologies" / "fanout_qa.yaml").read_text())
-READER_TEMPLATE = next(node["prompt"] for node in TOPOLOGY["nodes"] if node["name"] == "reader")
-FINAL_TEMPLATE = next(node["prompt"] for node in TOPOLOGY["nodes"] if node["name"] == "final")
-SYSTEM = {name: yaml.safe_load((ROOT / "agents" / f"{name}.yaml").read_text())["system"] for name in ("reader", "answerer")}
-
-
-def _parts(template: str, values: dict) -> list[tuple[str, str]]:
-    text, spans = render_spans(template, values)
-    parts, cursor = [], 0
-    for start, stop in spans:
-        parts += [(text[cursor:start], INSTRUCTION), (text[start:stop], MATERIAL)]
-        cursor = stop
-    return [part for part in parts + [(text[cursor:], INSTRUCTION)] if part[0]]
+from fanout_readers import FINAL_TEMPLATE, SYSTEM, reader_prompt
 
 
 def _normalisers() -> dict:
@@ -107,17 +92,7 @@ def _rank_counts(profiles, counts):
 
 
 def _reader(model, tokenizer, case, index):
-    values = {"question": case["question"], "document": case["documents"][index], "index": index}
-    parts = _parts(READER_TEMPLATE, values)
-    content = "".join(text for text, _ in parts)
-    messages = [{"role": "system", "content": SYSTEM["reader"]}, {"role": "user", "content": content}]
-    prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    encoded = tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
-    special = [token in set(tokenizer.all_special_ids) for token in encoded["input_ids"]]
-    offsets = [tuple(pair) for pair in encoded["offset_mapping"]]
-    roles = token_roles(char_roles(prompt_text, SYSTEM["reader"], parts), offsets, special)
-    agent = rclc.bind(model, tokenizer, messages=messages)
-    state = agent.sender_state()
+    state, roles, prompt_text, offsets = reader_prompt(model, tokenizer, case, index)
     if state.positions != len(roles):
         raise RuntimeError(f"reader {index}: {state.positions} positions, {len(roles)} labels")
     evidence = []
