@@ -34,7 +34,6 @@ from pathlib import Path
 from statistics import mean, median
 
 import torch
-import yaml
 
 import rclc
 from rclc.models import load
@@ -44,14 +43,9 @@ from rclc.selectors._common import SpanOptions
 from rclc.selectors._receiver_aware import receiver_grams, sender_reasons
 from rclc.selectors._spans import pin_first, span_means
 from rclc.selectors._support import SupportFold, composite_score
-from rclc_graph.executors.roles import INSTRUCTION, MATERIAL, char_roles, token_roles
 from rclc_graph.spec.templates import render_spans
 
-ROOT = Path(__file__).resolve().parents[1]
-TOPOLOGY = yaml.safe_load((ROOT / "topologies" / "fanout_qa.yaml").read_text())
-READER_TEMPLATE = next(node["prompt"] for node in TOPOLOGY["nodes"] if node["name"] == "reader")
-FINAL_TEMPLATE = next(node["prompt"] for node in TOPOLOGY["nodes"] if node["name"] == "final")
-SYSTEM = {name: yaml.safe_load((ROOT / "agents" / f"{name}.yaml").read_text())["system"] for name in ("reader", "answerer")}
+from fanout_readers import FINAL_TEMPLATE, SYSTEM, reader_prompt
 
 
 class RowFold(SupportFold):
@@ -63,6 +57,15 @@ class RowFold(SupportFold):
 
     def __call__(self, query, key, scaling):
         super().__call__(query, key, scaling)
+        self._add_rows(query, key, scaling)
+
+    def attend(self, query, key, value, scaling):
+        # the capture hands a support fold the layer's output to compute (`SupportFold.attend`,
+        # issue 28) instead of calling it: the rows are taken on that path too
+        self._add_rows(query, key, scaling)
+        return super().attend(query, key, value, scaling)
+
+    def _add_rows(self, query, key, scaling):
         _, heads, rows, _ = query.shape
         kv_heads = key.shape[1]
         memory = key.shape[2] - rows
@@ -72,29 +75,6 @@ class RowFold(SupportFold):
         logits[..., memory:].masked_fill_(hidden, float("-inf"))
         attention = torch.softmax(logits, dim=-1)[..., :memory].sum(0)  # [R, M]
         self.per_row = attention if self.per_row is None else self.per_row + attention
-
-
-def _parts(template: str, values: dict) -> list[tuple[str, str]]:
-    text, spans = render_spans(template, values)
-    parts, cursor = [], 0
-    for start, stop in spans:
-        parts += [(text[cursor:start], INSTRUCTION), (text[start:stop], MATERIAL)]
-        cursor = stop
-    return [part for part in parts + [(text[cursor:], INSTRUCTION)] if part[0]]
-
-
-def _reader(model, tokenizer, case, index):
-    values = {"question": case["question"], "document": case["documents"][index], "index": index}
-    parts = _parts(READER_TEMPLATE, values)
-    content = "".join(text for text, _ in parts)
-    messages = [{"role": "system", "content": SYSTEM["reader"]}, {"role": "user", "content": content}]
-    prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    encoded = tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
-    special = [token in set(tokenizer.all_special_ids) for token in encoded["input_ids"]]
-    offsets = [tuple(pair) for pair in encoded["offset_mapping"]]
-    roles = token_roles(char_roles(prompt_text, SYSTEM["reader"], parts), offsets, special)
-    state = rclc.bind(model, tokenizer, messages=messages).sender_state()
-    return state, roles, prompt_text, offsets
 
 
 def _label(text: str, case: dict) -> str:
@@ -171,17 +151,16 @@ def main() -> None:
     args = parser.parse_args()
     cases = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()][: args.cases]
     model, tokenizer = load("embedded")
-    options = SpanOptions(span="sentence", max_span=32)
     final_content = render_spans(FINAL_TEMPLATE, {"question": "{question}"})[0]
     results: dict[str, dict[str, list]] = {}
     sweep: list[list[tuple[float, str, int]]] = []  # per case: (cacheback score, label, reader) per material span
     for number, case in enumerate(cases):
         exclusion = rclc.Exclusion(known=(SYSTEM["answerer"], final_content.replace("{question}", case["question"])))
+        grams = receiver_grams(exclusion, case["question"], [], tokenizer)  # the receiver's: one per case
         spans_all = []  # (score name -> value, label, text, reader)
         for index in range(len(case["documents"])):
-            state, roles, prompt_text, offsets = _reader(model, tokenizer, case, index)
+            state, roles, prompt_text, offsets = reader_prompt(model, tokenizer, case, index)
             ids = state.request_ids(case["question"])
-            grams = receiver_grams(exclusion, case["question"], [], tokenizer)
             mask = sender_reasons(state, exclusion, roles, grams)
             fold = RowFold()
             with torch.inference_mode():
