@@ -132,10 +132,13 @@ def pooled_counts(profiles: Sequence[SpanProfile], counts: Sequence[int]) -> lis
             "(first positions and latent tails); raise the budget"
         )
     entries: list[tuple[int, float, int, int, int, float]] = []  # (tier, -normalised mean, sender, rank, free, raw)
+    # raw (unpinned) means are read only by `_relevant`; without relevance they are not computed
+    # (the last tuple field never decides the order: sender and rank are unique before it)
+    relevance_set = any(profile.relevance is not None for profile in profiles)
     for sender, profile in enumerate(profiles):
         pinned = pin_first(profile.scores)
         means = span_means(pinned, profile.spans).tolist()
-        raw = span_means(profile.scores.detach().float().cpu(), profile.spans).tolist()
+        raw = span_means(profile.scores.detach().float().cpu(), profile.spans).tolist() if relevance_set else means
         shift, scale = comparable(profile)
         for rank, index in enumerate(span_order(pinned, profile.spans, profile.excluded)):
             start, stop = profile.spans[index]
