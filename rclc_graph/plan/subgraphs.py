@@ -189,6 +189,19 @@ def _model_problems(spec: GraphSpec, children: Mapping[str, Any]) -> list[Proble
 # -- where edges meet subgraphs ------------------------------------------------------------------
 
 
+def meets_function(
+    nodes: Mapping[str, NodeSpec], subgraphs: Mapping[str, Any], returns: Mapping[str, str], name: str, *, outgoing: bool
+) -> bool:
+    """Whether an edge at node `name` meets a function node: the node itself, or through a
+    subgraph node its returned node (`outgoing`) or any of its entry nodes, however deep."""
+    node = nodes[name]
+    if not node.is_subgraph:
+        return node.is_function
+    child = subgraphs[name]
+    ends = (returns[name],) if outgoing else child.entries
+    return any(meets_function(child.nodes, child.subgraphs, child.returns, end, outgoing=outgoing) for end in ends)
+
+
 def endpoint(blueprint: Any, name: str) -> Endpoint:
     """A node of `blueprint` that is not a subgraph node, as an edge meets it."""
     node = blueprint.nodes[name]

@@ -30,7 +30,7 @@ from .policy import ResolvedPolicy, resolve_policy
 from .option_checks import option_problems
 from .runtime_foreach import dependencies, foreach_problems
 from .size import unrolled_size_problems
-from .subgraphs import boundary_problems, list_field, parent_variables, validate_subgraphs
+from .subgraphs import boundary_problems, list_field, meets_function, parent_variables, validate_subgraphs
 from .text_checks import text_problems
 
 
@@ -101,13 +101,13 @@ def validate(
     agents = {agent.name: agent for agent in spec.agents}
     nodes = {node.name: node for node in spec.nodes}
     inputs = spec.input_specs()
-    policies = tuple(_edge_policy(spec, index) for index in range(len(spec.edges)))
-    index = SpecIndex(spec, models, agents, nodes, policies, trust_code)
 
     def validate_child(child: GraphSpec, depth: int) -> Blueprint:
         return validate(child, trust_code=trust_code, functions=functions, _depth=depth)
 
     subgraphs, returns = validate_subgraphs(spec, nodes, validate_child, _depth)
+    policies = tuple(_edge_policy(spec, index, subgraphs, returns) for index in range(len(spec.edges)))
+    index = SpecIndex(spec, models, agents, nodes, policies, trust_code)
     implied = dependencies(spec)
     _raise(
         _check_policies(index)
@@ -231,15 +231,21 @@ def _unknown(kind: str, name: str, known: Iterable[str], path: FieldPath) -> Pro
     return Problem("E_UNKNOWN_REF", f"unknown {kind} {name!r}", _suggest(name, known), path)
 
 
-def _edge_policy(spec: GraphSpec, index: int) -> ResolvedPolicy:
+def _edge_policy(
+    spec: GraphSpec, index: int, subgraphs: Mapping[str, Blueprint], returns: Mapping[str, str]
+) -> ResolvedPolicy:
     """The edge's policy with every default filled in. An edge without `policy:` carries text
-    when either end is a function node (it has no model state), else the default state policy."""
+    when either end meets a function node (it has no model state), else the default state
+    policy. Through a subgraph node the end it meets is the subgraph's returned node (edges
+    out) or its entry nodes (edges in), so a plain edge into a subgraph that starts with a
+    function node carries text as it would into that function node itself."""
     edge = spec.edges[index]
     policy = edge.policy
     if policy is None:
-        functions = {node.name for node in spec.nodes if node.is_function}
-        plain = "text" if edge.source in functions or edge.target in functions else "state"
-        return resolve_policy(TransferPolicy(mode=plain))
+        nodes = {node.name: node for node in spec.nodes}
+        functional = meets_function(nodes, subgraphs, returns, edge.source, outgoing=True) or meets_function(
+            nodes, subgraphs, returns, edge.target, outgoing=False)
+        return resolve_policy(TransferPolicy(mode="text" if functional else "state"))
     if isinstance(policy, TransferPolicy):
         return resolve_policy(policy)
     return resolve_policy(spec.policies[policy], name=policy)

@@ -65,7 +65,7 @@ def server():
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"rclc-vllm-server-{port}.log"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                str(models.local_dir("embedded")), "--served-model-name", SERVED, "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"]
+               "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"]
     with open(log, "wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=environment)
     try:

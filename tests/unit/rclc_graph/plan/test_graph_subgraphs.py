@@ -237,13 +237,39 @@ def lookup(inputs, senders):
     return {"topic": inputs["topic"], "notes": inputs["notes"], "senders": sorted(senders)}
 
 
-def test_a_state_edge_into_a_subgraph_whose_entry_is_a_function_is_refused():
+def facts_child() -> Graph:
     child = Graph("facts").input("topic").input("notes", "list[str]").model("base").agent("w", model="base")
     child.function("lookup", lookup)
     child.node("summary", agent="w", output=True, prompt="Summarise {topic}.")
     child.edge("lookup", "summary", TEXT)
-    error = refused(parent_graph(child).validate)
+    return child
+
+
+def test_a_state_edge_into_a_subgraph_whose_entry_is_a_function_is_refused():
+    error = refused(parent_graph(facts_child(), policy=Policy(mode="state", ratio=4)).validate)
     assert error.code == "E_FUNCTION" and "research/lookup" in error.message
+
+
+def test_a_plain_edge_carries_text_into_a_subgraph_whose_entry_is_a_function_and_out_of_one_returning_one():
+    """Issue 27: a plain edge meets what the subgraph node stands for: text into an entry
+    function node, text out of a returned function node, state between agents."""
+    def plain_parent(child: Graph) -> Graph:
+        graph = parent_graph(child)
+        graph._nodes[0] = graph._nodes[0].model_copy(update={"generate": True})  # its text crosses a text edge
+        return graph
+
+    into = plain_parent(facts_child()).plan({"question": "q", "reports": ["r"]})
+    modes = {(edge.source, edge.target): edge.policy.mode for edge in into.edges}
+    assert modes[("intro", "research/lookup")] == "text"
+    assert modes[("research/summary", "final")] == "state"  # the returned node is an agent
+    returning = Graph("facts").input("topic").input("notes", "list[str]").model("base").agent("w", model="base")
+    returning.node("summary", agent="w", generate=True, prompt="Summarise {topic}.")
+    returning.function("lookup", lookup, output=True)
+    returning.edge("summary", "lookup", TEXT)
+    out = plain_parent(returning).plan({"question": "q", "reports": ["r"]})
+    modes = {(edge.source, edge.target): edge.policy.mode for edge in out.edges}
+    assert modes[("research/lookup", "final")] == "text"
+    assert modes[("intro", "research/summary")] == "state"
 
 
 def test_one_model_name_means_one_model_across_subgraphs():
