@@ -18,9 +18,10 @@ once its agent has dropped it.
 
 Not bit for bit: the suffix forwarded over a reused prefix runs in other matmul and
 attention shapes than one causal prefill of the whole prompt. On the development CPU the
-two agreed exactly in every case measured (docs/performance.md); in general they agree to
-float32 rounding, so a greedy token whose two best logits are that close, or a selector's
-tie, may go the other way. `rclc.configure_batching(model, shared_prefixes=False)` turns
+two agreed bit for bit in 47 of 48 reader prompts measured and to 5.7e-6 in the other, with
+the same selections (docs/performance.md); in general they agree to float32 rounding, so a
+greedy token whose two best logits are that close, or a selector's tie, may go the other
+way. `rclc.configure_batching(model, shared_prefixes=False)` turns
 reuse off (and empties the store): prefills are then exactly what they were without it.
 """
 

@@ -20,11 +20,12 @@ prefill done when they get a slot in turn. A batch is served as:
    a real position see it;
 3. every prompt's KV is stored for later prompts.
 
-Exactness, measured (docs/performance.md): a batch of whole prompts (nothing stored)
-computes each prompt's KV bit for bit as its own forward on the CPUs measured; a prompt
-forwarded over a stored prefix agrees with one causal prefill to float32 rounding (its
-queries attend over cached keys through an explicit mask, another kernel path), which is
-why `shared_prefixes` can be turned off.
+Exactness, measured (docs/performance.md): a batch of whole prompts (nothing stored), and a
+prompt forwarded over a stored prefix (its queries attend over cached keys through an
+explicit mask, another kernel path), agree with one causal prefill of each prompt to
+float32 rounding, not always bit for bit (on the development CPU 36 and 47 of 48 reader
+prompts were bit for bit equal, every selection the same), which is why `shared_prefixes`
+and `prefill_batch` can be turned off.
 
 A prompt alone is forwarded over the longest prefix the store has. Long prompts are
 forwarded alone (their forward is compute-bound: batching saves nothing). With the model's
