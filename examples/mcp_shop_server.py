@@ -65,6 +65,9 @@ def serve_http(port: int) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
+    # Listening before the URL is printed: a client that connects as soon as it reads the line
+    # waits in the backlog until uvicorn accepts, instead of being refused (bound is not enough).
+    listener.listen(128)
     print(f"http://127.0.0.1:{listener.getsockname()[1]}/mcp", flush=True)
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
     anyio.run(uvicorn.Server(config).serve, [listener])

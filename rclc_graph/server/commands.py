@@ -69,6 +69,10 @@ def serve(  # a typer command: each option is a parameter (docs/cli.md lists the
         listening = config.bind_socket()
     except SystemExit:  # uvicorn logged why (the port is taken, the address is not this host's)
         _fail(f"--host/--port: cannot listen on {host}:{port}", "choose another --port (0 picks a free one)")
+    # Listening before the line is printed: a script that connects as soon as it reads the
+    # address queues in the backlog until uvicorn accepts, instead of being refused (uvicorn only
+    # binds the socket here and listens once its startup has run).
+    listening.listen(config.backlog)
     typer.echo(f"serving on {_url(host, listening.getsockname()[1])}", err=True)
     uvicorn.Server(config).run(sockets=[listening])
 

@@ -47,6 +47,7 @@ def listening_socket() -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # a client may connect before the server has started: it waits, it is not refused
     return sock
 
 
