@@ -21,7 +21,7 @@ times and reports the median wall time, the peak RSS above the baseline (the hig
 repeats, each listed), and per hop the payload bytes, the positions kept and the sender's
 positions, plus the seconds of each step kind (the readers' nodes, the selections, the
 final node) and each reader's node seconds in order. For one size the r4 and the b128
-process run one right after the other (r4 first at even-numbered sizes, b128 first at the
+process run one right after the other (r4 first at the first, third, ... size, b128 first at the
 others), so their medians are compared side by side, one process each.
 
 Fresh text: every repeat reads pieces no earlier run of its process read (the warm-up
