@@ -10,15 +10,28 @@ Three sweeps, each over one size with everything else fixed:
 - `document`: one reader of a 256 to 4,096-token document handing state to the answering node.
 
 Every edge's selection is conditioned on the question (`request: "{question}"`, as in the
-shipped topologies). The final node generates 4 tokens (decoding is measured elsewhere: concurrent_runs.py).
-Each configuration runs in a process of its own (`--one`), so its peak RSS is its own: the
-model is loaded and one small run warms everything up, then the configuration runs
-`--repeats` times, r4 and b128 alternating, and the process reports the median wall time,
-the peak RSS above what it held before the first measured run, and per hop the payload
-bytes, the positions kept and the sender's positions, plus the seconds of each step kind
-(the readers' nodes, selections, the final node). `--plot` draws the figures of
-docs/performance.md from the JSON files; the fitted log-log slope of each curve says how
-the cost grows (1: linear in the size).
+shipped topologies). The final node generates 4 tokens (decoding is measured elsewhere:
+concurrent_runs.py).
+
+Processes: each (sweep, size, budget) runs in a process of its own (`--one`), so a budget's
+peak RSS is its own (memory a run freed stays with the process, so one process running r4
+and b128 would report r4's high-water mark under b128 too). A process loads the model, runs
+one small warm-up run, takes its baseline RSS, then runs the configuration `--repeats`
+times and reports the median wall time, the peak RSS above the baseline (the highest of its
+repeats, each listed), and per hop the payload bytes, the positions kept and the sender's
+positions, plus the seconds of each step kind (the readers' nodes, the selections, the
+final node) and each reader's node seconds in order. For one size the r4 and the b128
+process run one right after the other (r4 first at the first, third, ... size, b128 first at the
+others), so their medians are compared side by side, one process each.
+
+Fresh text: every repeat reads pieces no earlier run of its process read (the warm-up
+included: each repeat, and the warm-up, cut their pieces from their own place in the
+sentence stream), so no measured prompt comes from the model's prefix store
+(`rclc._prefix_cache`, on as by default) beyond what runs share by construction: the chat
+template and the question ahead of each piece. The store's figures of the measured runs
+(`prompt_prefills`: positions reused from it and forwarded) are in the JSON to show it.
+`--plot` draws the figures of docs/performance.md from the JSON files; the fitted log-log
+slope of each curve says how the cost grows (1: linear in the size).
 
 Run:
     python benchmarks/scaling.py --sweep chain --repeats 3 --json out/scaling_chain.json
@@ -75,18 +88,30 @@ def document(tokenizer: Any, tokens: int, offset: int) -> str:
     return tokenizer.decode(ids[:tokens])
 
 
-def plan_for(sweep: str, size: int, budget: str, tokenizer: Any) -> Any:
+FRESH_STRIDE = 1000
+"""Pieces apart per repeat in the sentence stream (`document`'s `offset`): a piece reads 37
+sentences after the previous piece, so repeats never share a sentence."""
+WARM_UP_REPEAT = -1  # the warm-up run's pieces: their own place in the stream too
+
+
+def piece_offset(repeat: int, index: int) -> int:
+    """Where piece `index` of repeat `repeat` starts in the sentence stream (fresh per repeat)."""
+    return FRESH_STRIDE * (repeat + 2) + index
+
+
+def plan_for(sweep: str, size: int, budget: str, tokenizer: Any, repeat: int = 0) -> Any:
     from rclc_graph import Policy, chain_of_agents, fan_out
 
     policy = Policy(**BUDGETS[budget], request="{question}")  # as the shipped topologies ask
     if sweep == "chain":
         graph = chain_of_agents(size, policy=policy, max_new_tokens=ANSWER_TOKENS)
         return graph.plan({"question": QUESTION,
-                           "chunks": [document(tokenizer, PIECE_TOKENS, index) for index in range(size)]})
+                           "chunks": [document(tokenizer, PIECE_TOKENS, piece_offset(repeat, index))
+                                      for index in range(size)]})
     count, tokens = (size, PIECE_TOKENS) if sweep == "fanout" else (1, size)
     graph = fan_out(count, policy=policy, max_new_tokens=ANSWER_TOKENS)
-    return graph.plan({"question": QUESTION,
-                       "documents": [document(tokenizer, tokens, index) for index in range(count)]})
+    documents = [document(tokenizer, tokens, piece_offset(repeat, index)) for index in range(count)]
+    return graph.plan({"question": QUESTION, "documents": documents})
 
 
 class PeakRss:
@@ -128,21 +153,31 @@ def run_once(plan: Any, pool: Any) -> tuple[Any, float, int]:
     return result, seconds, peak.peak
 
 
-def steps(result: Any) -> dict[str, float]:
+def steps(result: Any) -> dict[str, Any]:
     """Seconds per step kind: the readers' nodes (prefill, plus the selection of the hops
     into them), the selections (summed over hops) and the final node (its hops' selection,
-    its prefill and its 4 tokens)."""
-    readers = sum(node.finished_at - node.started_at for name, node in result.nodes.items() if name != "final")
+    its prefill and its 4 tokens); and each reader's node seconds in plan order."""
+    readers = [node.finished_at - node.started_at for name, node in result.nodes.items() if name != "final"]
     final = result.nodes["final"]
     return {
-        "readers_s": round(readers, 3),
+        "readers_s": round(sum(readers), 3),
         "selection_s": round(sum(hop.selection_seconds for hop in result.hops), 3),
         "final_s": round(final.finished_at - final.started_at, 3),
+        "each_reader_s": [round(seconds, 3) for seconds in readers],
     }
 
 
-def measure_one(sweep: str, size: int, repeats: int, threads: int) -> dict[str, Any]:
-    """One configuration (both budgets, alternating) in this process."""
+def prompt_prefills(model: Any) -> dict[str, int]:
+    """The model's prompt-prefill counters so far (positions reused from the prefix store,
+    positions forwarded, prompts)."""
+    import rclc
+
+    figures = rclc.batching_report(model).get("prompt_prefills") or {}
+    return {key: int(figures.get(key, 0)) for key in ("prompts", "reused_positions", "forwarded_positions")}
+
+
+def measure_one(sweep: str, size: int, budget: str, repeats: int, threads: int) -> dict[str, Any]:
+    """One configuration (one budget) in this process, each repeat on fresh text."""
     import torch
 
     from rclc import models
@@ -152,30 +187,29 @@ def measure_one(sweep: str, size: int, repeats: int, threads: int) -> dict[str, 
     model, tokenizer = models.load("embedded")
     pool = ModelPool()
     pool.add(ModelSpec(name="base", source="embedded"), model, tokenizer)
-    plans = {budget: plan_for(sweep, size, budget, tokenizer) for budget in BUDGETS}
-    run_once(plan_for("chain", 2, "r4", tokenizer), pool)  # warm-up: lazy imports, first-call costs
+    plans = [plan_for(sweep, size, budget, tokenizer, repeat) for repeat in range(repeats)]
+    run_once(plan_for("chain", 2, budget, tokenizer, WARM_UP_REPEAT), pool)  # lazy imports, first-call costs
     baseline = rss()
-    runs: dict[str, list[tuple[Any, float, int]]] = {budget: [] for budget in BUDGETS}
-    for repeat in range(repeats):
-        order = list(BUDGETS) if repeat % 2 == 0 else list(reversed(BUDGETS))
-        for budget in order:
-            runs[budget].append(run_once(plans[budget], pool))
-    report: dict[str, Any] = {"sweep": sweep, "size": size, "baseline_rss_mib": round(baseline / 2**20, 1)}
-    for budget, measured in runs.items():
-        result = measured[-1][0]
-        report[budget] = {
-            "median_s": round(statistics.median(seconds for _, seconds, _ in measured), 3),
-            "each_s": [round(seconds, 3) for _, seconds, _ in measured],
-            "peak_rss_growth_mib": round(max(peak for _, _, peak in measured) / 2**20 - baseline / 2**20, 1),
-            "steps": steps(result),
-            "hops": [{"source": hop.source, "target": hop.target, "total_positions": hop.total_positions,
-                      "inherited_positions": hop.inherited_positions, "budget": hop.budget,
-                      "kept_positions": hop.kept_positions, "payload_bytes": hop.payload_bytes}
-                     for hop in result.hops],
-            "final_positions": result.nodes["final"].positions,
-            "payload_bytes_total": sum(hop.payload_bytes for hop in result.hops),
-        }
-    return report
+    before = prompt_prefills(model)
+    measured = [run_once(plan, pool) for plan in plans]
+    after = prompt_prefills(model)
+    result = measured[-1][0]
+    peaks = [round(peak / 2**20 - baseline / 2**20, 1) for _, _, peak in measured]
+    return {
+        "sweep": sweep, "size": size, "budget": budget, "baseline_rss_mib": round(baseline / 2**20, 1),
+        "median_s": round(statistics.median(seconds for _, seconds, _ in measured), 3),
+        "each_s": [round(seconds, 3) for _, seconds, _ in measured],
+        "peak_rss_growth_mib": max(peaks),
+        "each_peak_rss_growth_mib": peaks,
+        "steps": steps(result),
+        "hops": [{"source": hop.source, "target": hop.target, "total_positions": hop.total_positions,
+                  "inherited_positions": hop.inherited_positions, "budget": hop.budget,
+                  "kept_positions": hop.kept_positions, "payload_bytes": hop.payload_bytes}
+                 for hop in result.hops],
+        "final_positions": result.nodes["final"].positions,
+        "payload_bytes_total": sum(hop.payload_bytes for hop in result.hops),
+        "prompt_prefills": {key: after[key] - before[key] for key in after},
+    }
 
 
 def slope(sizes: list[float], values: list[float]) -> float | None:
@@ -191,14 +225,18 @@ def slope(sizes: list[float], values: list[float]) -> float | None:
 
 def run_sweep(sweep: str, repeats: int, threads: int, sizes: list[int]) -> dict[str, Any]:
     rows = []
-    for size in sizes:
-        command = [sys.executable, __file__, "--one", sweep, str(size), "--repeats", str(repeats),
-                   "--threads", str(threads)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{sweep} {size} failed:\n{done.stderr[-4000:]}")
-        rows.append(json.loads(done.stdout))
-        print(f"{sweep} {size}: " + ", ".join(f"{b} {rows[-1][b]['median_s']} s, +{rows[-1][b]['peak_rss_growth_mib']} MiB"
+    for position, size in enumerate(sizes):
+        order = list(BUDGETS) if position % 2 == 0 else list(reversed(BUDGETS))
+        row: dict[str, Any] = {"sweep": sweep, "size": size, "order": order}
+        for budget in order:  # one process per budget, one right after the other
+            command = [sys.executable, __file__, "--one", sweep, str(size), budget, "--repeats", str(repeats),
+                       "--threads", str(threads)]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{sweep} {size} {budget} failed:\n{done.stderr[-4000:]}")
+            row[budget] = json.loads(done.stdout)
+        rows.append(row)
+        print(f"{sweep} {size}: " + ", ".join(f"{b} {row[b]['median_s']} s, +{row[b]['peak_rss_growth_mib']} MiB"
                                              for b in BUDGETS), file=sys.stderr, flush=True)
     growth = {}
     for budget in BUDGETS:
@@ -240,15 +278,18 @@ def plot(files: list[Path], directory: Path) -> list[Path]:
         written.append(path)
     if "chain" in sweeps:
         longest = sweeps["chain"]["rows"][-1]
-        figure, axes = plt.subplots(1, 2, figsize=(8.4, 3.4))
+        figure, axes = plt.subplots(1, 3, figsize=(12.6, 3.4))
         for budget in BUDGETS:
             hops = longest[budget]["hops"]
+            readers = longest[budget]["steps"].get("each_reader_s", [])
             axes[0].plot(range(1, len(hops) + 1), [hop["kept_positions"] for hop in hops], marker=".", label=budget)
             axes[1].plot(range(1, len(hops) + 1), [hop["payload_bytes"] / 1024 for hop in hops], marker=".", label=budget)
+            axes[2].plot(range(1, len(readers) + 1), readers, marker=".", label=budget)
         axes[0].set_ylabel("positions kept")
         axes[1].set_ylabel("payload (KiB)")
-        for axis in axes:
-            axis.set_xlabel(f"hop of the {longest['size']}-reader chain")
+        axes[2].set_ylabel("reader's node (s)")
+        for axis, what in zip(axes, ("hop", "hop", "reader")):
+            axis.set_xlabel(f"{what} of the {longest['size']}-reader chain")
             axis.grid(alpha=0.3)
             axis.legend()
         figure.tight_layout()
@@ -266,12 +307,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the sweep's JSON here")
-    parser.add_argument("--one", nargs=2, metavar=("SWEEP", "SIZE"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=3, metavar=("SWEEP", "SIZE", "BUDGET"), help=argparse.SUPPRESS)
     parser.add_argument("--plot", nargs="+", type=Path, default=None, help="sweep JSON files to draw")
     parser.add_argument("--figures", type=Path, default=ROOT / "docs" / "img" / "scaling")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.repeats, args.threads)))
+        print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.one[2], args.repeats, args.threads)))
         return
     if args.plot:
         print(json.dumps({"figures": [str(path) for path in plot(args.plot, args.figures)]}))
