@@ -15,19 +15,28 @@ import rclc
 from rclc import HFReceiver, sender_from_hf, transfer
 from rclc.models import load
 
+# Each document is long enough (130 and 120 positions) that r4's budget (33 and 30) holds the
+# first span of 16 positions (CacheBack ranks it first: the first position is pinned) and the
+# whole sentence that answers.
+# With two sentences fewer each (97 positions, budget 25) only 9 positions were left beyond that
+# span, and the answer was cut to "Alice More" (issue 26).
 DOCUMENTS = [
     "Cedar is a logistics company that moves spare parts for ferries along the Norwegian coast. "
     "Its trucks leave the depot in Bergen every morning and reach Oslo by the evening. "
     "The company keeps a small fleet of electric vans for short deliveries inside the city. "
     "The Cedar project is owned by Alice Moreno. "
     "Most of its staff work in two warehouses, one near the harbour and one by the airport. "
-    "In winter the company adds extra routes because ferries need more repairs in storms.",
+    "In winter the company adds extra routes because ferries need more repairs in storms. "
+    "Its drivers are paid by the hour, and most of them have worked there for more than five years. "
+    "A new depot near Trondheim will open next spring.",
     "Birch is a research group that studies river ecology in the mountains around Lima. "
     "Its scientists sample the water every week and publish the results in an open database. "
     "The group also trains students from three universities during the summer months. "
     "The Birch project is owned by Bruno Okafor. "
     "Its laboratory sits on the second floor of an old textile factory near the river. "
-    "Funding comes from a mix of public grants and donations from local fishing cooperatives.",
+    "Funding comes from a mix of public grants and donations from local fishing cooperatives. "
+    "Every autumn the group invites schools to a field day by the river. "
+    "Its boat, an old fishing vessel, was bought in 2019.",
 ]
 QUESTION = "Who owns the Cedar project? Answer with the name only."
 

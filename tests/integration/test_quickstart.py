@@ -19,7 +19,8 @@ def test_quickstart_prints_answer_positions_and_bytes():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    assert re.search(r"^answer: +\S", out, re.M)
+    # issue 26: the first run a newcomer makes answers right (the documents' owner of Cedar)
+    assert re.search(r"^answer: .*Alice Moreno", out, re.M), out
     kept = re.findall(r"sender (\d): kept (\d+)/(\d+) positions, (\d+) payload bytes", out)
     assert [k[0] for k in kept] == ["0", "1"]
     for _, selected, total, nbytes in kept:
