@@ -106,7 +106,7 @@ def validate(
         return validate(child, trust_code=trust_code, functions=functions, _depth=depth)
 
     subgraphs, returns = validate_subgraphs(spec, nodes, validate_child, _depth)
-    policies = tuple(_edge_policy(spec, index, subgraphs, returns) for index in range(len(spec.edges)))
+    policies = tuple(_edge_policy(spec, index, nodes, subgraphs, returns) for index in range(len(spec.edges)))
     index = SpecIndex(spec, models, agents, nodes, policies, trust_code)
     implied = dependencies(spec)
     _raise(
@@ -232,7 +232,11 @@ def _unknown(kind: str, name: str, known: Iterable[str], path: FieldPath) -> Pro
 
 
 def _edge_policy(
-    spec: GraphSpec, index: int, subgraphs: Mapping[str, Blueprint], returns: Mapping[str, str]
+    spec: GraphSpec,
+    index: int,
+    nodes: Mapping[str, NodeSpec],
+    subgraphs: Mapping[str, Blueprint],
+    returns: Mapping[str, str],
 ) -> ResolvedPolicy:
     """The edge's policy with every default filled in. An edge without `policy:` carries text
     when either end meets a function node (it has no model state), else the default state
@@ -242,7 +246,6 @@ def _edge_policy(
     edge = spec.edges[index]
     policy = edge.policy
     if policy is None:
-        nodes = {node.name: node for node in spec.nodes}
         functional = meets_function(nodes, subgraphs, returns, edge.source, outgoing=True) or meets_function(
             nodes, subgraphs, returns, edge.target, outgoing=False)
         return resolve_policy(TransferPolicy(mode="text" if functional else "state"))
