@@ -64,6 +64,17 @@ lint: $(STAMP)
 test-main: lint browser
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
 
+# One math thread per test process. torch and vLLM otherwise start one OpenMP thread per core
+# in every process: two xdist workers, the servers and subprocesses they start, and the vLLM
+# and Ray tiers side by side then put several spinning thread teams on two cores, and the
+# teams' busy-waiting costs more CPU than the second thread saves on a 135M model's small
+# matrices. Measured 2026-12-04 on the idle 2-core machine: two integration files (cancel
+# points, steering examples) under `-n 2` took 114 s against 145 s (CPU 190 s against 264 s);
+# the vLLM and Ray tiers side by side 342 s against about 520 s. Exported, so every
+# subprocess, server and Ray worker a test starts inherits it; outside the test targets
+# (make demo, benchmarks) torch keeps its default.
+test-main test-unit test-vllm test-ray test-extras: export OMP_NUM_THREADS := 1
+
 # The web UI's browser test drives Debian's chromium through chromedriver (Selenium). CI runs
 # as root on Debian and installs them here; elsewhere this says what to install.
 browser:
