@@ -70,7 +70,8 @@ test-main: lint browser
 # teams' busy-waiting costs more CPU than the second thread saves on a 135M model's small
 # matrices. Measured 2026-12-04 on the idle 2-core machine: two integration files (cancel
 # points, steering examples) under `-n 2` took 114 s against 145 s (CPU 190 s against 264 s);
-# the vLLM and Ray tiers side by side 342 s against about 520 s. Exported, so every
+# the vLLM and Ray tiers side by side 342 s against about 520 s; a fresh clone's whole
+# `.ci/run` 1052 s (main tier 687 s) against 1971 s (1333 s) the day before. Exported, so every
 # subprocess, server and Ray worker a test starts inherits it; outside the test targets
 # (make demo, benchmarks) torch keeps its default.
 test-main test-unit test-vllm test-ray test-extras: export OMP_NUM_THREADS := 1
