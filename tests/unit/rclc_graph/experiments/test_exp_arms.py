@@ -291,6 +291,14 @@ def test_the_shipped_arm_grid_applies_to_both_topologies():
         assert len(validate_arms(load_graph(topology), arms)) == len(arms)
 
 
+def test_the_family_arms_apply_to_both_topologies():
+    """The arm file the task-family tables ran (docs/experiments.md) stays valid on both."""
+    arms = load_arms(ROOT / "examples" / "experiment_arms_families.yaml")
+    assert [arm.name for arm in arms][:4] == ["default", "seed", "recent", "single"]
+    for topology in (CHAIN, FANOUT):
+        assert len(validate_arms(load_graph(topology), arms)) == len(arms)
+
+
 def test_selection_keys_are_policy_fields(tmp_path):
     arm = parse_arm("n4=state:ratio=4,span=sentence,max_span=32,exclude=template+known,allocation=pooled")
     assert (arm.policy.span, arm.policy.max_span, arm.policy.exclude, arm.policy.allocation) == (
