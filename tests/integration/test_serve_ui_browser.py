@@ -70,8 +70,12 @@ def test_start_a_run_from_the_ui_and_watch_tokens_arrive(tmp_path, browser, arti
         final_tokens = (By.CSS_SELECTOR, '.card[data-node="final"] .tokens span')
         wait.until(lambda driver: len(driver.find_elements(*final_tokens)) >= 3)
         assert browser.find_element(By.CSS_SELECTOR, '.card[data-node="final"] .badge').text == "running"
-        hops = browser.find_elements(By.CSS_SELECTOR, '.card[data-node="final"] .hops li')
-        assert len(hops) == 3 and all("kept" in hop.text and "/" in hop.text for hop in hops)
+        # one script reads every hop's text at once: the page re-renders the card as events
+        # arrive, so elements found first and read one by one can go stale in between
+        hops = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.card[data-node=\"final\"] .hops li'))"
+            ".map(item => item.innerText)")
+        assert len(hops) == 3 and all("kept" in hop and "/" in hop for hop in hops), hops
         browser.save_screenshot(str(artifacts / "2-tokens-arriving.png"))
 
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
