@@ -35,25 +35,15 @@ MIB = 2**20
 
 
 def live_bytes(sender: Any) -> int:
-    """Bytes of the distinct tensor storages the sender's rows and cache hold."""
-    import torch
+    """Bytes of the distinct tensor storages the sender holds: its input rows, its token IDs
+    and its cache's keys and values (each storage once, however many views share it)."""
+    # private on purpose: the core's one accessor of a cache's per-layer tensors
+    from rclc._cache import cache_layers
 
-    storages: dict[int, int] = {}
-    stack, seen = [sender], set()
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, torch.Tensor):
-            storage = item.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif hasattr(item, "__dict__") and not isinstance(item, type) and type(item).__module__.startswith(("rclc", "transformers.cache")):
-            stack.extend(vars(item).values())
+    tensors = [sender.input_embeds, sender.token_ids]
+    tensors += [tensor for layer in cache_layers(sender.past_key_values) for tensor in layer]
+    storages = {tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
+                for tensor in tensors if tensor is not None}
     return sum(storages.values())
 
 
@@ -78,7 +68,7 @@ def measure(size: int) -> dict[str, Any]:
         transfer_sync(sender, receiver, QUESTION, budget=128)
     return {
         "size": size,
-        "positions": int(sender.positions) if hasattr(sender, "positions") else None,
+        "positions": sender.positions,
         "bind_peak_mib": round((bind.peak - base) / MIB, 1),
         "rss_after_bind_mib": round((bound - base) / MIB, 1),
         "sender_live_tensors_mib": round(live_bytes(sender) / MIB, 1),
