@@ -23,6 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as expect
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tests.helpers import page_reads as page
 from tests.helpers.serve_process import ROOT, ServeProcess
 
 pytestmark = pytest.mark.integration
@@ -59,7 +60,7 @@ def test_start_a_run_from_the_ui_and_watch_tokens_arrive(tmp_path, browser, arti
     with ServeProcess(tmp_path / "runs") as server:
         browser.get(server.url + "/")
         wait = WebDriverWait(browser, 180)
-        wait.until(lambda driver: len(Select(driver.find_element(By.ID, "topology")).options) >= 4)
+        wait.until(lambda driver: len(page.options(driver, "#topology")) >= 4)
         Select(browser.find_element(By.ID, "topology")).select_by_value("fanout_qa")
         question = browser.find_element(By.CSS_SELECTOR, "#inputs textarea[name=question]")
         assert "Cedar bridge" in question.get_attribute("value")  # the example inputs fill the form
@@ -69,29 +70,24 @@ def test_start_a_run_from_the_ui_and_watch_tokens_arrive(tmp_path, browser, arti
         wait.until(expect.visibility_of_element_located((By.ID, "run")))
         final_tokens = (By.CSS_SELECTOR, '.card[data-node="final"] .tokens span')
         wait.until(lambda driver: len(driver.find_elements(*final_tokens)) >= 3)
-        assert browser.find_element(By.CSS_SELECTOR, '.card[data-node="final"] .badge').text == "running"
-        # one script reads every hop's text at once: the page re-renders the card as events
-        # arrive, so elements found first and read one by one can go stale in between
-        hops = browser.execute_script(
-            "return Array.from(document.querySelectorAll('.card[data-node=\"final\"] .hops li'))"
-            ".map(item => item.innerText)")
+        # tokens show while the node runs; a fast end may already have replaced "running"
+        assert page.text(browser, '.card[data-node="final"] .badge') in ("running", "finished")
+        hops = page.texts(browser, '.card[data-node="final"] .hops li')
         assert len(hops) == 3 and all("kept" in hop and "/" in hop for hop in hops), hops
         browser.save_screenshot(str(artifacts / "2-tokens-arriving.png"))
 
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
         wait.until(expect.visibility_of_element_located((By.ID, "run-report")))
         wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, ".kept"))  # kept spans highlighted
-        output = browser.find_element(By.CSS_SELECTOR, "#outputs .output .text").text
-        streamed = "".join(span.text for span in browser.find_elements(*final_tokens))
+        output = page.text(browser, "#outputs .output .text")
+        streamed = "".join(page.texts(browser, '.card[data-node="final"] .tokens span'))
         # A browser's rendered text drops a span's newlines ("\n\n" inside an answer), so the
         # streamed tokens are compared with the output without whitespace.
         assert output and "".join(output.split()) in "".join(streamed.split())
-        states = {group.get_attribute("data-node"): group.get_attribute("class")
-                  for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
-        assert states and all("finished" in state for state in states.values()), states
-        assert "report.html" in browser.find_element(By.ID, "run-report").get_attribute("href")
-        listed = browser.find_element(By.CSS_SELECTOR, "#run-list li .badge").text
-        assert listed == "finished"
+        page.settled(browser, page.graph_classes,
+                     lambda states: states and all("finished" in state for state in states.values()))
+        assert "report.html" in page.attribute(browser, "#run-report", "href")
+        page.settled(browser, lambda driver: page.text(driver, "#run-list li .badge"), lambda listed: listed == "finished")
         time.sleep(0.5)  # let the last paint settle for the screenshot
         browser.save_screenshot(str(artifacts / "3-finished.png"))
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
@@ -103,12 +99,11 @@ def test_start_a_run_from_the_ui_and_watch_tokens_arrive(tmp_path, browser, arti
 
 
 def start_from_form(browser, wait, topology):
-    wait.until(lambda driver: topology in [option.get_attribute("value")
-                                          for option in Select(driver.find_element(By.ID, "topology")).options])
+    wait.until(lambda driver: topology in page.options(driver, "#topology"))
     Select(browser.find_element(By.ID, "topology")).select_by_value(topology)
     wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#inputs textarea"))
     browser.find_element(By.ID, "start").click()
-    wait.until(lambda driver: driver.find_element(By.ID, "run-title").text == topology)
+    wait.until(lambda driver: page.text(driver, "#run-title") == topology)
 
 
 def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, browser, artifacts):
@@ -119,33 +114,31 @@ def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, 
         # triage routes to one specialist: the other is skipped, and its edge shown idle
         start_from_form(browser, wait, "triage")
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
-        run_id = browser.find_element(By.ID, "run-id").text
+        run_id = page.text(browser, "#run-id")
         record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
         [skipped] = [name for name, status in record["node_status"].items() if status == "skipped"]
         [answered] = [name for name in ("billing", "technical") if name != skipped]
         card = f'.card[data-node="{skipped}"]'
         wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{card} .badge"), "skipped"))
-        assert browser.find_element(By.CSS_SELECTOR, f"{card} .facts").text  # the reason
-        node_classes = {group.get_attribute("data-node"): group.get_attribute("class")
-                        for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
-        assert "skipped" in node_classes[skipped] and "finished" in node_classes[answered], node_classes
-        edge_classes = {group.get_attribute("data-target"): group.get_attribute("class")
-                        for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.edge")}
-        assert "idle" in edge_classes[skipped] and "fired" in edge_classes[answered], edge_classes
+        assert page.text(browser, f"{card} .facts")  # the reason
+        page.settled(browser, page.graph_classes,
+                     lambda nodes: "skipped" in nodes.get(skipped, "") and "finished" in nodes.get(answered, ""))
+        page.settled(browser, lambda driver: page.graph_classes(driver, "edge"),
+                     lambda edges: "idle" in edges.get(skipped, "") and "fired" in edges.get(answered, ""))
         time.sleep(0.5)
         browser.save_screenshot(str(artifacts / "4-skipped.png"))
 
         # review_loop waits for a person's approval of its final text; the banner asks and takes the answer
         start_from_form(browser, wait, "review_loop")
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "waiting"))
-        run_id = browser.find_element(By.ID, "run-id").text
+        run_id = page.text(browser, "#run-id")
         final = '.card[data-node="final"]'
         wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "waiting"))
-        assert "Approve this announcement" in browser.find_element(By.CSS_SELECTOR, f"{final} .facts").text
-        assert "waiting" in browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="final"]').get_attribute("class")
+        assert "Approve this announcement" in page.text(browser, f"{final} .facts")
+        page.settled(browser, page.graph_classes, lambda nodes: "waiting" in nodes.get("final", ""))
         ask = '#waiting-banner .ask[data-node="final"]'
         wait.until(expect.visibility_of_element_located((By.CSS_SELECTOR, ask)))
-        assert "Approve this announcement" in browser.find_element(By.CSS_SELECTOR, ask).text
+        assert "Approve this announcement" in page.text(browser, ask)
         time.sleep(0.5)
         browser.save_screenshot(str(artifacts / "5-waiting.png"))
         browser.find_element(By.CSS_SELECTOR, f"{ask} textarea").send_keys("approved")
@@ -155,7 +148,7 @@ def test_skipped_nodes_and_a_person_answering_a_waiting_run_in_the_ui(tmp_path, 
         assert not browser.find_element(By.ID, "waiting-banner").is_displayed()
         record = httpx.get(f"{server.url}/runs/{run_id}").json()["record"]
         assert record["status"] == "finished" and record["answers"] == {"final": "approved"}
-        assert browser.find_element(By.CSS_SELECTOR, "#outputs .output .text").text.strip()
+        assert page.text(browser, "#outputs .output .text").strip()
         time.sleep(0.5)
         browser.save_screenshot(str(artifacts / "6-answered.png"))
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
@@ -198,8 +191,7 @@ def count_words(inputs, senders):
 
 def badges(browser):
     """(the run view's status, the run list's status for the same run)."""
-    return (browser.find_element(By.ID, "run-status").text,
-            browser.find_element(By.CSS_SELECTOR, "#run-list li.selected .badge").text)
+    return page.text(browser, "#run-status"), page.text(browser, "#run-list li.selected .badge")
 
 
 def test_the_waiting_banner_asks_at_the_top_and_function_cards_are_plain(tmp_path, browser, artifacts):
@@ -215,17 +207,17 @@ def test_the_waiting_banner_asks_at_the_top_and_function_cards_are_plain(tmp_pat
         banner = browser.find_element(By.ID, "waiting-banner")
         ask = '#waiting-banner .ask[data-node="notes"]'
         wait.until(expect.visibility_of_element_located((By.CSS_SELECTOR, ask)))
-        assert "What should the note about the Cedar app say?" in browser.find_element(By.CSS_SELECTOR, ask).text
+        assert "What should the note about the Cedar app say?" in page.text(browser, ask)
         # at the top of the run view: above the graph and the cards, inside the first screen
         top = browser.execute_script("return arguments[0].getBoundingClientRect().top", banner)
         graph_top = browser.execute_script("return document.getElementById('graph').getBoundingClientRect().top")
         assert top < graph_top and top < browser.execute_script("return window.innerHeight")
         wait.until(lambda driver: badges(driver) == ("waiting", "waiting"))  # one word in both places
-        assert browser.find_element(By.CSS_SELECTOR, "#run-status").get_attribute("title").startswith("waits for")
+        assert page.attribute(browser, "#run-status", "title").startswith("waits for")
         time.sleep(0.5)
         browser.save_screenshot(str(artifacts / "7-waiting-banner.png"))
 
-        run_id = browser.find_element(By.ID, "run-id").text
+        run_id = page.text(browser, "#run-id")
         browser.find_element(By.CSS_SELECTOR, f"{ask} textarea").send_keys("Cedar now works offline.")
         browser.find_element(By.ID, "answer").click()
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
@@ -241,7 +233,7 @@ def test_the_waiting_banner_asks_at_the_top_and_function_cards_are_plain(tmp_pat
         count, final = '.card[data-node="count"]', '.card[data-node="final"]'
         wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{count} .badge"), "finished"))
         wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, f"{final} .bar"))
-        assert f'{{"words":{words}}}' in browser.find_element(By.CSS_SELECTOR, f"{count} .tokens").text
+        assert f'{{"words":{words}}}' in page.text(browser, f"{count} .tokens")
         assert not browser.find_elements(By.CSS_SELECTOR, f"{count} details")
         assert not browser.find_elements(By.CSS_SELECTOR, f"{count} .bar")
         assert browser.find_elements(By.CSS_SELECTOR, f"{final} details")
@@ -262,8 +254,7 @@ def test_the_start_form_previews_the_graph_before_any_run(tmp_path, browser, art
             return set(driver.execute_script(
                 "return [...document.querySelectorAll('#topology-graph svg g.node')].map((g) => g.dataset.node)"))
 
-        wait.until(lambda driver: "fanout_qa" in [option.get_attribute("value")
-                                                  for option in Select(driver.find_element(By.ID, "topology")).options])
+        wait.until(lambda driver: "fanout_qa" in page.options(driver, "#topology"))
         Select(browser.find_element(By.ID, "topology")).select_by_value("fanout_qa")
         wait.until(lambda driver: previewed(driver) == {"reader", "final"})
         assert browser.find_element(By.ID, "topology-graph").is_displayed()

@@ -13,6 +13,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as expect
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.helpers import page_reads as page
 from tests.helpers.serve_process import ServeProcess
 from tests.integration.test_serve_ui_browser import artifacts, browser, start_from_form  # noqa: F401 - fixtures used by name
 
@@ -25,19 +26,19 @@ def test_a_subgraphs_nodes_show_in_the_live_view(tmp_path, browser, artifacts): 
         wait = WebDriverWait(browser, 600)
         start_from_form(browser, wait, "incident_brief")
         wait.until(expect.text_to_be_present_in_element((By.ID, "run-status"), "finished"))
-        run_id = browser.find_element(By.ID, "run-id").text
+        run_id = page.text(browser, "#run-id")
         notes = '.card[data-node="evidence/notes"]'
         wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{notes} .badge"), "finished"))
-        assert browser.find_element(By.CSS_SELECTOR, f"{notes} .scope").text == "in subgraph evidence"
+        assert page.text(browser, f"{notes} .scope") == "in subgraph evidence"
         assert not browser.find_elements(By.CSS_SELECTOR, '.card[data-node="brief"] .scope')
-        frames = browser.find_elements(By.CSS_SELECTOR, '#graph g.subgraph[data-scope="evidence"]')
-        assert len(frames) == 1 and "evidence: subgraph evidence" in frames[0].text
-        states = {group.get_attribute("data-node"): group.get_attribute("class")
-                  for group in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
+        states = page.settled(browser, page.graph_classes,
+                              lambda nodes: nodes and all("finished" in state for state in nodes.values()))
         assert set(states) == {"framing", "evidence/reader[0]", "evidence/reader[1]", "evidence/reader[2]",
-                               "evidence/notes", "brief"} and all("finished" in state for state in states.values())
-        hops = browser.find_elements(By.CSS_SELECTOR, '.card[data-node="brief"] .hops li')
-        assert len(hops) == 1 and "evidence/notes" in hops[0].text
+                               "evidence/notes", "brief"}, states
+        frames = page.texts(browser, '#graph g.subgraph[data-scope="evidence"]')
+        assert len(frames) == 1 and "evidence: subgraph evidence" in frames[0], frames
+        hops = page.texts(browser, '.card[data-node="brief"] .hops li')
+        assert len(hops) == 1 and "evidence/notes" in hops[0], hops
         node = httpx.get(f"{server.url}/runs/{run_id}/nodes/evidence/notes").json()
         assert node["node"] == "evidence/notes" and node["text"]
         time.sleep(0.5)
