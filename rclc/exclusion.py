@@ -5,7 +5,8 @@ instructions (system prompt, the fixed text of its prompt template) and, often, 
 receiver already holds (a reader's copy of the question its receiver is asked). Such rows
 score high against the request (the question copy most of all) and take a small budget
 while carrying nothing new to the receiver. `transfer(..., exclude=rclc.Exclusion())`
-marks them, per sender and request, for three reasons (`rclc.policy.EXCLUSION_REASONS`):
+marks them, per sender and request, for these reasons (`rclc.policy.EXCLUSION_REASONS`; the
+first three unless `reasons` names others):
 
 - `template`: the tokenizer's special tokens, and positions the caller marks `template`;
 - `instruction`: positions the caller marks `instruction` (`roles`, one label per position
@@ -16,6 +17,13 @@ marks them, per sender and request, for three reasons (`rclc.policy.EXCLUSION_RE
   ignored): a sender word is known when it lies in a run of `min_words` consecutive words
   that also occurs in a known text, so the match does not depend on where the tokenizer
   cut words, and a shared entity name or relation word alone never matches.
+- `duplicate` (opt-in): positions whose text an earlier sender of the same transfer also
+  holds, in a run of `duplicate_words` consecutive words (same matching). The readers of a
+  fan-out each hold the same instructions and question; each copy scored high and took its
+  reader's budget, though the receiver needs at most one. Only the first sender's copy
+  ranks normally. The run is longer than `known`'s because different documents share short
+  runs ("the Osprey workshop is") that may be the evidence; six-word runs shared by two
+  documents are rare outside boilerplate (measured in docs/experiments.md).
 
 Excluded positions are not dropped outright: the keep step ranks every span holding them
 after all other spans, so the budget they would have taken goes to the next-best spans and
@@ -33,30 +41,33 @@ from typing import Any
 
 from ._arguments import is_exact_int
 from .errors import RclcError
-from .policy import EXCLUSION_REASONS, POSITION_ROLES
+from .policy import DEFAULT_EXCLUSION_REASONS, EXCLUSION_REASONS, POSITION_ROLES
 
 __all__ = ["Exclusion", "known_positions", "position_reasons"]
 
 _WORD = re.compile(r"\w+")
 DEFAULT_MIN_WORDS = 4
+DEFAULT_DUPLICATE_WORDS = 6
 
 
 @dataclass(frozen=True)
 class Exclusion:
     """What a transfer's selection passes over (see the module docstring).
 
-    `reasons`: a subset of `("template", "instruction", "known")` (default: all three; empty:
-    nothing is excluded). `known`: texts the receivers hold beyond the request and their
-    planned prompts (e.g. the prompt a graph node will really generate from). `roles`: None,
-    or one entry per sender (None for a sender without labels), each a sequence of
-    `"material" | "instruction" | "template"` with one label per position of that sender's
-    state. `min_words`: the shortest run of shared words that counts as known.
+    `reasons`: a subset of `("template", "instruction", "known", "duplicate")` (default: the
+    first three; empty: nothing is excluded). `known`: texts the receivers hold beyond the
+    request and their planned prompts (e.g. the prompt a graph node will really generate
+    from). `roles`: None, or one entry per sender (None for a sender without labels), each a
+    sequence of `"material" | "instruction" | "template"` with one label per position of that
+    sender's state. `min_words`: the shortest run of shared words that counts as known;
+    `duplicate_words`: the shortest run an earlier sender must share for `duplicate`.
     """
 
-    reasons: tuple[str, ...] = EXCLUSION_REASONS
+    reasons: tuple[str, ...] = DEFAULT_EXCLUSION_REASONS
     known: tuple[str, ...] = ()
     roles: tuple[Sequence[str] | None, ...] | None = None
     min_words: int = DEFAULT_MIN_WORDS
+    duplicate_words: int = DEFAULT_DUPLICATE_WORDS
 
     def __post_init__(self) -> None:
         reasons = tuple(self.reasons) if isinstance(self.reasons, (list, tuple)) else self.reasons
@@ -69,6 +80,8 @@ class Exclusion:
             raise RclcError(f"exclude.known: expected a tuple of texts, got {self.known!r}")
         if not is_exact_int(self.min_words) or self.min_words < 1:
             raise RclcError(f"exclude.min_words: expected an int >= 1, got {self.min_words!r}")
+        if not is_exact_int(self.duplicate_words) or self.duplicate_words < 1:
+            raise RclcError(f"exclude.duplicate_words: expected an int >= 1, got {self.duplicate_words!r}")
         roles = self.roles
         if roles is not None:
             if not isinstance(roles, (list, tuple)):
@@ -190,12 +203,13 @@ def position_reasons(
     roles: Sequence[str] | None = None,
     special: Iterable[int] = (),
     known: Sequence[bool] | None = None,
+    duplicate: Sequence[bool] | None = None,
 ) -> list[str | None]:
     """Per position, the first reason (in `EXCLUSION_REASONS` order) that excludes it, else None.
 
     `roles` labels the first `len(roles)` positions (rows appended after them, such as latent
     rows of reasoning, count as material); `special` are special-token positions; `known`
-    flags positions whose text the receiver holds.
+    flags positions whose text the receiver holds; `duplicate` those an earlier sender holds.
     """
     wanted = set(reasons)
     result: list[str | None] = [None] * total
@@ -208,6 +222,8 @@ def position_reasons(
             result[position] = "instruction"
         elif "known" in wanted and known is not None and known[position]:
             result[position] = "known"
+        elif "duplicate" in wanted and duplicate is not None and duplicate[position]:
+            result[position] = "duplicate"
     return result
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_SELECTOR",
     "DEFAULT_WAIT_MS",
     "DEFAULT_WORKER_FORWARDS",
+    "DEFAULT_EXCLUSION_REASONS",
     "EXCLUSION_REASONS",
     "EXCLUSION_UNITS",
     "MODES",
@@ -57,10 +58,16 @@ SPAN_KINDS = ("fixed", "sentence", "paragraph", "line")
 """How the attention selectors cut a sender into the spans they keep whole: the fixed
 `span_size` grid, or the sender's own sentences, paragraphs or lines."""
 
-EXCLUSION_REASONS = ("template", "instruction", "known")
+EXCLUSION_REASONS = ("template", "instruction", "known", "duplicate")
 """Why a selection may pass over a sender position (`rclc.Exclusion`): a chat-template
-marker, the sender's own instructions (system prompt, prompt-template text), or text the
-receiver already holds. Listed in the order a position's reason is reported."""
+marker, the sender's own instructions (system prompt, prompt-template text), text the
+receiver already holds, or text an earlier sender of the same transfer also holds (a fan-in's
+readers' shared prompt: one copy is enough). Listed in the order a position's reason is
+reported."""
+DEFAULT_EXCLUSION_REASONS = ("template", "instruction", "known")
+"""What `rclc.Exclusion()` passes over when no reasons are named (`duplicate` is opt-in: it
+was added later, and a default that changed under existing callers would change their
+selections)."""
 POSITION_ROLES = ("material", "instruction", "template")
 """What a sender position holds, as a caller who built the prompt knows it: material the
 sender read or wrote, its instructions, or chat-template markup."""

@@ -133,13 +133,54 @@ def receiver_grams(
     return grams | (shared or set())
 
 
+def sender_pieces(state: SenderState) -> list[str | None] | None:
+    """The text of each position of a sender's state, None at special tokens (markers break
+    word runs and are never matched text) and at continuous rows; None without IDs or tokenizer."""
+    if state.token_ids is None or state.tokenizer is None:
+        return None
+    ids = state.token_ids.tolist()
+    pieces = token_pieces(state.tokenizer, ids)
+    for position in special_positions(state.tokenizer, ids):
+        pieces[position] = None
+    return pieces
+
+
+def duplicate_flags(pieces: Sequence[list[str | None] | None], words: int) -> list[list[bool] | None]:
+    """Per sender, which positions lie in a run of `words` words that an earlier sender's text
+    also holds (None: the first sender, or a sender without text); `Exclusion`'s `duplicate`."""
+    seen: set[tuple[str, ...]] = set()
+    flags: list[list[bool] | None] = []
+    for sender in pieces:
+        if sender is None:
+            flags.append(None)
+            continue
+        flags.append(known_positions(sender, seen, words) if seen else None)
+        seen |= known_grams(_segments(sender), words)
+    return flags
+
+
+def _segments(pieces: Sequence[str | None]) -> list[str]:
+    """The texts between special tokens (a word run never crosses one)."""
+    texts, current = [], []
+    for piece in pieces:
+        if piece is None:
+            texts.append("".join(current))
+            current = []
+        else:
+            current.append(piece)
+    texts.append("".join(current))
+    return texts
+
+
 def sender_reasons(
-    state: SenderState, exclusion: Exclusion, roles: Sequence[str] | None, grams: set[tuple[str, ...]]
+    state: SenderState, exclusion: Exclusion, roles: Sequence[str] | None, grams: set[tuple[str, ...]],
+    duplicate: Sequence[bool] | None = None, pieces: list[str | None] | None = None,
 ) -> list[str | None] | None:
     """The `exclude` mask for one sender's state (None when nothing is excluded).
 
     Roles label the state the caller held; rows full-context reasoning appended after them
-    are latent (protected anyway) and count as material.
+    are latent (protected anyway) and count as material. `duplicate` flags the positions an
+    earlier sender holds (`duplicate_flags`); `pieces`, the state's text when the caller has it.
     """
     total = state.positions
     if roles is not None and len(roles) > total:
@@ -148,11 +189,9 @@ def sender_reasons(
     special = special_positions(state.tokenizer, ids) if ids is not None and state.tokenizer is not None else []
     known = None
     if "known" in exclusion.reasons and grams and ids is not None and state.tokenizer is not None:
-        pieces = token_pieces(state.tokenizer, ids)
-        for position in special:
-            pieces[position] = None  # markers break word runs and are never known text
+        pieces = pieces if pieces is not None else sender_pieces(state)
         known = known_positions(pieces, grams, exclusion.min_words)
-    reasons = position_reasons(total, exclusion.reasons, roles=roles, special=special, known=known)
+    reasons = position_reasons(total, exclusion.reasons, roles=roles, special=special, known=known, duplicate=duplicate)
     return reasons if any(reason is not None for reason in reasons) else None
 
 
@@ -165,10 +204,15 @@ def request_masks(
     """Each sender's exclusion mask for one request (`planned`: the planned receivers'
     (tokenizer, prompt ids) for it). Runs in a worker."""
     roles = exclusion.roles or (None,) * len(states)
+    texts = [sender_pieces(state) for state in states] if {"known", "duplicate"} & set(exclusion.reasons) else None
+    duplicates: Sequence[list[bool] | None] = [None] * len(states)
+    if texts is not None and "duplicate" in exclusion.reasons and len(states) > 1:
+        duplicates = duplicate_flags(texts, exclusion.duplicate_words)
     masks = []
-    for state, labels in zip(states, roles):
+    for index, (state, labels) in enumerate(zip(states, roles)):
         grams = receiver_grams(exclusion, request, planned, state.tokenizer) if "known" in exclusion.reasons else set()
-        masks.append(sender_reasons(state, exclusion, labels, grams))
+        pieces = None if texts is None else texts[index]
+        masks.append(sender_reasons(state, exclusion, labels, grams, duplicates[index], pieces))
     return masks
 
 

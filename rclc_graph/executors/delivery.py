@@ -55,7 +55,7 @@ async def transfer_group(handoff: GroupHandoff, receiver: object) -> float:
     ctx = handoff.ctx
     options = transfer_options(
         handoff.group[0].policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=handoff.known,
-        roles=handoff.roles, span_starts=handoff.span_starts,
+        roles=handoff.roles, span_starts=handoff.span_starts, senders=len(handoff.group),
     )
     sending = [handoff.sender_agent(edge.source) for edge in handoff.group]
     await rclc.transfer(sending, receiver, handoff.request, **options)

@@ -11,8 +11,10 @@ transfer call.
 Full-context reasoning (`reasoning.context: full | full_with_request`) appends rows to each
 sender *before* the fit, so the fit would need a round trip per sender after reasoning; that
 case is refused with NotImplementedError rather than fitted differently. So is pooled
-allocation, whose counts depend on every sender's scores: a group whose senders all sit on
-the receiver's replica goes through one local `rclc.transfer` and pools as in-process.
+allocation that an edge names, whose counts depend on every sender's scores; pooled allocation
+the graph's default chose falls back to per-sender budgets here (`split_options`; the hop
+records say per_sender). A group whose senders all sit on the receiver's replica goes through
+one local `rclc.transfer` and pools as in-process.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ def shape_of(agent: Any) -> SenderShape:
     """The shape of a bound agent's current state (its retained or history state)."""
     state = agent.sender_state()
     return SenderShape(state.positions, state.inherited_positions, state.latent_steps)
+
+
+def split_options(options: dict[str, Any], *, allocation_named: bool) -> dict[str, Any]:
+    """The transfer options of a group whose senders sit on other hosts: pooled allocation the
+    graph's default chose becomes per-sender budgets (pooling needs every sender's scores in
+    one place); one the edge named stays, and `refuse_unmatched` refuses it."""
+    if options.get("allocation") == "pooled" and not allocation_named:
+        return {key: value for key, value in options.items() if key != "allocation"}
+    return options
 
 
 def refuse_unmatched(options: dict[str, Any], *, edge: str) -> None:

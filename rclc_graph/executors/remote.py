@@ -36,7 +36,7 @@ from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.lineage import HopRecord
 from ..results.run_result import NodeResult
 from .contract import Executor, Inbound, Publish, RunContext
-from .fitting import SenderShape, fit_counts, refuse_unmatched
+from .fitting import SenderShape, fit_counts, refuse_unmatched, split_options
 from .function_node import run_function_node
 from .loaded_model import model_key
 from .openai_model import load_model as load_api_model
@@ -286,6 +286,7 @@ class RemoteExecutor(Executor):
         `span_starts`: where each sender's runs of rows begin)."""
         lead = group[0]
         options = transfer_options(lead.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
+        options = split_options(options, allocation_named=lead.policy.allocation_named)
         refuse_unmatched(options, edge=f"{lead.source!r} -> {node.name!r} ({lead.policy.label})")
         room = await self._guard(host, node.name, host.call("room", run.ticket, node.name, request))
         counts = fit_counts(options, [run.shapes[edge.source] for edge in group], room)

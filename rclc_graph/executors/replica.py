@@ -164,7 +164,7 @@ class Replica:
             transfer_options(
                 edge.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed, known=tuple(known),
                 roles=None if roles is None else [list(roles)],
-                span_starts=None if span_starts is None else [list(span_starts)],
+                span_starts=None if span_starts is None else [list(span_starts)], senders=1,
             ),
             count,
         )

@@ -72,8 +72,12 @@ def transfer_options(
     known: tuple[str, ...] = (),
     roles: list[list[str]] | None = None,
     span_starts: list[list[int]] | None = None,
+    senders: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of `rclc.transfer` for a state/full edge policy.
+
+    `senders`: how many senders the call holds, when known; a lone sender gets no
+    `allocation` (pooling one sender is its own budget, and its hop then says per_sender).
 
     `known` (what the receiver holds: its system prompt and user turn) and `roles` (one
     label list per sender, roles.py) make the policy's `exclude` an `rclc.Exclusion`.
@@ -90,7 +94,7 @@ def transfer_options(
             options["budget"] = policy.budget
         else:
             options["ratio"] = policy.ratio
-        if policy.allocation != "per_sender":
+        if policy.allocation != "per_sender" and senders != 1:
             options["allocation"] = policy.allocation
         if span_starts is not None and any(span_starts):
             options["span_starts"] = [list(starts) for starts in span_starts]

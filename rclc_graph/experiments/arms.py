@@ -51,7 +51,7 @@ from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import ValidationError
 
-from rclc.policy import EXCLUSION_REASONS, MODES as POLICY_MODES, BudgetPolicy, policy_label
+from rclc.policy import DEFAULT_EXCLUSION_REASONS, MODES as POLICY_MODES, BudgetPolicy, policy_label
 
 from ..errors import FieldPath, GraphError, Location, Problem, SpecError
 from ..spec import safe_yaml
@@ -187,11 +187,13 @@ def _from_text(name: str, key: str, value: str) -> Any:
 
 
 def _exclude_value(value: str) -> list[str]:
-    """`none`, `all`, or reasons joined by '+' (commas separate an arm's options)."""
+    """`none`, `all`, or reasons joined by '+' (commas separate an arm's options). `all` is
+    template, instruction and known, what it meant before `duplicate` existed, so the
+    documented commands that use it measure what they measured; `duplicate` is named."""
     if value == "none":
         return []
     if value == "all":
-        return list(EXCLUSION_REASONS)
+        return list(DEFAULT_EXCLUSION_REASONS)
     return [reason.strip() for reason in value.split("+")]
 
 

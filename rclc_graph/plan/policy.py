@@ -49,7 +49,15 @@ DEFAULT_MAX_SPAN: int | None = 32
 DEFAULT_RELEVANCE: float | None = None
 DEFAULT_EXCLUDE_BY: str | None = None
 DEFAULT_EXCLUDE: tuple[str, ...] = ("template",)
-DEFAULT_ALLOCATION = "per_sender"
+# Pooled fan-in budgets (issue 26): the senders of one transfer group share the sum of their
+# budgets, spent on the best spans across them. Chosen on the fan-out dev split (seed 101, 80
+# cases in each of four task families, r4): 46.2% against 40.3% for per-sender budgets,
+# +37/-18 paired, p = 0.014 (paraphrase +19/-2), gold-sentence evidence kept 72% against 64%;
+# docs/experiments.md#task-families-dev-split-r4. A chain hop has one sender, so nothing changes
+# there. A group whose senders sit on other replicas than the receiver cannot pool (the ranking
+# needs every score in one place): there the default falls back to per-sender budgets, and an
+# edge that names `allocation: pooled` is refused (executors/fitting.py).
+DEFAULT_ALLOCATION = "pooled"
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class ResolvedPolicy:
     exclude: tuple[str, ...] = ()  # exclusion reasons; () passes nothing over
     exclude_by: str | None = None  # "span": instruction/known pass over whole spans; None: position by position
     allocation: str = "per_sender"
+    allocation_named: bool = False  # the edge named its allocation (False: the graph's default filled it)
 
     @property
     def label(self) -> str:
@@ -180,6 +189,7 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
         name=name,
         exclude=tuple(exclude),
         allocation=allocation,
+        allocation_named=policy.allocation is not None,
         **spans,
     )
 

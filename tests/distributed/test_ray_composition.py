@@ -26,6 +26,7 @@ from rclc_graph import compile_plan, resume_run_sync, run_plan_sync, run_recorde
 from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool  # noqa: E402
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from tests.helpers.composition import shipped_on_tiny  # noqa: E402
+from tests.helpers.plans import spread_reference  # noqa: E402
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.ray
@@ -61,7 +62,8 @@ def crossing(result) -> list:
 @pytest.mark.parametrize("name", ["incident_brief", "plan_and_execute"])
 def test_composition_runs_across_machines_with_local_outputs(cluster, tiny_dir, name):
     plan = tiny_plan(name, tiny_dir)
-    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    # incident_brief's readers sit on another machine than their fan-in: per-sender budgets there
+    local = run_plan_sync(spread_reference(plan), executor=LocalExecutor(ModelPool()))
     with RayExecutor(replicas={"base": 2}, pins=PINS[name]) as executor:
         remote = run_plan_sync(plan, executor=executor)
     assert_same_run(local, remote)
@@ -80,7 +82,8 @@ def test_composition_runs_across_machines_with_local_outputs(cluster, tiny_dir, 
 @pytest.mark.parametrize("name", ["incident_brief", "plan_and_execute"])
 def test_an_actor_killed_inside_a_subgraph_or_a_foreach_resumes_on_a_fresh_one(cluster, tiny_dir, tmp_path, name):
     plan = tiny_plan(name, tiny_dir)
-    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    # incident_brief's readers sit on another machine than their fan-in: per-sender budgets there
+    local = run_plan_sync(spread_reference(plan), executor=LocalExecutor(ModelPool()))
     executor = RayExecutor(replicas={"base": 2}, pins=PINS[name])
 
     class KillDuring(DelegatingExecutor):

@@ -25,6 +25,7 @@ from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from rclc_graph.spec.load import read_graph  # noqa: E402
 from rclc_graph.plan.compile import compile_plan  # noqa: E402
 from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool, RunContext  # noqa: E402
+from tests.helpers.plans import spread_reference  # noqa: E402
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.ray
@@ -80,7 +81,8 @@ def test_chain_of_agents_runs_unchanged_across_machines(cluster):
 @pytest.mark.integration
 def test_fanout_qa_fits_remote_senders_jointly_and_streams_tokens(cluster):
     plan = plan_file(FANOUT, inputs("fanout_qa"))
-    local = run_plan_sync(plan, executor=LocalExecutor(ModelPool()))
+    # the readers sit on another machine than final: the default's pooling becomes per-sender budgets
+    local = run_plan_sync(spread_reference(plan), executor=LocalExecutor(ModelPool()))
 
     async def run_with_events(executor):
         events = EventStream()

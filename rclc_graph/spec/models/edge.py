@@ -72,7 +72,7 @@ SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by")
 OPT_IN_FIELDS = ("relevance", "exclude_by")
 """Selection levers added later and off unless set (not measured yet): a policy that leaves them
 out dumps, and so fingerprints, as it did before they existed (`TransferPolicy._dump`)."""
-_PARTIAL_REASONS = ("instruction", "known")  # the reasons exclude_by: span changes
+_PARTIAL_REASONS = ("instruction", "known", "duplicate")  # the reasons exclude_by: span changes
 _NOT_TEXT = _STATE_ONLY + ("reasoning", "representation", "request")
 
 
@@ -107,7 +107,8 @@ class TransferPolicy(SpecBase):
     exclude: list[Literal[EXCLUSION_REASONS]] | None = Field(  # type: ignore[valid-type]
         None,
         description="what selection passes over: template (chat markup), instruction (the sender's system prompt and "
-        "template text), known (text the receiver holds); [] passes nothing over; default: the graph's default",
+        "template text), known (text the receiver holds), duplicate (text an earlier sender of the same fan-in "
+        "holds: the readers' shared prompt is sent once); [] passes nothing over; default: the graph's default",
     )
     exclude_by: Literal[EXCLUSION_UNITS] | None = Field(  # type: ignore[valid-type]
         None,
@@ -190,9 +191,9 @@ class TransferPolicy(SpecBase):
         if exclude_by == "span" and not set(self.exclude or ()) & set(_PARTIAL_REASONS):
             raise spec_error(
                 "E_POLICY",
-                f"exclude_by 'span' changes how {' and '.join(_PARTIAL_REASONS)} exclusion pass over spans, and this "
-                f"policy's exclude lists neither (exclude: {self.exclude if self.exclude is not None else 'the default [template]'})",
-                "add instruction or known to exclude, or remove exclude_by",
+                f"exclude_by 'span' changes how {', '.join(_PARTIAL_REASONS)} exclusion pass over spans, and this "
+                f"policy's exclude lists none of them (exclude: {self.exclude if self.exclude is not None else 'the default [template]'})",
+                "add instruction, known or duplicate to exclude, or remove exclude_by",
             )
         if self.allocation == "pooled" and selector is not None and selector not in ATTENTION_SELECTORS:
             raise spec_error(

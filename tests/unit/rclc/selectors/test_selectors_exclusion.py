@@ -25,6 +25,7 @@ from rclc.selectors import (
 )
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._common import SpanOptions, whole_span_flags
+from rclc.selectors._receiver_aware import duplicate_flags
 from rclc.selectors._sentences import partition, token_pieces
 from rclc.selectors._spans import refine
 from tests.helpers.selector_inputs import make_sender, request
@@ -338,3 +339,47 @@ def test_several_requests_and_receivers_with_exclusion_each_get_their_delivery(t
             excluded = "".join(span.text for span in selection.spans if span.excluded == "known")
             assert text in excluded  # each request's own copy passed over, not the other's
             assert not any(other in excluded for other in requests if other != text)
+
+
+# -- duplicate: a fan-in's shared prompt is sent once ------------------------------------------
+
+SHARED = "Read part of a text and keep what helps answer the question.\nQuestion: Who owns the Cedar project?\n"
+
+
+def test_duplicate_flags_mark_runs_an_earlier_sender_holds_and_leave_the_first_copy():
+    first = [" Keep", " what", " helps", " answer", " the", " question", ".", None, " Cedar", " is", " old"]
+    second = [" keep", " WHAT", " helps", " answer", " the", " question", "!", None, " The", " Cedar", " is", " new"]
+    third = [" keep", " what", " helps", " answer", " the", " ask"]
+    flags = duplicate_flags([first, second, third], 6)
+    assert flags[0] is None  # the first sender's copy ranks as usual
+    assert flags[1] == [True] * 7 + [False] * 5  # case and punctuation do not matter; "Cedar is" is 2 words
+    assert flags[2] == [False] * 6  # five shared words are not a six-word run
+    assert duplicate_flags([first, None, second], 6)[1] is None  # a sender without text is never marked
+    assert not any(duplicate_flags([first, second], 7)[1] or [])  # the run length is an option
+
+
+def test_duplicate_is_opt_in_and_checked():
+    assert "duplicate" not in Exclusion().reasons
+    assert Exclusion(reasons=("duplicate",)).duplicate_words == 6
+    with pytest.raises(ValueError, match="exclude.duplicate_words"):
+        Exclusion(reasons=("duplicate",), duplicate_words=0)
+
+
+def test_a_fan_in_sends_its_shared_prompt_once(tiny):
+    model, tokenizer = tiny
+    documents = ["The Cedar project is owned by Alice. It opened in 1990.",
+                 "The Birch project is owned by Bob. It closed in 2001.",
+                 "Lima has a harbour. The harbour opened in 1870."]
+    senders = [make_sender(model, tokenizer, SHARED + document) for document in documents]
+    receiver = HFReceiver(model, tokenizer, max_new_tokens=2)
+    transfer_sync(senders, receiver, "Who owns the Cedar project?", budget=8, record_selection=True,
+                  exclude=Exclusion(reasons=("duplicate",)))
+    selections = [message.selection for message in receiver.peek(0)[0].messages]
+    marked = ["".join(span.text for span in selection.spans if span.excluded == "duplicate") for selection in selections]
+    assert marked[0] == ""  # the first reader's copy is its own
+    for text in marked[1:]:
+        assert "keep what helps answer the question" in text and "Who owns the Cedar project?" in text
+        assert "Alice" not in text and "Bob" not in text and "harbour" not in text  # documents share no six-word run
+    for selection in selections[1:]:
+        kept = "".join(span.text for span in selection.spans if span.kept and span.text)
+        assert "Who owns the Cedar" not in kept  # its budget went to its own document

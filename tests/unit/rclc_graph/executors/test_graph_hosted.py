@@ -89,8 +89,10 @@ def test_by_default_a_run_stays_on_one_replica(pool):
 @pytest.mark.parametrize("pins", [{"w[1]": 1}, {"w": 1}, {"w[0]": 1, "w[2]": 1, "final": 0}])
 def test_a_fan_in_fitted_across_hosts_keeps_what_one_transfer_keeps(pool, pins):
     # A receiver with little room: the three senders' budgets are fitted jointly (water-filling),
-    # whether they sit on the receiver's host, on another one, or both.
-    plan = fan_in(Policy(ratio=1, request="{question}"), context_limit=110)
+    # whether they sit on the receiver's host, on another one, or both. Per-sender budgets named:
+    # the graph's default pools a fan-in, which needs every sender on the receiver's host
+    # (across hosts it falls back to per-sender budgets; test_graph_selection).
+    plan = fan_in(Policy(ratio=1, request="{question}", allocation="per_sender"), context_limit=110)
     local = run_plan_sync(plan, executor=LocalExecutor(pool))
     split = run_plan_sync(plan, executor=InProcessReplicasExecutor(pool, pins=pins))
     assert_same_run(local, split)

@@ -108,7 +108,10 @@ def test_the_graph_defaults_are_the_measured_ones():
     # chat markup passed over (instructions and known text cost accuracy on both topologies)
     policy = resolve_policy(TransferPolicy())
     assert policy.options == {"span": "sentence", "max_span": 32}
-    assert policy.exclude == ("template",) and policy.allocation == "per_sender"
+    # pooled fan-in budgets: docs/experiments.md#task-families-dev-split-r4 (issue 26, 320 dev cases)
+    assert policy.exclude == ("template",) and policy.allocation == "pooled" and not policy.allocation_named
+    named = resolve_policy(TransferPolicy(allocation="per_sender"))
+    assert named.allocation == "per_sender" and named.allocation_named
     # issue 26's levers are off until measured: nothing reaches the selector, records or fingerprints
     assert policy.relevance is None and policy.exclude_by is None
     assert not {"relevance", "exclude_by"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
@@ -135,9 +138,9 @@ def test_the_graph_defaults_are_the_measured_ones():
         ({"selector": "recent", "relevance": 0.5}, "selector 'recent' keeps no spans"),
         ({"relevance": 0.5, "selector_options": {"relevance": 0.5}}, "relevance is set both"),
         ({"exclude_by": "sentence", "exclude": ["known"]}, "exclude_by"),
-        ({"exclude_by": "span"}, "exclude_by 'span' changes how instruction and known exclusion"),
-        ({"exclude_by": "span", "exclude": ["template"]}, "exclude lists neither"),
-        ({"selector_options": {"exclude_by": "span"}, "exclude": []}, "exclude lists neither"),
+        ({"exclude_by": "span"}, "exclude_by 'span' changes how instruction, known, duplicate exclusion"),
+        ({"exclude_by": "span", "exclude": ["template"]}, "exclude lists none of them"),
+        ({"selector_options": {"exclude_by": "span"}, "exclude": []}, "exclude lists none of them"),
         ({"selector": "recent", "exclude_by": "span", "exclude": ["known"]}, "selector 'recent' keeps no spans"),
         ({"exclude_by": "span", "exclude": ["known"], "selector_options": {"exclude_by": "span"}}, "exclude_by is set both"),
         ({"mode": "full", "exclude_by": "span"}, "does not use exclude_by"),
@@ -292,7 +295,7 @@ def test_a_fan_in_passes_over_markup_instructions_and_the_question_copy(pool):
     for hop in result.hops:
         assert hop.excluded_by_reason.get("template") and hop.excluded_by_reason.get("instruction")
         assert hop.excluded_by_reason.get("known")  # "Who owns the Cedar project?" is the receiver's too
-        assert hop.allocation == "per_sender" and hop.fitted_budget is None
+        assert hop.allocation == "pooled" and hop.fitted_budget is not None  # the graph's default for a fan-in
     # the final node's inherited rows carry the labels of what was kept
     final = result.nodes["final"]
     inherited = expand(final.roles, final.positions)[: final.inherited_positions]
@@ -332,8 +335,33 @@ def test_pooled_across_replicas_is_refused_naming_the_fix(pool):
     assert all(hop.allocation == "pooled" for hop in together.hops)
 
 
+def test_the_default_pooling_falls_back_to_per_sender_budgets_across_replicas(pool):
+    # pooling needs every sender's scores in one place: across hosts the graph's default gives
+    # per-sender budgets (the hops say so) where an edge that names pooled is refused (above)
+    remote = run_plan_sync(fan_in(Policy(ratio=4), documents=2),
+                           executor=InProcessReplicasExecutor(pool, pins={"r[1]": 1}, replicas={"base": 2}))
+    assert remote.status == "finished", remote.error
+    assert all(hop.allocation == "per_sender" and hop.fitted_budget is None for hop in remote.hops)
+    local = run_plan_sync(fan_in(Policy(ratio=4, allocation="per_sender"), documents=2), pool=pool)
+    assert [hop.kept_by_origin for hop in remote.hops] == [hop.kept_by_origin for hop in local.hops]
+    pooled = run_plan_sync(fan_in(Policy(ratio=4), documents=2), pool=pool)  # in one process the default pools
+    assert all(hop.allocation == "pooled" for hop in pooled.hops)
+
+
+def test_a_lone_sender_records_per_sender_under_the_pooled_default(pool):
+    graph = Graph("pair").input("question")
+    graph.model("base").agent("reader", model="base", max_new_tokens=2)
+    graph.node("a", agent="reader", prompt=f"{DOC}\nQuestion: {{question}}")
+    graph.node("b", agent="reader", prompt="Question: {question}\nAnswer:", output=True)
+    graph.edge("a", "b", Policy(ratio=4))
+    result = run_plan_sync(graph.plan({"question": "Who owns the Cedar project?"}), pool=pool)
+    assert result.status == "finished", result.error
+    [hop] = result.hops
+    assert hop.allocation == "per_sender" and hop.fitted_budget is None  # one sender has nothing to pool with
+
+
 def test_exclusion_across_replicas_matches_in_process(pool):
-    policy = Policy(ratio=2, span="sentence", exclude=["template", "instruction", "known"])
+    policy = Policy(ratio=2, span="sentence", exclude=["template", "instruction", "known"], allocation="per_sender")
     local = run_plan_sync(fan_in(policy, documents=2), pool=pool)
     remote = run_plan_sync(fan_in(policy, documents=2), executor=InProcessReplicasExecutor(pool, pins={"r[1]": 1}, replicas={"base": 2}))
     assert remote.status == "finished", remote.error

@@ -331,7 +331,7 @@ def test_issue_26_levers_are_arm_keys_and_off_unless_given():
         ("a=state:selector=recent,span=sentence", "arms.a", "keeps no spans"),
         ("a=state:selector=random,allocation=pooled", "arms.a", "has none"),
         ("a=state:exclude_by=whole,exclude=known", "arms.a.exclude_by", "'position' or 'span'"),
-        ("a=state:exclude_by=span", "arms.a", "exclude lists neither"),
+        ("a=state:exclude_by=span", "arms.a", "exclude lists none of them"),
         ("a=state:relevance=x", "arms.a.relevance", "must be a number"),
         ("a=state:relevance=2", "arms.a.relevance", "less than or equal to 1"),
     ],

@@ -95,7 +95,7 @@ def test_every_edge_policy_runs_by_the_formula_or_is_refused_where_it_is_written
         else:
             steps = policy["reasoning"]["steps"] if "reasoning" in policy else 0
             assert hop.kept_positions <= hop.total_positions + steps
-            if "reasoning" not in policy and policy.get("allocation") != "pooled":
+            if "reasoning" not in policy and hop.allocation != "pooled":  # named, or the graph's default for a fan-in
                 budget = {name: policy[name] for name in ("ratio", "budget") if name in policy}
                 cap = BudgetPolicy.from_options(**budget).cap(hop.total_positions, hop.inherited_positions)
                 assert hop.budget <= cap and hop.kept_positions == hop.budget, (hop, policy)
