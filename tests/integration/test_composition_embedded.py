@@ -62,7 +62,8 @@ def test_incident_brief_runs_its_evidence_subgraph_as_one_node(embedded, tmp_pat
         assert (hop["source"], hop["policy"], hop["kept_positions"]) == ("framing", "b16", 16)
         assert record["lineage"][reader]["by_node"]["framing"] == 16
     into_notes = hops_into(record, "evidence/notes")
-    assert [hop["source"] for hop in into_notes] == readers and all(hop["kept_positions"] == 40 for hop in into_notes)
+    assert [hop["source"] for hop in into_notes] == readers  # one pooled b40 fan-in: 120 positions over three
+    assert sum(hop["kept_positions"] for hop in into_notes) == 120 and all(hop["fitted_budget"] == 40 for hop in into_notes)
     # the edge out of it left from the returned node, with the state the note-taker held
     (out,) = hops_into(record, "brief")
     assert out["source"] == "evidence/notes" and out["policy"] == "r2"
