@@ -174,13 +174,14 @@ def _segments(pieces: Sequence[str | None]) -> list[str]:
 
 def sender_reasons(
     state: SenderState, exclusion: Exclusion, roles: Sequence[str] | None, grams: set[tuple[str, ...]],
-    duplicate: Sequence[bool] | None = None, pieces: list[str | None] | None = None,
+    duplicate: Sequence[bool] | None, pieces: list[str | None] | None,
 ) -> list[str | None] | None:
     """The `exclude` mask for one sender's state (None when nothing is excluded).
 
     Roles label the state the caller held; rows full-context reasoning appended after them
     are latent (protected anyway) and count as material. `duplicate` flags the positions an
-    earlier sender holds (`duplicate_flags`); `pieces`, the state's text when the caller has it.
+    earlier sender holds (`duplicate_flags`); `pieces` is the state's text (`sender_pieces`),
+    None when neither `known` nor `duplicate` is asked for or the state has no text.
     """
     total = state.positions
     if roles is not None and len(roles) > total:
@@ -188,8 +189,7 @@ def sender_reasons(
     ids = None if state.token_ids is None else state.token_ids.tolist()
     special = special_positions(state.tokenizer, ids) if ids is not None and state.tokenizer is not None else []
     known = None
-    if "known" in exclusion.reasons and grams and ids is not None and state.tokenizer is not None:
-        pieces = pieces if pieces is not None else sender_pieces(state)
+    if "known" in exclusion.reasons and grams and pieces is not None:
         known = known_positions(pieces, grams, exclusion.min_words)
     reasons = position_reasons(total, exclusion.reasons, roles=roles, special=special, known=known, duplicate=duplicate)
     return reasons if any(reason is not None for reason in reasons) else None

@@ -11,7 +11,7 @@ which and why), while `rclc.transfer` keeps the seed's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rclc.policy import (
@@ -104,7 +104,10 @@ class ResolvedPolicy:
     exclude: tuple[str, ...] = ()  # exclusion reasons; () passes nothing over
     exclude_by: str | None = None  # "span": instruction/known pass over whole spans; None: position by position
     allocation: str = "per_sender"
-    allocation_named: bool = False  # the edge named its allocation (False: the graph's default filled it)
+    # The edge named its allocation (False: the graph's default filled it). Only the remote
+    # executor reads it; left out of equality, so edges that resolve to the same policy still
+    # travel in one transfer call whether or not they wrote the allocation out.
+    allocation_named: bool = field(default=False, compare=False)
 
     @property
     def label(self) -> str:

@@ -112,6 +112,8 @@ def test_the_graph_defaults_are_the_measured_ones():
     assert policy.exclude == ("template",) and policy.allocation == "pooled" and not policy.allocation_named
     named = resolve_policy(TransferPolicy(allocation="per_sender"))
     assert named.allocation == "per_sender" and named.allocation_named
+    # naming the default changes no grouping: the resolved policies are equal
+    assert resolve_policy(TransferPolicy(allocation="pooled")) == policy
     # issue 26's levers are off until measured: nothing reaches the selector, records or fingerprints
     assert policy.relevance is None and policy.exclude_by is None
     assert not {"relevance", "exclude_by"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
