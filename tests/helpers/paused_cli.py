@@ -7,7 +7,8 @@ send SIGKILL (or SIGINT) at exactly that point instead of racing a fast run:
 
     start        the run record is written, no node has finished (the first node is starting)
     after:K      the K-th node's snapshot and node file are written (K nodes finished)
-    torn:K       the K-th node's snapshot is written, its node file not yet
+    torn:K       the K-th node's snapshot is written, its node file not yet (exactly K-1
+                 node files are on disk; MARKER.node names the torn node's file stem)
     forward:N    inside the N-th decoder forward of the run (mid-generation or mid-selection)
 
 A pause waits at most --hold seconds (default: forever); it also ends as soon as the run is
@@ -122,13 +123,22 @@ def _install(point: str, marker: Path, hold: float | None) -> None:
         wanted = int(value)
         original_write = recorder.write_json_atomic
         written = [0]
+        # Node files are written from worker threads, so two may be in flight at once. One lock
+        # around counting and writing makes "the K-th" exact: when the K-th pauses, the K-1
+        # before it are on disk and no later one can land while it waits (stop 34's landing CI
+        # killed a run whose second node file was counted but not yet written).
+        in_order = threading.Lock()
 
         def write_json_atomic(path, data):
-            if Path(path).parent.name == recorder.NODES_DIR:
+            if Path(path).parent.name != recorder.NODES_DIR:
+                return original_write(path, data)
+            with in_order:
                 written[0] += 1
                 if written[0] == wanted:
-                    _pause(marker, hold)  # the snapshot is on disk, the node file is not
-            return original_write(path, data)
+                    # the snapshot is on disk, the node file is not; say whose it is
+                    marker.with_suffix(".node").write_text(Path(path).stem)
+                    _pause(marker, hold)
+                return original_write(path, data)
 
         recorder.write_json_atomic = write_json_atomic
     elif kind == "forward":
