@@ -2,7 +2,8 @@
 
 A transfer's work is: check the options (`TransferOptions`), resolve and check every input
 under the preparation lock (`Handoff`), then, per request, plan the selection
-(`RequestPlan`): fit the budgets, build the exclusion masks, pool or prefetch the scores.
+(`RequestPlan`): fit the budgets, build the exclusion masks, bridge the request (a selector
+bound with `bridge`), pool or prefetch the scores.
 Only then do the selections run (rclc/pipeline.py), so a failure in any step delivers
 nothing. Each step takes the values the previous ones made and returns a new one: no step
 changes what another holds, and no name is reused for something else along the way (the
@@ -102,6 +103,11 @@ class TransferOptions:
     @property
     def builtin(self) -> bool:
         return is_builtin(self.selector)
+
+    @property
+    def bridges(self) -> bool:
+        """Whether the selector was bound with `bridge` > 0 (the transfer then bridges its senders)."""
+        return transfer_steps.bridge_of(self.selector) > 0
 
     @property
     def reserve(self) -> int:
@@ -215,12 +221,18 @@ class RequestPlan:
     `states` are the senders as this request's selection sees them (after full-context
     reasoning); `counts` the positions each sender's message may hold (after pooling);
     `caps` the fitted counts before pooling (what a recorded selection calls its cap);
-    `masks`, `profiles` and `folds` are per sender (None where not used)."""
+    `masks`, `profiles` and `folds` are per sender (None where not used). `selector` is the one
+    the selections call (bridging turned off once the transfer bridged: a bridged transfer's
+    profiles hold its scores), `bridge` the bridge's text (None: no bridge) and `pooled`
+    whether the counts came from pooling."""
 
     index: int
     request: Any
     states: tuple[SenderState, ...]
     ids: tuple[torch.Tensor, ...]
+    selector: Any
+    bridge: str | None
+    pooled: bool
     counts: tuple[int, ...]
     caps: tuple[int, ...]
     masks: tuple[list[str | None] | None, ...]
@@ -245,18 +257,33 @@ async def reasoned_states(states: Sequence[SenderState], options: TransferOption
 
 async def plan_request(handoff: Handoff, options: TransferOptions, index: int, states: Sequence[SenderState],
                        ids: Sequence[torch.Tensor], fitted: Sequence[int]) -> RequestPlan:
-    """fit -> masks -> pooled or prefetched scores, for request `index` (model work in workers)."""
+    """fit -> masks -> (bridge) -> pooled or prefetched scores, for request `index` (model
+    work in workers)."""
     count = len(states)
+    request = handoff.requests[index]
     masks: list[list[str | None] | None] = [None] * count
     if options.exclusion is not None:
-        masks = await run_in_worker(transfer_steps.request_masks, states, handoff.requests[index],
+        masks = await run_in_worker(transfer_steps.request_masks, states, request,
                                     handoff.receiver_prompts(index), options.exclusion)
+    pooling = options.allocation == "pooled" and count > 1
     counts, profiles, folds = list(fitted), [None] * count, [None] * count
-    if options.allocation == "pooled" and count > 1:
+    selector, text = options.selector, None
+    found = None
+    if options.bridges:
+        passed_over = await run_in_worker(transfer_steps.bridge_flags, states, request,
+                                          handoff.receiver_prompts(index), options.exclusion)
+        found = await run_in_worker(transfer_steps.bridge, states, ids, options.selector, masks, passed_over,
+                                    handoff.span_starts)
+    if found is not None:
+        # bridged: every sender's mixed profile is already scored; pooling only moves counts
+        selector, text, profiles = found.selector, found.text, list(found.profiles)
+        if pooling:
+            counts = transfer_steps.pool_profiles(found.profiles, fitted, options.reserve)
+    elif pooling:
         profiles, counts = await run_in_worker(transfer_steps.pool, states, ids, fitted, options.reserve,
-                                               options.selector, masks, handoff.span_starts)
+                                               selector, masks, handoff.span_starts)
     elif count > 1:
         scoring = [fitted[i] - options.reserve < state.positions for i, state in enumerate(states)]
-        folds = await run_in_worker(transfer_steps.prefetch_folds, options.selector, states, ids, scoring)
-    return RequestPlan(index, handoff.requests[index], tuple(states), tuple(ids), tuple(counts), tuple(fitted),
-                       tuple(masks), tuple(profiles), tuple(folds), handoff.span_starts)
+        folds = await run_in_worker(transfer_steps.prefetch_folds, selector, states, ids, scoring)
+    return RequestPlan(index, request, tuple(states), tuple(ids), selector, text, pooling, tuple(counts),
+                       tuple(fitted), tuple(masks), tuple(profiles), tuple(folds), handoff.span_starts)

@@ -1,5 +1,5 @@
 """The transfer pipeline (`rclc.transfer`): options -> inputs -> per request: (reason) ->
-fit -> masks -> pooled or prefetched scores -> select -> (reason) -> encode -> deliver.
+fit -> masks -> (bridge) -> pooled or prefetched scores -> select -> (reason) -> encode -> deliver.
 
 (This module is not named `transfer`: `rclc.transfer` is the function, and a submodule of
 that name would replace it on the package the moment anything imported the module.)
@@ -67,9 +67,9 @@ async def _prepare_message(plan: RequestPlan, sender: int, options: TransferOpti
     state, ids, count = plan.states[sender], plan.ids[sender], plan.counts[sender]
     reserve, reasoning = options.reserve, options.reasoning
     rows, kept_ids, indices = await run_in_worker(
-        lambda: transfer_steps.select(state, ids, count - reserve, options.selector, exclude=plan.masks[sender],
+        lambda: transfer_steps.select(state, ids, count - reserve, plan.selector, exclude=plan.masks[sender],
                                       profile=plan.profiles[sender], span_starts=plan.starts[sender],
-                                      fold=plan.folds[sender]))
+                                      fold=plan.folds[sender], pooled=plan.pooled))
     added = 0
     if reasoning is not None and not reasoning.before_selection:
         chosen = await run_in_worker(selected_state, state, rows, kept_ids)
@@ -86,7 +86,7 @@ async def _prepare_message(plan: RequestPlan, sender: int, options: TransferOpti
         record = build_selection(
             total=state.positions, indices=indices, budget=count, latent_steps=state.latent_steps,
             token_ids=state.token_ids, tokenizer=state.tokenizer, added_latent_positions=added,
-            excluded=plan.masks[sender], allocation=options.allocation, cap=plan.caps[sender],
+            excluded=plan.masks[sender], allocation=options.allocation, cap=plan.caps[sender], bridge=plan.bridge,
         )
         return Message(message.continuous_rows, message.token_ids, record)
 

@@ -85,6 +85,8 @@ or the senders' total where the scores are highest across them."""
 _SPANS = {"span": "span", "max_span": "positive_int", "exclude": "edge_field", "span_starts": "from_lineage",
           "relevance": "fraction", "exclude_by": "exclusion_unit"}
 """The span options every attention selector takes."""
+_REQUEST = {"bridge": "count"}
+"""The options of the selectors that score a request (ChunkKV scores the sender's own last rows)."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,8 @@ class BuiltinSelector:
 
 
 SELECTORS: dict[str, BuiltinSelector] = {
-    "cacheback": BuiltinSelector("cacheback", True, {"span_size": "positive_int", **_SPANS}),
-    "qsnap": BuiltinSelector("qsnap", True, {"span_size": "positive_int", **_SPANS}),
+    "cacheback": BuiltinSelector("cacheback", True, {"span_size": "positive_int", **_SPANS, **_REQUEST}),
+    "qsnap": BuiltinSelector("qsnap", True, {"span_size": "positive_int", **_SPANS, **_REQUEST}),
     "chunkkv": BuiltinSelector(
         "chunkkv", True, {"chunk_size": "positive_int", "window_size": "positive_int", "kernel_size": "odd_int", **_SPANS}
     ),
@@ -131,6 +133,7 @@ SELECTOR_OPTIONS: dict[str, dict[str, str]] = {name: selector.options for name, 
 
 _OPTION_KINDS = {
     "positive_int": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),
+    "count": ("a whole number >= 0", lambda v: type(v) is int and v >= 0),
     "odd_int": ("an odd whole number >= 1", lambda v: type(v) is int and v >= 1 and v % 2 == 1),
     "span": ("one of " + ", ".join(repr(kind) for kind in SPAN_KINDS), lambda v: v in SPAN_KINDS),
     "seed": ("a whole number in [0, 2**64 - 1]", lambda v: type(v) is int and 0 <= v <= 2**64 - 1),

@@ -58,6 +58,7 @@ class Selection:
     to and `added_latent_positions` the rows reasoning appended after selection.
     `allocation` is `per_sender` (`budget` is the sender's fitted count) or `pooled`
     (`cap` is the fitted count and `budget` what the pooled ranking gave this sender).
+    `bridge` is the text a bridging selector put in front of the request (None: no bridge).
     """
 
     source_positions: int
@@ -67,6 +68,7 @@ class Selection:
     added_latent_positions: int = 0
     allocation: str = "per_sender"
     cap: int | None = None
+    bridge: str | None = None
 
     @property
     def excluded(self) -> dict[str, int]:
@@ -80,7 +82,7 @@ class Selection:
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data, every field as it is (`from_dict` reads it back equal): what
         moves between processes. `inspect` is the reading for people."""
-        return {
+        data = {
             "source_positions": self.source_positions,
             "budget": self.budget,
             "indices": list(self.indices),
@@ -89,6 +91,9 @@ class Selection:
             "allocation": self.allocation,
             "cap": self.cap,
         }
+        if self.bridge is not None:  # only when a selector bridged: records without it read as before
+            data["bridge"] = self.bridge
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Selection:
@@ -101,6 +106,7 @@ class Selection:
             added_latent_positions=int(data["added_latent_positions"]),
             allocation=str(data["allocation"]),
             cap=None if data["cap"] is None else int(data["cap"]),
+            bridge=None if data.get("bridge") is None else str(data["bridge"]),
         )
 
     def inspect(self) -> dict[str, Any]:
@@ -151,6 +157,7 @@ def build_selection(
     excluded: Sequence[str | None] | None = None,
     allocation: str = "per_sender",
     cap: int | None = None,
+    bridge: str | None = None,
 ) -> Selection:
     """Group positions 0..total-1 into maximal runs of equal (kept, kind, exclusion reason)
     and decode token runs."""
@@ -183,4 +190,5 @@ def build_selection(
         added_latent_positions=added_latent_positions,
         allocation=allocation,
         cap=None if cap == budget and allocation == "per_sender" else cap,
+        bridge=bridge,
     )

@@ -19,7 +19,8 @@ from ..models import context_limit_of
 from ..policy import EXCLUSION_UNITS
 from ..state import SenderState
 from ._sentences import check_max_span, check_span_option, check_span_starts, partition
-from ._spans import Span, check_relevance, keep_spans, protected_positions, refine
+from ._bridge import bridge_tokens, bridged, mixed
+from ._spans import Span, check_bridge, check_relevance, keep_spans, protected_positions, refine
 
 
 def check_sender(sender: Any) -> SenderState:
@@ -155,7 +156,9 @@ class SpanOptions:
     cross them); `size_field`: the name the caller gave `size` (ChunkKV says chunk_size), for
     error messages; `relevance`: None, or the fraction of the best span's score a span needs
     to be kept (`keep_spans`); `exclude_by`: "position" (spans are cut where exclusion flags
-    change, as the seed's keep step defines) or "span" (`whole_span_flags`). (They used to
+    change, as the seed's keep step defines) or "span" (`whole_span_flags`); `bridge`: how many
+    spans of a first scoring extend the request before the scoring that selects (0: off;
+    rclc.selectors._bridge; only the selectors that score a request take it). (They used to
     travel as loose keywords through four layers of every selector, each layer re-listing them.)
     """
 
@@ -167,6 +170,7 @@ class SpanOptions:
     size_field: str = "span_size"
     relevance: Any = None
     exclude_by: Any = "position"
+    bridge: Any = 0
 
     @classmethod
     def from_keywords(cls, keywords: dict[str, Any], size_field: str = "span_size") -> tuple[SpanOptions, dict[str, Any]]:
@@ -175,7 +179,7 @@ class SpanOptions:
         rest = dict(keywords)
         values = {name: rest.pop(keyword) for name, keyword in (("span", "span"), ("size", size_field),
                   ("max_span", "max_span"), ("exclude", "exclude"), ("starts", "span_starts"),
-                  ("relevance", "relevance"), ("exclude_by", "exclude_by")) if keyword in rest}
+                  ("relevance", "relevance"), ("exclude_by", "exclude_by"), ("bridge", "bridge")) if keyword in rest}
         return cls(**values, size_field=size_field), rest
 
     def check(self, sender: SenderState) -> tuple[list[bool] | None, tuple[int, ...] | None]:
@@ -186,6 +190,7 @@ class SpanOptions:
         check_max_span(self.max_span)
         check_relevance(self.relevance)
         check_exclude_by(self.exclude_by)
+        check_bridge(self.bridge)
         starts = check_span_starts(self.starts, sender.positions)
         return excluded_flags(check_exclude(self.exclude, sender.positions)), starts
 
@@ -240,7 +245,8 @@ def span_profile(sender: Any, options: SpanOptions, *, name: str, scores: Scores
     return SpanProfile(scored, spans, flags, sender.latent_steps, check_relevance(options.relevance))
 
 
-def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str, scores: Scores) -> list[int]:
+def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str, scores: Scores,
+                    profile: Callable[[], SpanProfile] | None = None) -> list[int]:
     """The check-score-keep step of every built-in selector, as ascending kept positions.
 
     Checks the sender, the span options, the exclusion mask and the budget before any model
@@ -248,12 +254,15 @@ def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str
     `scores(spans)` for one score per position (the selector's own model work, which checks
     its own inputs first), refuses non-finite scores and keeps whole spans of the partition
     in descending score order (`keep_spans`), excluded spans last, first position and latent
-    tail always included.
+    tail always included. `profile` (instead of one `span_profile` over `scores`) builds the
+    profile itself: a bridged selection scores twice.
     """
     check_sender(sender)
     options.check(sender)
     if not selects(sender, budget, options.size, span_field=options.size_field):
         return list(range(sender.positions))
+    if profile is not None:
+        return profile().keep(budget)
     return span_profile(sender, options, name=name, scores=scores).keep(budget)
 
 
@@ -279,16 +288,25 @@ def request_selector(
         span_starts: Sequence[int] | None = None,
         relevance: float | None = None,
         exclude_by: str = "position",
+        bridge: int = 0,
     ) -> list[int]:
         options = SpanOptions(span, span_size, max_span, exclude, span_starts, relevance=relevance,
-                              exclude_by=exclude_by)
-        return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids))
+                              exclude_by=exclude_by, bridge=bridge)
+        return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids),
+                               profile=lambda: profile(sender, request_ids, options))
 
     def scored(sender: SenderState, request_ids: Any) -> torch.Tensor:
         return request_scores(sender, request_ids, name, score)
 
     def profile(sender: SenderState, request_ids: torch.Tensor, options: SpanOptions) -> SpanProfile:
-        return span_profile(sender, options, name=name, scores=lambda spans: scored(sender, request_ids))
+        first = span_profile(sender, options, name=name, scores=lambda spans: scored(sender, request_ids))
+        if not options.bridge:
+            return first
+        check_request_ids(request_ids)
+        extended = bridged(request_ids, bridge_tokens([sender], [first], [request_ids], options.bridge))
+        if extended is request_ids:
+            return first
+        return mixed(first, span_profile(sender, options, name=name, scores=lambda spans: scored(sender, extended)))
 
     select.__name__ = select.__qualname__ = public_name
     select.__doc__ = summary + _SPAN_OPTIONS_DOC
@@ -310,6 +328,9 @@ _SPAN_OPTIONS_DOC = """
     keeps only spans scoring at least that fraction of the best span, so fewer than `budget`
     positions when few are relevant. `exclude_by="span"` passes over a whole span when
     instruction/known exclusion covers more than half of it (none of it otherwise) instead of
-    cutting the span where the flags change (`"position"`, the default).
+    cutting the span where the flags change (`"position"`, the default). `bridge` (an int >= 0)
+    scores twice: the best `bridge` spans of the first scoring, which the request does not
+    already say, are put in front of the request for the second, and spans rank by the mean of
+    the two (for questions whose answer needs a fact the question does not name).
     Returns every position, without any model work, when `budget >= T`.
     """

@@ -74,8 +74,11 @@ def profile_of(
     request_ids: torch.Tensor,
     exclude: Sequence[str | None] | None,
     span_starts: Sequence[int] | None = None,
+    *,
+    bridge: int | None = None,
 ) -> SpanProfile:
-    """The span profile `selector` would keep from for `sender` and `request_ids`."""
+    """The span profile `selector` would keep from for `sender` and `request_ids`; `bridge`
+    (not None) replaces the selector's own (a pooled transfer bridges across its senders)."""
     found = scoring_selector(selector)
     if found is None:
         raise RclcError(
@@ -89,7 +92,15 @@ def profile_of(
         options = replace(options, exclude=exclude)
     if span_starts is not None and "span_starts" not in keywords:
         options = replace(options, starts=span_starts)
+    if bridge is not None:
+        options = replace(options, bridge=bridge)
     return profiler(sender, request_ids, options, **extra)
+
+
+def bridge_of(selector: Any) -> int:
+    """The `bridge` option a built-in scoring selector was bound with (0: none, or not a built-in)."""
+    found = scoring_selector(selector)
+    return 0 if found is None else int(found[1].get("bridge", 0) or 0)
 
 
 def candidate_scores(profile: SpanProfile) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -20,8 +21,9 @@ from ..errors import RclcError
 from ..exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
 from ..policy import ALLOCATIONS
 from ..state import SenderState
+from ._bridge import bridge_tokens, bridged, check_shared_vocabulary, mixed
 from ._common import SpanProfile
-from ._pooling import pooled_counts, profile_of, scoring_selector
+from ._pooling import bridge_of, pooled_counts, profile_of, scoring_selector
 from ._prefetch import prefetch_folds
 from ._sentences import check_span_starts, special_positions, token_pieces
 from ._support import offering
@@ -229,12 +231,73 @@ def pool(
     (worker thread; like any selection, not under the preparation lock). Returns each
     sender's profile and its pooled count (reserve included)."""
     starts = [None] * len(states) if starts is None else starts
+    profiles = _profiles(selector, states, ids, masks, starts)
+    return list(profiles), pool_profiles(profiles, counts, reserve)
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """A transfer's bridge (rclc.selectors._bridge): its text (None without a tokenizer), every
+    sender's profile under the mixed scores, and the selector with its own bridging off."""
+
+    text: str | None
+    profiles: list[SpanProfile]
+    selector: Any
+
+
+def bridge(
+    states: Sequence[SenderState],
+    ids: Sequence[torch.Tensor],
+    selector: Any,
+    masks: Sequence[list[str | None] | None],
+    passed_over: Sequence[list[bool] | None],
+    starts: Sequence[Sequence[int] | None],
+) -> Bridge | None:
+    """One bridge for the whole transfer: every sender scored with its request, the best spans
+    across all of them put in front of every sender's request, every sender scored again, and
+    the two scorings averaged (`_bridge.mixed`). None when the selector does not bridge or no
+    span may bridge (worker thread)."""
+    count = bridge_of(selector)
+    if not count:
+        return None
+    check_shared_vocabulary(states)
+    plain = functools.partial(selector, bridge=0)  # the transfer bridges: the selections must not again
+    first = _profiles(plain, states, ids, masks, starts)
+    tokens = bridge_tokens(states, first, ids, count, passed_over)
+    if not tokens:
+        return Bridge(None, first, plain)
+    second = _profiles(plain, states, [bridged(request, tokens) for request in ids], masks, starts)
+    tokenizer = states[0].tokenizer
+    text = None if tokenizer is None else tokenizer.decode(tokens)
+    return Bridge(text, [mixed(one, two) for one, two in zip(first, second)], plain)
+
+
+def pool_profiles(profiles: Sequence[SpanProfile], counts: Sequence[int], reserve: int) -> list[int]:
+    """`pool`'s counts for profiles already scored (a bridged transfer's)."""
+    return [count + reserve for count in pooled_counts(profiles, [count - reserve for count in counts])]
+
+
+def bridge_flags(
+    states: Sequence[SenderState], request: Any, planned: Sequence[tuple[Any, torch.Tensor]], exclusion: Exclusion | None,
+) -> list[list[bool] | None]:
+    """Per sender, the rows a bridge may not come from whatever the edge excludes: chat markup,
+    the sender's instructions and text the receivers hold (None without an exclusion: the
+    transfer knows no roles and no receivers, and `bridge_tokens` checks the request itself)."""
+    if exclusion is None:
+        return [None] * len(states)
+    strict = replace(exclusion, reasons=("template", "instruction", "known"))
+    return [None if mask is None else [reason is not None for reason in mask]
+            for mask in request_masks(states, request, planned, strict)]
+
+
+def _profiles(selector: Any, states: Sequence[SenderState], ids: Sequence[torch.Tensor],
+              masks: Sequence[list[str | None] | None], starts: Sequence[Sequence[int] | None]) -> list[SpanProfile]:
+    """Every sender's profile for its request, the request captures batched in one forward;
+    never bridged per sender (`pool` bridges the group)."""
     folds = prefetch_folds(selector, states, ids, [True] * len(states))
     offers = [(state, request, fold) for state, request, fold in zip(states, ids, folds) if fold is not None]
     with offering(offers):
-        profiles = [
-            profile_of(selector, state, request, mask, span_starts)
+        return [
+            profile_of(selector, state, request, mask, span_starts, bridge=0)
             for state, request, mask, span_starts in zip(states, ids, masks, starts)
         ]
-    pooled = pooled_counts(profiles, [count - reserve for count in counts])
-    return list(profiles), [count + reserve for count in pooled]

@@ -128,6 +128,15 @@ def relevant_spans(
     return [i for i in order if not free[i] or i in chosen]
 
 
+def check_bridge(bridge: object) -> int:
+    """The `bridge` option (rclc.selectors._bridge): how many spans of a first scoring are put
+    in front of the request before the scoring that selects (0: off)."""
+    if isinstance(bridge, bool) or not isinstance(bridge, int) or bridge < 0:
+        raise RclcError(f"bridge: expected an int >= 0 (spans of a first scoring put in front of the request; "
+                        f"0: off), got {bridge!r}")
+    return bridge
+
+
 def check_relevance(relevance: object) -> float | None:
     """None or 0 (keep the whole budget), or a fraction in (0, 1]; returns None for "keep the
     whole budget" and the fraction otherwise."""

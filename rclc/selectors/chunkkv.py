@@ -142,5 +142,8 @@ def chunkkv_profile(
     kernel_size: int = 5,
 ) -> SpanProfile:
     """Scores, spans and exclusions of `chunkkv` for one sender (what pooled allocation ranks)."""
+    if options.bridge:
+        raise RclcError("bridge: ChunkKV scores no request (its window is the sender's own last rows), so there is "
+                        "nothing to extend; use cacheback or qsnap, or leave bridge unset")
     return span_profile(sender, options, name=NAME,
                         scores=_window_scores(sender, options.size, window_size, kernel_size))

@@ -8,6 +8,8 @@ selector returned is listed here once.
 - `check_receiver_aware`, `check_span_starts_option`: the transfer's `exclude=`,
   `allocation=` and `span_starts=` checked before any model work;
 - `request_masks`: each sender's exclusion mask for one request;
+- `bridge_flags`, `bridge`, `pool_profiles`: one bridge for a transfer's senders (`bridge=N`)
+  and the pooled counts of its mixed profiles;
 - `pool`: a fan-in's budget moved to the best spans across its senders;
 - `prefetch_folds`: a fan-in's request captures in one batched forward;
 - `select`: one sender's selection (selector or pooled profile), validated, its rows gathered.
@@ -24,9 +26,14 @@ from ..state import SenderState
 from ..user_code import user_code_turn
 from . import is_builtin
 from ._common import SpanProfile
+from ._pooling import bridge_of
 from ._prefetch import prefetch_folds
 from ._receiver_aware import (
     accepts_exclude,
+    Bridge,
+    bridge,
+    bridge_flags,
+    pool_profiles,
     accepts_keyword,
     check_receiver_aware,
     check_span_starts_option,
@@ -39,6 +46,11 @@ from ._validate import validate_positions
 
 __all__ = [
     "SpanProfile",
+    "Bridge",
+    "bridge",
+    "bridge_flags",
+    "bridge_of",
+    "pool_profiles",
     "SupportFold",
     "accepts_exclude",
     "check_receiver_aware",
@@ -61,6 +73,7 @@ def select(
     profile: SpanProfile | None = None,
     span_starts: Sequence[int] | None = None,
     fold: SupportFold | None = None,
+    pooled: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """(kept rows, their token IDs, their sender positions) of one sender for one request, in
     ascending source order. Runs in a worker thread without the preparation lock (the state is
@@ -68,9 +81,10 @@ def select(
     takes the user-code turn (`rclc.user_code`). `profile` (pooled allocation) keeps from
     precomputed scores instead of calling the selector; `span_starts` goes to selectors that
     take it; `fold` is this sender's request capture, made with the other senders' of its
-    fan-in (`prefetch_folds`)."""
+    fan-in (`prefetch_folds`); `pooled`: whether `profile`'s count came from pooling."""
     if profile is not None:
-        positions: Any = profile.keep(count, relevant_only=False)  # pooling applied relevance across senders
+        # pooling applied relevance across senders; a bridged per-sender profile applies its own
+        positions: Any = profile.keep(count, relevant_only=not pooled)
     else:
         extra: dict[str, Any] = {}
         if exclude is not None:

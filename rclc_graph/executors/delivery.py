@@ -140,4 +140,5 @@ def state_hop(node: PlanNode, edge: PlanEdge, sender: NodeResult, message: rclc.
         excluded_by_reason=selection.excluded,
         allocation=selection.allocation,
         fitted_budget=selection.cap if selection.allocation == "pooled" else None,
+        bridge=selection.bridge,
     )

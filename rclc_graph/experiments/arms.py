@@ -22,6 +22,7 @@ Keys (each maps to an edge-policy field, see docs/yaml_reference.md):
     exclude                        none | all | reasons joined by '+': template+instruction+known
     exclude_by                     position | span: how instruction/known exclusion passes over spans
     allocation                     per_sender | pooled
+    bridge                         whole number: spans of a first scoring put in front of the request (0: off)
     span_size, seed                selector options (span_size for built-ins, seed for random)
     opt.NAME                       any other selector option (true/false, numbers, text)
     representation                 embeddings | token_ids+continuous
@@ -62,10 +63,10 @@ Kind = Literal["policy", "question_only", "single_context"]
 SPECIAL = ("question_only", "single_context")
 MODES = POLICY_MODES + SPECIAL
 INT_KEYS = ("ratio", "budget", "max_span", "span_size", "seed", "reasoning_steps", "reasoning_budget",
-            "max_new_tokens")
+            "max_new_tokens", "bridge")
 TEXT_KEYS = ("selector", "span", "exclude_by", "allocation", "representation", "reasoning", "reasoning_context")
 FLOAT_KEYS = ("relevance",)
-KEYS = ("ratio", "budget", "selector", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation", "span_size",
+KEYS = ("ratio", "budget", "selector", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation", "bridge", "span_size",
         "seed", "representation", "reasoning", "reasoning_steps", "reasoning_context", "reasoning_budget", "max_new_tokens")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _OPTION = re.compile(r"^opt\.([A-Za-z_][A-Za-z0-9_]*)$")

@@ -26,7 +26,7 @@ from rclc.policy import (
 )
 
 from ..spec.models import TransferPolicy
-from ..spec.models.edge import OPT_IN_FIELDS, SPAN_FIELDS
+from ..spec.models.edge import OPT_IN_FIELDS, REQUEST_SCORING, SPAN_FIELDS
 
 Mode = Literal[MODES]  # type: ignore[valid-type]
 
@@ -58,6 +58,13 @@ DEFAULT_EXCLUDE: tuple[str, ...] = ("template",)
 # needs every score in one place): there the default falls back to per-sender budgets, and an
 # edge that names `allocation: pooled` is refused (executors/fitting.py).
 DEFAULT_ALLOCATION = "pooled"
+# Bridging (issue 26): the selectors that score a request (cacheback, qsnap) score twice, the
+# distinctive tokens of the first scoring's best span across the transfer's senders in front of
+# the request for the second. Off by default: on the fan-out dev split it answers 52.5% against
+# 46.2% (+39/-19, p = 0.012; two-hop 28.8% against 0.0%), but on the chain's single-fact dev
+# cases 42.5% against 61.2% (p = 0.008), and it breaks fanout_qa's example input (its bridge is
+# the sentence right before the request). docs/experiments.md#bridging-a-second-fact-dev-split-r4
+DEFAULT_BRIDGE = 0
 
 
 @dataclass(frozen=True)
@@ -103,11 +110,13 @@ class ResolvedPolicy:
     relevance: float | None = None  # keep spans >= this fraction of the best; None: the whole budget
     exclude: tuple[str, ...] = ()  # exclusion reasons; () passes nothing over
     exclude_by: str | None = None  # "span": instruction/known pass over whole spans; None: position by position
+    bridge: int | None = None  # spans of a first scoring put in front of the request; None: off
     allocation: str = "per_sender"
     # The edge named its allocation (False: the graph's default filled it). Only the remote
     # executor reads it; left out of equality, so edges that resolve to the same policy still
     # travel in one transfer call whether or not they wrote the allocation out.
     allocation_named: bool = field(default=False, compare=False)
+    bridge_named: bool = field(default=False, compare=False)  # the same for `bridge`
 
     @property
     def label(self) -> str:
@@ -175,8 +184,9 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
     options = dict(policy.selector_options)
     spans = {field: getattr(policy, field) for field in SPAN_FIELDS}
     if selector in ATTENTION_SELECTORS:
-        spans = _span_defaults(spans, options)
+        spans = _span_defaults(spans, options, request_scoring=selector in REQUEST_SCORING)
     spans["relevance"] = spans["relevance"] or None  # 0: keep the whole budget, as with no relevance at all
+    spans["bridge"] = spans["bridge"] or None  # 0: off, as with no bridge at all
     builtin = selector in BUILTIN_SELECTORS
     exclude = policy.exclude if policy.exclude is not None else (DEFAULT_EXCLUDE if builtin else ())
     allocation = policy.allocation or (DEFAULT_ALLOCATION if selector in ATTENTION_SELECTORS else "per_sender")
@@ -193,11 +203,12 @@ def resolve_policy(policy: TransferPolicy, name: str | None = None) -> ResolvedP
         exclude=tuple(exclude),
         allocation=allocation,
         allocation_named=policy.allocation is not None,
+        bridge_named=policy.bridge is not None or "bridge" in options,
         **spans,
     )
 
 
-def _span_defaults(spans: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+def _span_defaults(spans: dict[str, Any], options: dict[str, Any], *, request_scoring: bool) -> dict[str, Any]:
     """An attention selector's span fields with the graph's defaults filling what neither the
     policy field nor selector_options says (the others stay None: not passed)."""
     spans = dict(spans)
@@ -209,6 +220,7 @@ def _span_defaults(spans: dict[str, Any], options: dict[str, Any]) -> dict[str, 
         "max_span": DEFAULT_MAX_SPAN if text_spans else None,
         "relevance": DEFAULT_RELEVANCE if text_spans else None,
         "exclude_by": DEFAULT_EXCLUDE_BY,
+        "bridge": DEFAULT_BRIDGE if request_scoring else None,
     }
     for field, default in defaults.items():
         if spans[field] is None and field not in options:

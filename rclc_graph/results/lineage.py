@@ -243,10 +243,15 @@ class HopRecord:
     excluded_by_reason: Mapping[str, int] = field(default_factory=dict)
     allocation: str = "per_sender"
     fitted_budget: int | None = None
+    # The text a bridging selector put in front of the request (None: no bridge; left out of
+    # the record then, so records of hops without one read as before bridging existed).
+    bridge: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.bridge is None:
+            del data["bridge"]
         data["kept_by_origin"] = dict(self.kept_by_origin)
         data["kept_by_kind"] = dict(self.kept_by_kind)
         data["excluded_by_reason"] = dict(self.excluded_by_reason)
@@ -299,7 +304,7 @@ def compose_hop(
     `sender_lineage` describes exactly the state the selector saw (T positions). Latent rows
     added after selection have no source index; they are numbered after the sender's state.
     `figures` are the record's other fields (`HopRecord`: mode (default "state"), policy,
-    edge, selection_seconds, generation_seconds, excluded_by_reason, allocation, fitted_budget).
+    edge, selection_seconds, generation_seconds, excluded_by_reason, allocation, fitted_budget, bridge).
     ValueError if the figures disagree (I > T, more kept than the budget, bad indices).
     """
     total = len(sender_lineage)

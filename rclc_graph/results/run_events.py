@@ -201,7 +201,7 @@ class HopDelivered(RunEvent):
         """The wire form is flat: {"type", "run_id", "seq", ...the hop's fields, "kept"}."""
         data: dict[str, Any] = {"type": self.type, "run_id": self.run_id, "seq": self.seq}
         hop = self.hop.to_dict()
-        data.update((name, plain(hop[name])) for name in _HOP_FIELDS)
+        data.update((name, plain(hop[name])) for name in _HOP_FIELDS if name in hop)  # `bridge` only when set
         data["kept"] = plain(self.kept)
         return data
 

@@ -46,9 +46,10 @@ def _mapping(value: Any) -> bool:
 # class itself, so a field added there is checked here. Fields with a default may be absent.
 _BY_ANNOTATION: dict[str, Check] = {
     "str": _text, "int": _whole, "float": _number, "int | None": _optional(_whole), "Mapping[str, int]": _counts,
-    "Mapping[str, Any] | None": _optional(_mapping),
+    "Mapping[str, Any] | None": _optional(_mapping), "str | None": _optional(_text),
 }
-_WANTED_BY_ANNOTATION = {"int | None": "a whole number or null", "Mapping[str, Any] | None": "a mapping or null"}
+_WANTED_BY_ANNOTATION = {"int | None": "a whole number or null", "Mapping[str, Any] | None": "a mapping or null",
+                         "str | None": "text or null"}
 _HOP = {item.name: (_BY_ANNOTATION[str(item.type)], _WANTED_BY_ANNOTATION.get(str(item.type)))
         for item in dataclasses.fields(HopRecord)}
 _HOP_REQUIRED = frozenset(required_fields(HopRecord))

@@ -65,11 +65,14 @@ class ReasoningSpec(SpecBase):
 
 
 _STATE_ONLY = (
-    "ratio", "budget", "selector", "selector_options", "span", "max_span", "relevance", "exclude", "exclude_by", "allocation"
+    "ratio", "budget", "selector", "selector_options", "span", "max_span", "relevance", "exclude", "exclude_by",
+    "allocation", "bridge",
 )
-SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by")
+SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by", "bridge")
 """The policy fields that are also selector options (`ResolvedPolicy.options` passes the set ones)."""
-OPT_IN_FIELDS = ("relevance", "exclude_by")
+REQUEST_SCORING = ("cacheback", "qsnap")
+"""The built-in selectors that score a request, so `bridge` (which extends it) applies to them."""
+OPT_IN_FIELDS = ("relevance", "exclude_by", "bridge")
 """Selection levers added later and off unless set (not measured yet): a policy that leaves them
 out dumps, and so fingerprints, as it did before they existed (`TransferPolicy._dump`)."""
 _PARTIAL_REASONS = ("instruction", "known", "duplicate")  # the reasons exclude_by: span changes
@@ -115,6 +118,13 @@ class TransferPolicy(SpecBase):
         description="how instruction and known exclusion pass over spans: position (cut a span where its positions "
         "change between excluded and not) or span (pass over a whole span when they cover more than half of it, none "
         "of it otherwise); default: position (span is not measured yet)",
+    )
+    bridge: NonNegativeInt | None = Field(
+        None,
+        description="how many spans of a first scoring (the best across the transfer's senders, not text the "
+        "receiver holds) go in front of the request before the scoring that selects, so a question whose answer "
+        "needs a fact it does not name (the owner of X -> where the owner lives) finds it; cacheback and qsnap; "
+        "0: off; default: the graph's default",
     )
     allocation: Literal[ALLOCATIONS] | None = Field(  # type: ignore[valid-type]
         None,
@@ -194,6 +204,13 @@ class TransferPolicy(SpecBase):
                 f"exclude_by 'span' changes how {', '.join(_PARTIAL_REASONS)} exclusion pass over spans, and this "
                 f"policy's exclude lists none of them (exclude: {self.exclude if self.exclude is not None else 'the default [template]'})",
                 "add instruction, known or duplicate to exclude, or remove exclude_by",
+            )
+        bridge = self.bridge if self.bridge is not None else self.selector_options.get("bridge")
+        if bridge and selector is not None and selector in BUILTIN_SELECTORS and selector not in REQUEST_SCORING:
+            raise spec_error(
+                "E_POLICY",
+                f"bridge extends the request a selector scores, and selector {selector!r} scores none",
+                f"use one of {', '.join(REQUEST_SCORING)}, or remove bridge",
             )
         if self.allocation == "pooled" and selector is not None and selector not in ATTENTION_SELECTORS:
             raise spec_error(

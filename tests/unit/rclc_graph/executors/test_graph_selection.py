@@ -69,6 +69,35 @@ def test_exclude_by_is_an_opt_in_policy_field(monkeypatch):
     assert Graph.from_spec(spec).to_yaml().count("exclude_by: span") == 1
 
 
+def test_bridge_is_a_policy_field_for_the_selectors_that_score_a_request(monkeypatch):
+    policy = resolve_policy(TransferPolicy(bridge=2))
+    assert policy.bridge == 2 and policy.options == {"span": "sentence", "max_span": 32, "bridge": 2}
+    assert policy.to_dict()["bridge"] == 2
+    assert resolve_policy(TransferPolicy(bridge=0)).bridge is None  # 0: off, nothing reaches the selector
+    assert resolve_policy(TransferPolicy(selector="qsnap", selector_options={"bridge": 1})).options["bridge"] == 1
+    monkeypatch.setattr(plan_policy, "DEFAULT_BRIDGE", 1)
+    assert resolve_policy(TransferPolicy()).options["bridge"] == 1  # the default fills cacheback and qsnap ...
+    assert "bridge" not in resolve_policy(TransferPolicy(selector="chunkkv")).options  # ... not chunkkv
+    assert "bridge" not in resolve_policy(TransferPolicy(selector="recent")).options
+    assert resolve_policy(TransferPolicy(bridge=0)).bridge is None  # 0 turns the default off
+    spec = load_graph_text(FAN_IN.replace("POLICY", "{mode: state, ratio: 4, bridge: 1}"))
+    assert Graph.from_spec(spec).to_yaml().count("bridge: 1") == 1
+
+
+def test_a_bridged_fan_in_records_its_bridge_on_every_hop(pool):
+    # documents that differ: the same document three times holds no distinctive token to bridge with
+    texts = [DOC, "The Lynx agency belongs to Jonas Moreno. Jonas Moreno was born in 1964.", "Oslo has a harbour."]
+    result = run_plan_sync(fan_in(Policy(ratio=3, bridge=1), texts=texts), pool=pool)
+    assert result.status == "finished", result.error
+    bridges = {hop.bridge for hop in result.hops}
+    assert len(bridges) == 1 and isinstance(bridges.pop(), str)  # one bridge for the whole group
+    assert all("bridge" in hop.to_dict() for hop in result.hops)
+    plain = run_plan_sync(fan_in(Policy(ratio=3, bridge=0), texts=texts), pool=pool)
+    assert all(hop.bridge is None and "bridge" not in hop.to_dict() for hop in plain.hops)
+    alike = run_plan_sync(fan_in(Policy(ratio=3, bridge=1)), pool=pool)
+    assert alike.status == "finished" and all(hop.bridge is None for hop in alike.hops)
+
+
 def test_unset_levers_keep_a_plans_fingerprint():
     """A graph that does not use relevance or exclude_by fingerprints as it did before they
     existed (a resumed run checks it), and one that sets them fingerprints differently."""
@@ -115,8 +144,8 @@ def test_the_graph_defaults_are_the_measured_ones():
     # naming the default changes no grouping: the resolved policies are equal
     assert resolve_policy(TransferPolicy(allocation="pooled")) == policy
     # issue 26's levers are off until measured: nothing reaches the selector, records or fingerprints
-    assert policy.relevance is None and policy.exclude_by is None
-    assert not {"relevance", "exclude_by"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
+    assert policy.relevance is None and policy.exclude_by is None and policy.bridge is None
+    assert not {"relevance", "exclude_by", "bridge"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
     assert resolve_policy(TransferPolicy(exclude=["template", "instruction", "known"])).exclude == (
         "template", "instruction", "known")  # still there when an edge asks for it
 
@@ -147,6 +176,12 @@ def test_the_graph_defaults_are_the_measured_ones():
         ({"exclude_by": "span", "exclude": ["known"], "selector_options": {"exclude_by": "span"}}, "exclude_by is set both"),
         ({"mode": "full", "exclude_by": "span"}, "does not use exclude_by"),
         ({"allocation": "shared"}, "allocation"),
+        ({"bridge": -1}, "bridge"),
+        ({"selector": "chunkkv", "bridge": 1}, "selector 'chunkkv' scores none"),
+        ({"selector": "chunkkv", "selector_options": {"bridge": 1}}, "selector 'chunkkv' scores none"),
+        ({"selector": "recent", "bridge": 1}, "selector 'recent' keeps no spans"),
+        ({"bridge": 1, "selector_options": {"bridge": 1}}, "bridge is set both"),
+        ({"mode": "text", "bridge": 1}, "does not use bridge"),
     ],
 )
 def test_bad_selection_fields_are_refused(fields, message):
@@ -276,14 +311,14 @@ def pool(tiny):
     return pool
 
 
-def fan_in(policy, documents=3):
+def fan_in(policy, documents=3, texts=None):
     graph = Graph("fan").input("question").input("documents", "list[str]")
     graph.model("base").agent("reader", model="base", system="Read the part.", max_new_tokens=2)
     graph.node("r", agent="reader", foreach="documents", item="doc", generate=False,
                prompt="Question: {question}\nDocument {index}:\n{doc}")
     graph.node("final", agent="reader", prompt="Question: {question}\nAnswer:", output=True)
     graph.edge("r", "final", policy)
-    return graph.plan({"question": "Who owns the Cedar project?", "documents": [DOC] * documents})
+    return graph.plan({"question": "Who owns the Cedar project?", "documents": texts or [DOC] * documents})
 
 
 def test_a_fan_in_passes_over_markup_instructions_and_the_question_copy(pool):
@@ -350,6 +385,23 @@ def test_the_default_pooling_falls_back_to_per_sender_budgets_across_replicas(po
     assert all(hop.allocation == "pooled" for hop in pooled.hops)
 
 
+def test_a_bridge_across_replicas_is_refused_when_named_and_left_out_when_defaulted(pool, monkeypatch):
+    # the bridge is the best span across every sender's scores, like pooling: across hosts an
+    # edge that names it is refused, and the graph's default leaves it out (the hops say so)
+    spread = {"pins": {"r[1]": 1}, "replicas": {"base": 2}}
+    named = run_plan_sync(fan_in(Policy(ratio=4, bridge=1, allocation="per_sender"), documents=2),
+                          executor=InProcessReplicasExecutor(pool, **spread))
+    assert named.status == "failed" and "bridge across hosts is not supported" in named.error and "--pin" in named.error
+    monkeypatch.setattr(plan_policy, "DEFAULT_BRIDGE", 1)
+    defaulted = run_plan_sync(fan_in(Policy(ratio=4), documents=2), executor=InProcessReplicasExecutor(pool, **spread))
+    assert defaulted.status == "finished", defaulted.error
+    assert all(hop.bridge is None for hop in defaulted.hops)
+    local = run_plan_sync(fan_in(Policy(ratio=4, allocation="per_sender", bridge=0), documents=2), pool=pool)
+    assert [hop.kept_by_origin for hop in defaulted.hops] == [hop.kept_by_origin for hop in local.hops]
+    together = run_plan_sync(fan_in(Policy(ratio=4), documents=2), pool=pool)  # in one process the default bridges
+    assert all(hop.bridge is not None for hop in together.hops)
+
+
 def test_a_lone_sender_records_per_sender_under_the_pooled_default(pool):
     graph = Graph("pair").input("question")
     graph.model("base").agent("reader", model="base", max_new_tokens=2)
@@ -363,7 +415,8 @@ def test_a_lone_sender_records_per_sender_under_the_pooled_default(pool):
 
 
 def test_exclusion_across_replicas_matches_in_process(pool):
-    policy = Policy(ratio=2, span="sentence", exclude=["template", "instruction", "known"], allocation="per_sender")
+    policy = Policy(ratio=2, span="sentence", exclude=["template", "instruction", "known"], allocation="per_sender",
+                    bridge=0)  # a bridge across replicas is refused (named) or left out (default)
     local = run_plan_sync(fan_in(policy, documents=2), pool=pool)
     remote = run_plan_sync(fan_in(policy, documents=2), executor=InProcessReplicasExecutor(pool, pins={"r[1]": 1}, replicas={"base": 2}))
     assert remote.status == "finished", remote.error

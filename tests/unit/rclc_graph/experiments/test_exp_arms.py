@@ -313,6 +313,8 @@ def test_selection_keys_are_policy_fields(tmp_path):
 
 
 def test_issue_26_levers_are_arm_keys_and_off_unless_given():
+    bridged = parse_arm("b=state:ratio=4,bridge=1")
+    assert bridged.policy.bridge == 1 and bridged.describe()["policy"]["bridge"] == 1
     arm = parse_arm("w=state:ratio=4,exclude=template+known,exclude_by=span,relevance=0.5")
     assert (arm.policy.exclude_by, arm.policy.relevance) == ("span", 0.5)
     assert arm.describe()["policy"]["exclude_by"] == "span"
@@ -333,6 +335,8 @@ def test_issue_26_levers_are_arm_keys_and_off_unless_given():
         ("a=state:exclude_by=whole,exclude=known", "arms.a.exclude_by", "'position' or 'span'"),
         ("a=state:exclude_by=span", "arms.a", "exclude lists none of them"),
         ("a=state:relevance=x", "arms.a.relevance", "must be a number"),
+        ("a=state:bridge=x", "arms.a.bridge", "must be a whole number"),
+        ("a=state:selector=chunkkv,bridge=1", "arms.a", "scores none"),
         ("a=state:relevance=2", "arms.a.relevance", "less than or equal to 1"),
     ],
 )

@@ -184,8 +184,12 @@ def test_a_hop_event_is_the_hop_record_and_nothing_lands_in_extra():
     assert isinstance(event, ev.HopDelivered) and event.extra == {} and event.hop == hop.record
     assert (event.source, event.allocation, event.excluded_by_reason) == ("a", "pooled", {"template": 2})
     wire = event.to_dict()
-    names = [item.name for item in dataclasses.fields(HopRecord) if item.name != "generation_seconds"]
+    names = [item.name for item in dataclasses.fields(HopRecord) if item.name not in ("generation_seconds", "bridge")]
     assert list(wire) == ["type", "run_id", "seq", *names, "kept"] and ev.event_from_dict(wire) == event
+    # a bridged hop carries its bridge's text; one without a bridge has no such field (above)
+    bridged = dataclasses.replace(hop, record=dataclasses.replace(hop.record, bridge="Lynx agency belongs Jonas"))
+    again = ev.typed_from("hop", ev.hop_payload(bridged), run_id="r", seq=4)
+    assert again.bridge == "Lynx agency belongs Jonas" and ev.event_from_dict(again.to_dict()) == again
     assert HopRecord.from_dict(hop.record.to_dict()) == hop.record
     with pytest.raises(ValueError, match="hop: missing budget; unknown budgett"):
         HopRecord.from_dict({**{k: v for k, v in hop.record.to_dict().items() if k != "budget"}, "budgett": 3})
