@@ -19,6 +19,11 @@ entities' owners (on 80 single-fact dev cases the whole-sentence bridge answered
 71% without bridging). The mean of the two scorings keeps what the question found first at
 half weight for the same reason. Measured in docs/experiments.md (issue 26).
 
+The bridge is chosen on the first scoring less a neutral request's ("Answer the question.",
+`lifted`): any request attends to the rows right before it, so a document's last sentence
+("Fireworks close the festival at midnight.") ranked first for where it sits, not for what it
+says, and bridged the fan-out example's question away from its answer.
+
 Which spans may bridge: candidate spans (not excluded, not only protected positions) whose
 rows carry token IDs (a latent row has no token to put in a request), that hold a word (a
 line break, where attention sinks collect, says nothing), and that the request does not
@@ -135,6 +140,25 @@ def bridged(request: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
         return request
     front = torch.tensor([list(tokens)], dtype=request.dtype, device=request.device)
     return torch.cat([front, request], dim=1)
+
+
+NEUTRAL_REQUEST = "Answer the question."
+"""A request that asks nothing in particular: what it attends to is where any request's
+attention goes whatever it says (the attention sink, the rows right before the request)."""
+
+
+def neutral_ids(states: Sequence[SenderState]) -> list[torch.Tensor] | None:
+    """`NEUTRAL_REQUEST` tokenized for every sender, or None when a sender has no tokenizer
+    (then no sender's first scoring is lifted, so the senders stay comparable)."""
+    if any(state.tokenizer is None for state in states):
+        return None
+    return [state.request_ids(NEUTRAL_REQUEST) for state in states]
+
+
+def lifted(first: SpanProfile, neutral: SpanProfile) -> SpanProfile:
+    """The first scoring less a neutral request's: what the request attends to for what it
+    asks. Only the bridge is chosen on it (the selection ranks by `mixed`)."""
+    return replace(first, scores=first.scores.float() - neutral.scores.float())
 
 
 def mixed(first: SpanProfile, second: SpanProfile) -> SpanProfile:

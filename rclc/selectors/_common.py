@@ -19,7 +19,7 @@ from ..models import context_limit_of
 from ..policy import EXCLUSION_UNITS
 from ..state import SenderState
 from ._sentences import check_max_span, check_span_option, check_span_starts, partition
-from ._bridge import bridge_tokens, bridged, mixed
+from ._bridge import bridge_tokens, bridged, lifted, mixed, neutral_ids
 from ._spans import Span, check_bridge, check_relevance, keep_spans, protected_positions, refine
 
 
@@ -303,7 +303,11 @@ def request_selector(
         if not options.bridge:
             return first
         check_request_ids(request_ids)
-        extended = bridged(request_ids, bridge_tokens([sender], [first], [request_ids], options.bridge))
+        neutral = neutral_ids([sender])
+        chooses = first
+        if neutral is not None:
+            chooses = lifted(first, span_profile(sender, options, name=name, scores=lambda spans: scored(sender, neutral[0])))
+        extended = bridged(request_ids, bridge_tokens([sender], [chooses], [request_ids], options.bridge))
         if extended is request_ids:
             return first
         return mixed(first, span_profile(sender, options, name=name, scores=lambda spans: scored(sender, extended)))

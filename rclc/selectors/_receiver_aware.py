@@ -21,7 +21,7 @@ from ..errors import RclcError
 from ..exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
 from ..policy import ALLOCATIONS
 from ..state import SenderState
-from ._bridge import bridge_tokens, bridged, check_shared_vocabulary, mixed
+from ._bridge import bridge_tokens, bridged, check_shared_vocabulary, lifted, mixed, neutral_ids
 from ._common import SpanProfile
 from ._pooling import bridge_of, pooled_counts, profile_of, scoring_selector
 from ._prefetch import prefetch_folds
@@ -253,9 +253,10 @@ def bridge(
     passed_over: Sequence[list[bool] | None],
     starts: Sequence[Sequence[int] | None],
 ) -> Bridge | None:
-    """One bridge for the whole transfer: every sender scored with its request, the best spans
-    across all of them put in front of every sender's request, every sender scored again, and
-    the two scorings averaged (`_bridge.mixed`). None when the selector does not bridge or no
+    """One bridge for the whole transfer: every sender scored with its request (and with a
+    neutral one, which the bridge is chosen against: `_bridge.lifted`), the best spans across
+    all of them put in front of every sender's request, every sender scored again, and the two
+    scorings averaged (`_bridge.mixed`). None when the selector does not bridge or no
     span may bridge (worker thread)."""
     count = bridge_of(selector)
     if not count:
@@ -263,7 +264,11 @@ def bridge(
     check_shared_vocabulary(states)
     plain = functools.partial(selector, bridge=0)  # the transfer bridges: the selections must not again
     first = _profiles(plain, states, ids, masks, starts)
-    tokens = bridge_tokens(states, first, ids, count, passed_over)
+    neutral = neutral_ids(states)
+    chooses = first
+    if neutral is not None:
+        chooses = [lifted(one, zero) for one, zero in zip(first, _profiles(plain, states, neutral, masks, starts))]
+    tokens = bridge_tokens(states, chooses, ids, count, passed_over)
     if not tokens:
         return Bridge(None, first, plain)
     second = _profiles(plain, states, [bridged(request, tokens) for request in ids], masks, starts)

@@ -9,6 +9,7 @@ remote executor fits the same group across replicas (fitting.py).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import rclc
@@ -77,7 +78,8 @@ def transfer_options(
     """Keyword arguments of `rclc.transfer` for a state/full edge policy.
 
     `senders`: how many senders the call holds, when known; a lone sender gets no
-    `allocation` (pooling one sender is its own budget, and its hop then says per_sender).
+    `allocation` (pooling one sender is its own budget, and its hop then says per_sender), and
+    no `bridge` unless the edge named one (the default bridges fan-ins only).
 
     `known` (what the receiver holds: its system prompt and user turn) and `roles` (one
     label list per sender, roles.py) make the policy's `exclude` an `rclc.Exclusion`.
@@ -89,6 +91,10 @@ def transfer_options(
         options["ratio"] = 1  # I + ceil((T - I) / 1) = T: the whole state
         options["selector"] = keep_everything  # ... and never fewer (the core would fit it to the receiver)
     else:
+        if senders == 1 and policy.bridge and not policy.bridge_named:
+            # the graph's default bridges fan-ins only: a lone sender's bridge is its own best
+            # span, which cost the chain (docs/experiments.md#bridging-a-second-fact-dev-split-r4)
+            policy = replace(policy, bridge=None)
         options["selector"] = resolve_selector(policy, trust_code=trust_code, seed=seed)
         if policy.budget is not None:
             options["budget"] = policy.budget

@@ -60,10 +60,11 @@ DEFAULT_EXCLUDE: tuple[str, ...] = ("template",)
 DEFAULT_ALLOCATION = "pooled"
 # Bridging (issue 26): the selectors that score a request (cacheback, qsnap) score twice, the
 # distinctive tokens of the first scoring's best span across the transfer's senders in front of
-# the request for the second. Off by default: on the fan-out dev split it answers 52.5% against
-# 46.2% (+39/-19, p = 0.012; two-hop 28.8% against 0.0%), but on the chain's single-fact dev
-# cases 42.5% against 61.2% (p = 0.008), and it breaks fanout_qa's example input (its bridge is
-# the sentence right before the request). docs/experiments.md#bridging-a-second-fact-dev-split-r4
+# the request for the second. On the fan-out dev split it answers 53.1% against 46.2% (+41/-19,
+# p = 0.006; two-hop 31.2% against 0.0%), but a lone sender's bridge cost the chain's
+# single-fact dev cases (42.5% against 61.2%, p = 0.008), so a default bridge applies to fan-ins
+# only (executors/transfer_options.py). Off until a change turns it on with its own full test
+# run: docs/experiments.md#bridging-a-second-fact-dev-split-r4
 DEFAULT_BRIDGE = 0
 
 

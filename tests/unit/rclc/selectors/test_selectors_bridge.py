@@ -12,7 +12,7 @@ from rclc.policy import selector_option_problems
 from rclc.selection import Selection
 from rclc.selectors import cacheback, chunkkv, qsnap
 # private on purpose: selector internals under test (bridge choice, profiles, pooling)
-from rclc.selectors._bridge import bridge_tokens, bridged, mixed
+from rclc.selectors._bridge import NEUTRAL_REQUEST, bridge_tokens, bridged, lifted, mixed
 # private on purpose: selector internals under test (bridge choice, profiles, pooling)
 from rclc.selectors._common import SpanOptions, SpanProfile
 # private on purpose: selector internals under test (bridge choice, profiles, pooling)
@@ -90,6 +90,21 @@ def test_only_the_bridges_distinctive_tokens_extend_the_request(tiny):
     assert common and not set(common) & set(tokens)
 
 
+def test_the_bridge_is_chosen_above_what_a_neutral_request_attends_to(tiny):
+    # the rows right before any request draw its attention; the bridge is chosen on the first
+    # scoring less a neutral request's, so a span that only sits there does not win
+    model, tokenizer = tiny
+    sender = make_sender(model, tokenizer, FIRST)
+    total = sender.positions
+    spans = [(0, 1), (1, total // 2), (total // 2, total)]
+    asked = [0.0] + [3.0] * (total // 2 - 1) + [4.0] * (total - total // 2)
+    anyway = [0.0] + [0.5] * (total // 2 - 1) + [3.5] * (total - total // 2)
+    first, neutral = _profile(sender, asked, spans), _profile(sender, anyway, spans)
+    request = torch.tensor([[1]])
+    assert bridge_tokens([sender], [first], [request], 1) == sender.token_ids[total // 2:].tolist()
+    assert bridge_tokens([sender], [lifted(first, neutral)], [request], 1) == sender.token_ids[1:total // 2].tolist()
+
+
 def test_a_latent_row_never_bridges(tiny):
     model, tokenizer = tiny
     sender = make_sender(model, tokenizer, FIRST, latent_steps=4)
@@ -107,7 +122,8 @@ def test_a_bridged_selection_ranks_by_the_mean_of_both_scorings(tiny, selector):
     request = sender.request_ids(QUESTION)
     options = functools.partial(selector, span="sentence")
     first = profile_of(options, sender, request, None)
-    tokens = bridge_tokens([sender], [first], [request], 1)
+    neutral = profile_of(options, sender, sender.request_ids(NEUTRAL_REQUEST), None)
+    tokens = bridge_tokens([sender], [lifted(first, neutral)], [request], 1)  # chosen above a neutral request
     assert tokens  # the first scoring found a span the question does not say
     second = profile_of(options, sender, bridged(request, tokens), None)
     both = mixed(first, second)
@@ -130,7 +146,8 @@ def test_a_transfer_bridges_its_senders_once(tiny, allocation):
     kept = [message.selection for message in receiver.peek(0)[0].messages]
     requests = [sender.request_ids(QUESTION) for sender in senders]
     first = [profile_of(selector, sender, request, None, bridge=0) for sender, request in zip(senders, requests)]
-    tokens = bridge_tokens(senders, first, requests, 1)
+    neutral = [profile_of(selector, sender, sender.request_ids(NEUTRAL_REQUEST), None, bridge=0) for sender in senders]
+    tokens = bridge_tokens(senders, [lifted(one, zero) for one, zero in zip(first, neutral)], requests, 1)
     assert tokens and kept[0].bridge == tokenizer.decode(tokens)
     for sender, request, one, selection in zip(senders, requests, first, kept):
         both = mixed(one, profile_of(selector, sender, bridged(request, tokens), None, bridge=0))

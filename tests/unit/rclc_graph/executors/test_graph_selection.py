@@ -402,6 +402,23 @@ def test_a_bridge_across_replicas_is_refused_when_named_and_left_out_when_defaul
     assert all(hop.bridge is not None for hop in together.hops)
 
 
+def test_a_default_bridge_bridges_fan_ins_only(pool, monkeypatch):
+    # measured: bridging cost the chain (a lone sender bridges from its own best span), so a
+    # bridge the graph's default fills applies to transfers of several senders; one an edge
+    # names applies everywhere
+    from rclc_graph.executors.fitting import bridging
+    from rclc_graph.executors.transfer_options import transfer_options
+
+    monkeypatch.setattr(plan_policy, "DEFAULT_BRIDGE", 1)
+    default, named = resolve_policy(TransferPolicy()), resolve_policy(TransferPolicy(bridge=1))
+    selector = {(name, senders): transfer_options(policy, trust_code=False, seed=0, senders=senders)["selector"]
+                for name, policy in (("default", default), ("named", named)) for senders in (1, 3)}
+    assert [bridging(selector[key]) for key in sorted(selector)] == [False, True, True, True]
+    texts = [DOC, "The Lynx agency belongs to Jonas Moreno. Jonas Moreno was born in 1964."]
+    fan = run_plan_sync(fan_in(Policy(ratio=3), texts=texts), pool=pool)
+    assert fan.status == "finished" and all(hop.bridge is not None for hop in fan.hops)
+
+
 def test_a_lone_sender_records_per_sender_under_the_pooled_default(pool):
     graph = Graph("pair").input("question")
     graph.model("base").agent("reader", model="base", max_new_tokens=2)
