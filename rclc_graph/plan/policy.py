@@ -62,10 +62,10 @@ DEFAULT_ALLOCATION = "pooled"
 # distinctive tokens of the first scoring's best span across the transfer's senders in front of
 # the request for the second. On the fan-out dev split it answers 53.1% against 46.2% (+41/-19,
 # p = 0.006; two-hop 31.2% against 0.0%), but a lone sender's bridge cost the chain's
-# single-fact dev cases (42.5% against 61.2%, p = 0.008), so a default bridge applies to fan-ins
-# only (executors/transfer_options.py). Off until a change turns it on with its own full test
-# run: docs/experiments.md#bridging-a-second-fact-dev-split-r4
-DEFAULT_BRIDGE = 0
+# single-fact dev cases (42.5% against 61.2%, p = 0.008), so the default bridge applies to
+# fan-ins only (executors/transfer_options.py): a chain hop is as before.
+# docs/experiments.md#bridging-a-second-fact-dev-split-r4
+DEFAULT_BRIDGE = 1
 
 
 @dataclass(frozen=True)

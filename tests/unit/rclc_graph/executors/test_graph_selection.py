@@ -36,14 +36,15 @@ DOC = "The Cedar project is owned by Alice. The Birch project is owned by Bob. M
 def test_policy_fields_are_accepted_and_resolved():
     policy = resolve_policy(TransferPolicy(span="line", max_span=12, exclude=["known"], allocation="pooled"))
     assert (policy.span, policy.max_span, policy.exclude, policy.allocation) == ("line", 12, ("known",), "pooled")
-    assert policy.options == {"span": "line", "max_span": 12}
+    assert policy.options == {"span": "line", "max_span": 12, "bridge": 1}  # bridge: the graph's default
     data = policy.to_dict()
     assert data["exclude"] == ["known"] and data["allocation"] == "pooled" and data["span"] == "line"
 
 
 def test_relevance_is_a_policy_field_and_0_keeps_the_whole_budget(monkeypatch):
     policy = resolve_policy(TransferPolicy(relevance=0.4, exclude=["template", "known"]))
-    assert policy.relevance == 0.4 and policy.options == {"span": "sentence", "max_span": 32, "relevance": 0.4}
+    assert policy.relevance == 0.4 and policy.options == {"span": "sentence", "max_span": 32, "relevance": 0.4,
+                                                          "bridge": 1}
     assert policy.to_dict()["relevance"] == 0.4
     assert resolve_policy(TransferPolicy(relevance=0)).relevance is None
     monkeypatch.setattr(plan_policy, "DEFAULT_RELEVANCE", 0.3)
@@ -57,7 +58,8 @@ def test_relevance_is_a_policy_field_and_0_keeps_the_whole_budget(monkeypatch):
 
 def test_exclude_by_is_an_opt_in_policy_field(monkeypatch):
     policy = resolve_policy(TransferPolicy(exclude=["template", "known"], exclude_by="span"))
-    assert policy.exclude_by == "span" and policy.options == {"span": "sentence", "max_span": 32, "exclude_by": "span"}
+    assert policy.exclude_by == "span" and policy.options == {"span": "sentence", "max_span": 32, "exclude_by": "span",
+                                                              "bridge": 1}
     assert policy.to_dict()["exclude_by"] == "span"
     assert resolve_policy(TransferPolicy(exclude=["known"], exclude_by="position")).options["exclude_by"] == "position"
     assert resolve_policy(TransferPolicy(selector_options={"exclude_by": "span"}, exclude=["instruction"])).options[
@@ -116,6 +118,7 @@ def test_defaults_fill_only_what_is_not_said(monkeypatch):
     monkeypatch.setattr(plan_policy, "DEFAULT_MAX_SPAN", 24)
     monkeypatch.setattr(plan_policy, "DEFAULT_EXCLUDE", ("template", "known"))
     monkeypatch.setattr(plan_policy, "DEFAULT_ALLOCATION", "pooled")
+    monkeypatch.setattr(plan_policy, "DEFAULT_BRIDGE", 0)
     cacheback = resolve_policy(TransferPolicy())
     assert cacheback.options == {"span": "sentence", "max_span": 24}
     assert cacheback.exclude == ("template", "known") and cacheback.allocation == "pooled"
@@ -136,16 +139,22 @@ def test_the_graph_defaults_are_the_measured_ones():
     # docs/experiments.md#receiver-aware-selection-and-pooled-budgets: sentence spans, only
     # chat markup passed over (instructions and known text cost accuracy on both topologies)
     policy = resolve_policy(TransferPolicy())
-    assert policy.options == {"span": "sentence", "max_span": 32}
+    # bridge: docs/experiments.md#bridging-a-second-fact-dev-split-r4 (issue 26; fan-ins only,
+    # see test_a_default_bridge_bridges_fan_ins_only)
+    assert policy.options == {"span": "sentence", "max_span": 32, "bridge": 1}
+    assert policy.bridge == 1 and not policy.bridge_named and policy.to_dict()["bridge"] == 1
+    assert resolve_policy(TransferPolicy(bridge=1)) == policy  # naming the default changes no grouping
+    assert resolve_policy(TransferPolicy(selector="chunkkv")).bridge is None  # it scores no request
     # pooled fan-in budgets: docs/experiments.md#task-families-dev-split-r4 (issue 26, 320 dev cases)
     assert policy.exclude == ("template",) and policy.allocation == "pooled" and not policy.allocation_named
     named = resolve_policy(TransferPolicy(allocation="per_sender"))
     assert named.allocation == "per_sender" and named.allocation_named
     # naming the default changes no grouping: the resolved policies are equal
     assert resolve_policy(TransferPolicy(allocation="pooled")) == policy
-    # issue 26's levers are off until measured: nothing reaches the selector, records or fingerprints
-    assert policy.relevance is None and policy.exclude_by is None and policy.bridge is None
-    assert not {"relevance", "exclude_by", "bridge"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
+    # issue 26's other levers are off until measured: nothing reaches the selector, records or fingerprints
+    assert policy.relevance is None and policy.exclude_by is None
+    assert not {"relevance", "exclude_by"} & (set(policy.to_dict()) | set(TransferPolicy().model_dump()))
+    assert "bridge" not in TransferPolicy().model_dump()  # a spec that leaves it out fingerprints as before
     assert resolve_policy(TransferPolicy(exclude=["template", "instruction", "known"])).exclude == (
         "template", "instruction", "known")  # still there when an edge asks for it
 

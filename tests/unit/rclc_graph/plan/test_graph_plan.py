@@ -391,7 +391,7 @@ def test_reasoning_and_options_resolve():
                     representation="token_ids+continuous")
     graph.edge("extra", "final", policy)
     edge = graph.plan({"question": "q"}).incoming("final")[1]
-    assert edge.policy.label == "b64" and edge.policy.options == {"span": "fixed", "span_size": 4}
+    assert edge.policy.label == "b64" and edge.policy.options == {"span": "fixed", "span_size": 4, "bridge": 1}
     assert edge.policy.reasoning.after_selection and edge.policy.reasoning.budget == 8
     with pytest.raises(SpecError) as caught:
         Reasoning(context="selected")
