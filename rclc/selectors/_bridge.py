@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -169,6 +169,27 @@ def mixed(first: SpanProfile, second: SpanProfile) -> SpanProfile:
     a distractor. The question's own scoring at half weight keeps what it found first. Both are
     attention over the same sender, so they are on one scale."""
     return replace(second, scores=(first.scores.float() + second.scores.float()) / 2)
+
+
+def bridge_profiles(
+    states: Sequence[SenderState],
+    requests: Sequence[torch.Tensor],
+    count: int,
+    score: Callable[[Sequence[torch.Tensor]], list[SpanProfile]],
+    passed_over: Sequence[Sequence[bool] | None] | None = None,
+) -> tuple[list[int], list[SpanProfile]]:
+    """(the bridge's tokens, every sender's profile to select from): the one bridging routine
+    of a transfer's senders and of a selector called on one sender. `score(requests)` gives
+    every sender's profile for one request each. Without a bridge the profiles are the first
+    scoring's; with one, the mean of both (`mixed`)."""
+    first = score(requests)
+    neutral = neutral_ids(states)
+    chooses = first if neutral is None else [lifted(one, zero) for one, zero in zip(first, score(neutral))]
+    tokens = bridge_tokens(states, chooses, requests, count, passed_over)
+    if not tokens:
+        return [], first
+    second = score([bridged(request, tokens) for request in requests])
+    return tokens, [mixed(one, two) for one, two in zip(first, second)]
 
 
 def check_shared_vocabulary(states: Sequence[SenderState]) -> None:

@@ -19,7 +19,7 @@ from ..models import context_limit_of
 from ..policy import EXCLUSION_UNITS
 from ..state import SenderState
 from ._sentences import check_max_span, check_span_option, check_span_starts, partition
-from ._bridge import bridge_tokens, bridged, lifted, mixed, neutral_ids
+from ._bridge import bridge_profiles
 from ._spans import Span, check_bridge, check_relevance, keep_spans, protected_positions, refine
 
 
@@ -299,18 +299,15 @@ def request_selector(
         return request_scores(sender, request_ids, name, score)
 
     def profile(sender: SenderState, request_ids: torch.Tensor, options: SpanOptions) -> SpanProfile:
-        first = span_profile(sender, options, name=name, scores=lambda spans: scored(sender, request_ids))
+        def one(request: torch.Tensor) -> SpanProfile:
+            return span_profile(sender, options, name=name, scores=lambda spans: scored(sender, request))
+
         if not options.bridge:
-            return first
+            return one(request_ids)
         check_request_ids(request_ids)
-        neutral = neutral_ids([sender])
-        chooses = first
-        if neutral is not None:
-            chooses = lifted(first, span_profile(sender, options, name=name, scores=lambda spans: scored(sender, neutral[0])))
-        extended = bridged(request_ids, bridge_tokens([sender], [chooses], [request_ids], options.bridge))
-        if extended is request_ids:
-            return first
-        return mixed(first, span_profile(sender, options, name=name, scores=lambda spans: scored(sender, extended)))
+        _tokens, [chosen] = bridge_profiles([sender], [request_ids], options.bridge,
+                                            lambda requests: [one(request) for request in requests])
+        return chosen
 
     select.__name__ = select.__qualname__ = public_name
     select.__doc__ = summary + _SPAN_OPTIONS_DOC

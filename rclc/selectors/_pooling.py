@@ -78,7 +78,7 @@ def profile_of(
     bridge: int | None = None,
 ) -> SpanProfile:
     """The span profile `selector` would keep from for `sender` and `request_ids`; `bridge`
-    (not None) replaces the selector's own (a pooled transfer bridges across its senders)."""
+    (not None) replaces the selector's own (a transfer bridges all its senders at once)."""
     found = scoring_selector(selector)
     if found is None:
         raise RclcError(

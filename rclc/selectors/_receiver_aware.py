@@ -21,7 +21,7 @@ from ..errors import RclcError
 from ..exclusion import Exclusion, known_grams, known_positions, position_reasons, strip_markers
 from ..policy import ALLOCATIONS
 from ..state import SenderState
-from ._bridge import bridge_tokens, bridged, check_shared_vocabulary, lifted, mixed, neutral_ids
+from ._bridge import bridge_profiles, check_shared_vocabulary
 from ._common import SpanProfile
 from ._pooling import bridge_of, pooled_counts, profile_of, scoring_selector
 from ._prefetch import prefetch_folds
@@ -263,18 +263,11 @@ def bridge(
         return None
     check_shared_vocabulary(states)
     plain = functools.partial(selector, bridge=0)  # the transfer bridges: the selections must not again
-    first = _profiles(plain, states, ids, masks, starts)
-    neutral = neutral_ids(states)
-    chooses = first
-    if neutral is not None:
-        chooses = [lifted(one, zero) for one, zero in zip(first, _profiles(plain, states, neutral, masks, starts))]
-    tokens = bridge_tokens(states, chooses, ids, count, passed_over)
-    if not tokens:
-        return Bridge(None, first, plain)
-    second = _profiles(plain, states, [bridged(request, tokens) for request in ids], masks, starts)
+    tokens, profiles = bridge_profiles(states, ids, count, lambda requests: _profiles(plain, states, requests, masks,
+                                                                                     starts), passed_over)
     tokenizer = states[0].tokenizer
-    text = None if tokenizer is None else tokenizer.decode(tokens)
-    return Bridge(text, [mixed(one, two) for one, two in zip(first, second)], plain)
+    text = None if not tokens or tokenizer is None else tokenizer.decode(tokens)
+    return Bridge(text, profiles, plain)
 
 
 def pool_profiles(profiles: Sequence[SpanProfile], counts: Sequence[int], reserve: int) -> list[int]:
@@ -298,7 +291,7 @@ def bridge_flags(
 def _profiles(selector: Any, states: Sequence[SenderState], ids: Sequence[torch.Tensor],
               masks: Sequence[list[str | None] | None], starts: Sequence[Sequence[int] | None]) -> list[SpanProfile]:
     """Every sender's profile for its request, the request captures batched in one forward;
-    never bridged per sender (`pool` bridges the group)."""
+    never bridged per sender (`bridge` bridges the group)."""
     folds = prefetch_folds(selector, states, ids, [True] * len(states))
     offers = [(state, request, fold) for state, request, fold in zip(states, ids, folds) if fold is not None]
     with offering(offers):

@@ -13,14 +13,15 @@ sender *before* the fit, so the fit would need a round trip per sender after rea
 case is refused with NotImplementedError rather than fitted differently. So is pooled
 allocation that an edge names, whose counts depend on every sender's scores; pooled allocation
 the graph's default chose falls back to per-sender budgets here (`split_options`; the hop
-records say per_sender). A bridge (`bridge`) is the same: one an edge names is refused, one
-the default chose is left out (the hops record no bridge). A group whose senders all sit on the receiver's replica goes through
-one local `rclc.transfer` and pools as in-process.
+records say per_sender). A bridge (`bridge`) is the same: a group of several senders that
+names one is refused; the default's is never there, since each host selects one sender and a
+lone sender gets no default bridge (transfer_options.py). A group whose senders all sit on
+the receiver's replica goes through one local `rclc.transfer` and pools and bridges as
+in-process.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,42 +44,26 @@ def shape_of(agent: Any) -> SenderShape:
     return SenderShape(state.positions, state.inherited_positions, state.latent_steps)
 
 
-def split_options(options: dict[str, Any], *, allocation_named: bool, bridge_named: bool = False,
-                  senders: int = 2) -> dict[str, Any]:
+def split_options(options: dict[str, Any], *, allocation_named: bool) -> dict[str, Any]:
     """The transfer options of a group whose senders sit on other hosts: pooled allocation the
-    graph's default chose becomes per-sender budgets, and a bridge the default chose is left
-    out (both need every sender's scores in one place); what the edge named stays, and
-    `refuse_unmatched` refuses it. A group of one sender keeps its bridge: the sender's own
-    host sees every score it needs."""
+    graph's default chose becomes per-sender budgets (pooling needs every sender's scores in
+    one place); one the edge named stays, and `refuse_unmatched` refuses it."""
     if options.get("allocation") == "pooled" and not allocation_named:
-        options = {key: value for key, value in options.items() if key != "allocation"}
-    selector = options.get("selector")
-    if senders > 1 and bridging(selector) and not bridge_named:
-        options = {**options, "selector": functools.partial(selector, bridge=0)}
+        return {key: value for key, value in options.items() if key != "allocation"}
     return options
 
 
-def bridging(selector: Any) -> bool:
-    """Whether a transfer's selector was bound with `bridge` > 0."""
-    while isinstance(selector, functools.partial):
-        if selector.keywords.get("bridge"):
-            return True
-        if "bridge" in selector.keywords:
-            return False
-        selector = selector.func
-    return False
-
-
-def refuse_unmatched(options: dict[str, Any], *, edge: str, senders: int = 2) -> None:
+def refuse_unmatched(options: dict[str, Any], *, edge: str, senders: int = 2, bridge_named: bool = False) -> None:
     """NotImplementedError for transfer options a split fit cannot reproduce exactly
-    (`senders`: the group's; one sender's bridge is computed on its own host)."""
+    (`senders`: the group's; `bridge_named`: the edge wrote `bridge`, which a group of several
+    senders cannot have across hosts; one sender's bridge is computed on its own host)."""
     if options.get("allocation", "per_sender") == "pooled":
         raise NotImplementedError(
             f"edge {edge}: allocation 'pooled' across hosts is not supported: the pooled ranking needs every sender's "
             "scores in one place, and these senders sit on other replicas than the receiver; pin the senders to the "
             "receiver's replica (--pin), or use allocation: per_sender"
         )
-    if senders > 1 and bridging(options.get("selector")):
+    if senders > 1 and bridge_named:
         raise NotImplementedError(
             f"edge {edge}: bridge across hosts is not supported: the bridge is the best span across every sender's "
             "scores, and these senders sit on other replicas than the receiver; pin the senders to the receiver's "

@@ -286,9 +286,9 @@ class RemoteExecutor(Executor):
         `span_starts`: where each sender's runs of rows begin)."""
         lead = group[0]
         options = transfer_options(lead.policy, trust_code=ctx.plan.trust_code, seed=ctx.seed)
-        options = split_options(options, allocation_named=lead.policy.allocation_named,
-                                bridge_named=lead.policy.bridge_named, senders=len(group))
-        refuse_unmatched(options, edge=f"{lead.source!r} -> {node.name!r} ({lead.policy.label})", senders=len(group))
+        options = split_options(options, allocation_named=lead.policy.allocation_named)
+        refuse_unmatched(options, edge=f"{lead.source!r} -> {node.name!r} ({lead.policy.label})", senders=len(group),
+                         bridge_named=bool(lead.policy.bridge) and lead.policy.bridge_named)
         room = await self._guard(host, node.name, host.call("room", run.ticket, node.name, request))
         counts = fit_counts(options, [run.shapes[edge.source] for edge in group], room)
         handles: list[Any] = [None] * len(group)
@@ -299,7 +299,7 @@ class RemoteExecutor(Executor):
                 sender, node.name,
                 sender.call(
                     "select", run.ticket, edge.id, request, counts[position], sender is host, known, roles[position],
-                    None if span_starts is None else span_starts[position], len(group),
+                    None if span_starts is None else span_starts[position],
                 ),
                 sender_of=edge.source,
             )

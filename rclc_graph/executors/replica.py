@@ -29,7 +29,7 @@ from ..plan.dag import Plan, PlanEdge, PlanNode
 from ..results.run_result import NodeResult
 from .contract import Publish, RunContext
 from .delivery import GroupHandoff, transfer_group
-from .fitting import SenderShape, shape_of, split_options, with_count
+from .fitting import SenderShape, shape_of, with_count
 from .local import LocalExecutor
 from .pool import ModelPool
 from .transfer_options import transfer_options
@@ -147,11 +147,10 @@ class Replica:
         known: tuple[str, ...] = (),
         roles: list[str] | None = None,
         span_starts: list[int] | None = None,
-        group: int = 1,
     ) -> PayloadRef:
         """Select `count` positions of the edge's sender for `request` and hand back a ref
         (`known` and `roles` feed the edge's exclusion, `span_starts` its spans, as in the
-        local executor; `group`: how many senders the edge's transfer group has)."""
+        local executor)."""
         ctx = await self.context(ticket)
         edge = ctx.plan.edges[edge_id]
         try:
@@ -169,8 +168,6 @@ class Replica:
             ),
             count,
         )
-        # a spread group: a bridge the default chose is left out here too (the scheduler refused a named one)
-        options = split_options(options, allocation_named=True, bridge_named=edge.policy.bridge_named, senders=group)
         received: list[Any] = []
         began = time.perf_counter()
         await rclc.transfer(agent, received.append, request, **options)

@@ -415,14 +415,15 @@ def test_a_default_bridge_bridges_fan_ins_only(pool, monkeypatch):
     # measured: bridging cost the chain (a lone sender bridges from its own best span), so a
     # bridge the graph's default fills applies to transfers of several senders; one an edge
     # names applies everywhere
-    from rclc_graph.executors.fitting import bridging
+    # private on purpose: the bridge a transfer's selector was bound with
+    from rclc.selectors.transfer_steps import bridge_of
     from rclc_graph.executors.transfer_options import transfer_options
 
     monkeypatch.setattr(plan_policy, "DEFAULT_BRIDGE", 1)
     default, named = resolve_policy(TransferPolicy()), resolve_policy(TransferPolicy(bridge=1))
     selector = {(name, senders): transfer_options(policy, trust_code=False, seed=0, senders=senders)["selector"]
                 for name, policy in (("default", default), ("named", named)) for senders in (1, 3)}
-    assert [bridging(selector[key]) for key in sorted(selector)] == [False, True, True, True]
+    assert [bridge_of(selector[key]) > 0 for key in sorted(selector)] == [False, True, True, True]
     texts = [DOC, "The Lynx agency belongs to Jonas Moreno. Jonas Moreno was born in 1964."]
     fan = run_plan_sync(fan_in(Policy(ratio=3), texts=texts), pool=pool)
     assert fan.status == "finished" and all(hop.bridge is not None for hop in fan.hops)
