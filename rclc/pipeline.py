@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -46,7 +47,8 @@ from .state import Delivery, Message, SenderState, embedding_weight, rows_match_
 def _encode(state: SenderState, rows: torch.Tensor, ids: torch.Tensor | None, representation: str) -> Message:
     rows = rows.detach()
     if representation == "embeddings":
-        return Message(rows.to("cpu").contiguous())
+        source = None if ids is None else ids.detach().to("cpu").contiguous()
+        return Message(rows.to("cpu").contiguous(), source_ids=source)
     assert ids is not None
     if not rows_match_ids(rows, ids, embedding_weight(state.model)):
         raise IncompatibleStateError(
@@ -88,7 +90,7 @@ async def _prepare_message(plan: RequestPlan, sender: int, options: TransferOpti
             token_ids=state.token_ids, tokenizer=state.tokenizer, added_latent_positions=added,
             excluded=plan.masks[sender], allocation=options.allocation, cap=plan.caps[sender], bridge=plan.bridge,
         )
-        return Message(message.continuous_rows, message.token_ids, record)
+        return replace(message, selection=record)
 
     return await run_in_worker(encode)
 

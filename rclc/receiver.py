@@ -152,7 +152,8 @@ class HFReceiver:
         with torch.no_grad():
             parts = [delivery.rows(weight) for delivery, _ in taken]
             rows = torch.cat([*parts, weight[ids[0].to(weight.device)]], dim=0)
-        known = torch.cat([*(_delivery_ids(delivery, rows.device) for delivery, _ in taken), ids[0].to(rows.device)])
+        known = torch.cat([*(_delivery_ids(delivery, weight).to(rows.device) for delivery, _ in taken),
+                           ids[0].to(rows.device)])
         return JoinedHandoffs(rows, known, received, output)
 
     def pop(self, *, prompt: Any = None, max_new_tokens: int | None = None, deliveries: int = 1) -> dict[str, Any]:
@@ -189,12 +190,6 @@ class HFReceiver:
         return report
 
 
-def _delivery_ids(delivery: Delivery, device: torch.device) -> torch.Tensor:
-    """Token IDs of received positions where the message carried them, else -1."""
-    parts = []
-    for message in delivery.messages:
-        if message.token_ids is not None:
-            parts.append(message.token_ids.to(device))
-        else:
-            parts.append(torch.full((message.positions,), -1, dtype=torch.int64, device=device))
-    return torch.cat(parts)
+def _delivery_ids(delivery: Delivery, weight: torch.Tensor) -> torch.Tensor:
+    """Token IDs of received positions where the message names them, else -1 (Message.receiver_ids)."""
+    return torch.cat([message.receiver_ids(weight) for message in delivery.messages])

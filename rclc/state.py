@@ -224,11 +224,19 @@ class Message:
     With `token_ids` None, `continuous_rows` are every selected row in order. With IDs
     (representation `token_ids+continuous`), IDs cover every position and only the rows
     of the -1 positions are carried, in order.
+
+    `source_ids` (only without `token_ids`: representation `embeddings`) name the token of
+    each carried row (-1 for a continuous one). The rows still travel whole; the IDs let the
+    receiver's state hold its inherited rows as text, so when it sends on, its sentences,
+    exclusions and bridges cover what it inherited too (a chain hop otherwise sees inherited
+    rows as runs of unnamed rows, cut by budget alone). A receiver adopts them only where
+    the rows are exactly its own embeddings of those tokens (`Message.receiver_ids`).
     """
 
     continuous_rows: torch.Tensor
     token_ids: torch.Tensor | None = None
     selection: Selection | None = field(default=None, compare=False)
+    source_ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rows = self.continuous_rows
@@ -238,7 +246,10 @@ class Message:
         if ids is None:
             if rows.shape[0] < 1:
                 raise RclcError("continuous_rows: a message without token IDs needs at least one row")
+            self._check_source_ids(rows.shape[0])
             return
+        if self.source_ids is not None:
+            raise RclcError("source_ids: only a message without token_ids carries them (token_ids already name every row)")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] < 1:
             raise RclcError("token_ids: expected a non-empty int64 vector")
         if bool((ids < -1).any()):
@@ -249,6 +260,31 @@ class Message:
                 f"token_ids: {continuous} positions are marked -1 but {rows.shape[0]} continuous rows were given"
             )
 
+    def _check_source_ids(self, rows: int) -> None:
+        ids = self.source_ids
+        if ids is None:
+            return
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64 or ids.shape[0] != rows:
+            raise RclcError(f"source_ids: expected an int64 vector of {rows} IDs, one per carried row (-1 for a continuous row)")
+        if bool((ids < -1).any()):
+            raise RclcError("source_ids: IDs below -1 are invalid (-1 marks a continuous row)")
+
+    def receiver_ids(self, weight: torch.Tensor) -> torch.Tensor:
+        """The token IDs a receiver with embedding table `weight` may give this message's
+        positions: the carried `token_ids` (their rows are rebuilt from them), else
+        `source_ids` when every named row is exactly `weight`'s row for its token (a sender of
+        another model or dtype would otherwise leave a state whose IDs and rows disagree), else
+        -1 for every position."""
+        if self.token_ids is not None:
+            return self.token_ids.to(weight.device)
+        unknown = torch.full((self.positions,), -1, dtype=torch.int64, device=weight.device)
+        ids = self.source_ids
+        if ids is None or self.continuous_rows.shape[1] != weight.shape[1] or bool((ids >= weight.shape[0]).any()):
+            return unknown
+        ids = ids.to(weight.device)
+        rows = self.continuous_rows.to(device=weight.device, dtype=weight.dtype)
+        return ids if rows_match_ids(rows, ids, weight) else unknown
+
     @property
     def positions(self) -> int:
         """Positions the receiver will prefill."""
@@ -258,7 +294,8 @@ class Message:
     def nbytes(self) -> int:
         """Tensor bytes only (no Python objects, metadata or framing)."""
         size = self.continuous_rows.numel() * self.continuous_rows.element_size()
-        return size + (0 if self.token_ids is None else self.token_ids.numel() * 8)
+        ids = self.token_ids if self.token_ids is not None else self.source_ids
+        return size + (0 if ids is None else ids.numel() * 8)
 
     def materialize(self, weight: torch.Tensor) -> torch.Tensor:
         """Rebuild `[positions, hidden]` rows in original order from a matching embedding table."""

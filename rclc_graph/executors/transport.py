@@ -70,6 +70,7 @@ def pack_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
         packed.append({
             "rows": message.continuous_rows.detach(),
             "token_ids": None if message.token_ids is None else message.token_ids.detach(),
+            "source_ids": None if message.source_ids is None else message.source_ids.detach(),
             "selection": None if selection is None else selection.to_dict(),
         })
     return packed
@@ -81,7 +82,7 @@ def unpack_messages(packed: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
     for item in packed:
         record = item.get("selection")
         selection = None if record is None else rclc.Selection.from_dict(record)
-        messages.append(rclc.Message(item["rows"], item["token_ids"], selection))
+        messages.append(rclc.Message(item["rows"], item["token_ids"], selection, item.get("source_ids")))
     return tuple(messages)
 
 

@@ -24,9 +24,9 @@ def test_quickstart_prints_answer_positions_and_bytes():
     kept = re.findall(r"sender (\d): kept (\d+)/(\d+) positions, (\d+) payload bytes", out)
     assert [k[0] for k in kept] == ["0", "1"]
     for _, selected, total, nbytes in kept:
-        # r4 keeps ceil(T / 4) rows of 576 float32 values each.
+        # r4 keeps ceil(T / 4) rows of 576 float32 values each, each with its int64 token ID.
         assert int(selected) == -(-int(total) // 4)
-        assert int(nbytes) == int(selected) * 576 * 4
+        assert int(nbytes) == int(selected) * (576 * 4 + 8)
     assert "kept positions: [0," in out
     # progress on stderr, flushed as each slow step starts (issue 27: a log saw nothing for 50 s)
     steps = [line for line in done.stderr.splitlines() if line.endswith("...") or "loaded in" in line]

@@ -101,8 +101,11 @@ def test_update_records_the_continuation(tiny):
     assert state.positions == inputs["inputs_embeds"].shape[1] + new.shape[0]
     assert torch.equal(state.input_embeds[: inputs["inputs_embeds"].shape[1]], inputs["inputs_embeds"][0])
     assert torch.equal(state.input_embeds[inputs["inputs_embeds"].shape[1] :], weight[new])
-    # Received rows are -1; the receiver prompt and the generated tokens keep their IDs.
-    expected_ids = torch.cat([torch.full((received,), -1), prepared.input_ids[0], new])
+    # Received rows keep the sender's IDs (they are exactly the receiver's embeddings of those
+    # tokens); the receiver prompt and the generated tokens keep theirs.
+    sent_ids = torch.cat([message.source_ids for message in delivery.messages])
+    assert bool((sent_ids >= 0).all()) and torch.equal(state.input_embeds[:received], weight[sent_ids])
+    expected_ids = torch.cat([sent_ids, prepared.input_ids[0], new])
     assert torch.equal(state.token_ids, expected_ids)
     assert state.inherited_positions == received and state.latent_steps == 0
     assert same_cache(state.past_key_values, prefill(model, state.input_embeds))
@@ -467,7 +470,8 @@ def test_absorb_makes_received_rows_and_prompt_the_state(tiny):
     assert calls == [delivery.positions + prepared.input_ids.shape[1]], "one prefill, nothing generated"
     assert len(b) == 1 and not b.inspect()["pending_generation"]
     assert state.inherited_positions == delivery.positions
-    assert torch.equal(state.token_ids, torch.cat([torch.full((delivery.positions,), -1), prepared.input_ids[0]]))
+    sent_ids = torch.cat([message.source_ids for message in delivery.messages])
+    assert torch.equal(state.token_ids, torch.cat([sent_ids, prepared.input_ids[0]]))
     assert same_cache(state.past_key_values, prefill(model, state.input_embeds))
     before = view(b)
     with pytest.raises(ValueError, match="context space"):

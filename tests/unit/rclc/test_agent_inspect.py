@@ -44,7 +44,8 @@ def test_inspect_reports_the_queue_without_forwarding(tiny):
         assert entry["senders"] == 2
         assert entry["retained_positions"] == [message.positions for message in delivery.messages]
         assert entry["payload_bytes"] == sum(message.nbytes for message in delivery.messages)
-        assert entry["payload_bytes"] == sum(entry["retained_positions"]) * hidden * 4  # fp32 rows only
+        # fp32 rows, and the sender's token ID of each row beside it (8 bytes)
+        assert entry["payload_bytes"] == sum(entry["retained_positions"]) * (hidden * 4 + 8)
         assert entry["prompt_positions"] == prepared.input_ids.shape[1]
         assert entry["reserved_output_positions"] == 128
         assert entry["remaining_positions"] == (
@@ -108,17 +109,18 @@ def test_recorded_selection_details(tiny):
         assert {span["kind"] for span in spans} == {"token"}
         assert "".join(span["text"] for span in spans) == tokenizer.decode(state.token_ids.tolist())
 
-    # A continued agent sends received rows (continuous, -1) followed by known tokens.
+    # A continued agent sends its received rows as the tokens the senders named them, then its
+    # own tokens: the whole record is text.
     inputs = b.pop(max_new_tokens=3)
     b.update(inputs=inputs, generation=generate(model, tokenizer, inputs))
     sink = []
     transfer_sync(b, sink.append, QUESTION, record_selection=True)
     state = b.sender_state()
+    assert state.inherited_positions > 0 and bool((state.token_ids >= 0).all())
     record = sink[0].messages[0].selection.inspect()
     spans = _check_record(record, state, sink[0].messages[0], tokenizer)
-    assert spans[0]["kind"] == "continuous" and spans[0]["text"] is None
-    continuous = sum(span["stop"] - span["start"] for span in spans if span["kind"] == "continuous")
-    assert continuous == state.inherited_positions
+    assert {span["kind"] for span in spans} == {"token"}
+    assert "".join(span["text"] for span in spans) == tokenizer.decode(state.token_ids.tolist())
 
 
 def test_selection_html_per_request(tiny):

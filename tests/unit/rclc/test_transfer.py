@@ -76,7 +76,9 @@ def test_budget_modes(senders, options, expect):
     for state, message in zip(senders, delivery.messages):
         assert message.positions == expect(state.positions)
         assert torch.equal(message.continuous_rows, state.input_embeds[: message.positions].cpu())
-        assert message.nbytes == message.continuous_rows.numel() * message.continuous_rows.element_size()
+        # the rows travel whole; the sender's token IDs of those rows travel beside them (8 bytes each)
+        assert torch.equal(message.source_ids, state.token_ids[: message.positions].cpu())
+        assert message.nbytes == message.continuous_rows.numel() * message.continuous_rows.element_size() + 8 * message.positions
 
 
 def test_default_selector_is_cacheback_and_state_is_untouched(senders):
