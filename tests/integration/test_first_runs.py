@@ -1,7 +1,6 @@
 """A newcomer's first runs answer right (issue 26, "First runs that answer right"): each shipped
 topology's example input whose question has a definite answer and the quickstart, on the
-embedded model with the shipped default policies. `make demo` (chain_of_agents) is not yet
-answered right and is left out, not loosened.
+embedded model with the shipped default policies, `make demo` (chain_of_agents) included.
 
 One run per example, greedy decoding (deterministic on this CPU build), the model loaded once
 for the session. The inputs were rewritten to be well-posed for a 135M model (docs: README,
@@ -21,9 +20,9 @@ from tests.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-# topology -> (output node, what a right answer contains). chain_of_agents (`make demo`) is not
-# here: no well-posed rewrite of its input tried was answered right (README says what it answers).
+# topology -> (output node, what a right answer contains).
 EXPECTED = {
+    "chain_of_agents": ("final", "Velden"),
     "fanout_qa": ("final", "Ada Holm"),
     "hierarchical": ("final", "green"),
     "debate": ("judge", "fruit"),
