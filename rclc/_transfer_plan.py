@@ -221,16 +221,14 @@ class RequestPlan:
     `states` are the senders as this request's selection sees them (after full-context
     reasoning); `counts` the positions each sender's message may hold (after pooling);
     `caps` the fitted counts before pooling (what a recorded selection calls its cap);
-    `masks`, `profiles` and `folds` are per sender (None where not used). `selector` is the one
-    the selections call (bridging turned off once the transfer bridged: a bridged transfer's
-    profiles hold its scores), `bridge` the bridge's text (None: no bridge) and `pooled`
-    whether the counts came from pooling."""
+    `masks`, `profiles` and `folds` are per sender (None where not used; a bridged transfer's
+    profiles hold its mixed scores, so the selections keep from them), `bridge` the bridge's
+    text (None: no bridge) and `pooled` whether the counts came from pooling."""
 
     index: int
     request: Any
     states: tuple[SenderState, ...]
     ids: tuple[torch.Tensor, ...]
-    selector: Any
     bridge: str | None
     pooled: bool
     counts: tuple[int, ...]
@@ -267,8 +265,7 @@ async def plan_request(handoff: Handoff, options: TransferOptions, index: int, s
                                     handoff.receiver_prompts(index), options.exclusion)
     pooling = options.allocation == "pooled" and count > 1
     counts, profiles, folds = list(fitted), [None] * count, [None] * count
-    selector, text = options.selector, None
-    found = None
+    text, found = None, None
     if options.bridges:
         passed_over = await run_in_worker(transfer_steps.bridge_flags, states, request,
                                           handoff.receiver_prompts(index), options.exclusion)
@@ -276,14 +273,14 @@ async def plan_request(handoff: Handoff, options: TransferOptions, index: int, s
                                     handoff.span_starts)
     if found is not None:
         # bridged: every sender's mixed profile is already scored; pooling only moves counts
-        selector, text, profiles = found.selector, found.text, list(found.profiles)
+        text, profiles = found.text, list(found.profiles)
         if pooling:
             counts = transfer_steps.pool_profiles(found.profiles, fitted, options.reserve)
     elif pooling:
         profiles, counts = await run_in_worker(transfer_steps.pool, states, ids, fitted, options.reserve,
-                                               selector, masks, handoff.span_starts)
+                                               options.selector, masks, handoff.span_starts)
     elif count > 1:
         scoring = [fitted[i] - options.reserve < state.positions for i, state in enumerate(states)]
-        folds = await run_in_worker(transfer_steps.prefetch_folds, selector, states, ids, scoring)
-    return RequestPlan(index, request, tuple(states), tuple(ids), selector, text, pooling, tuple(counts),
+        folds = await run_in_worker(transfer_steps.prefetch_folds, options.selector, states, ids, scoring)
+    return RequestPlan(index, request, tuple(states), tuple(ids), text, pooling, tuple(counts),
                        tuple(fitted), tuple(masks), tuple(profiles), tuple(folds), handoff.span_starts)

@@ -69,7 +69,7 @@ async def _prepare_message(plan: RequestPlan, sender: int, options: TransferOpti
     state, ids, count = plan.states[sender], plan.ids[sender], plan.counts[sender]
     reserve, reasoning = options.reserve, options.reasoning
     rows, kept_ids, indices = await run_in_worker(
-        lambda: transfer_steps.select(state, ids, count - reserve, plan.selector, exclude=plan.masks[sender],
+        lambda: transfer_steps.select(state, ids, count - reserve, options.selector, exclude=plan.masks[sender],
                                       profile=plan.profiles[sender], span_starts=plan.starts[sender],
                                       fold=plan.folds[sender], pooled=plan.pooled))
     added = 0

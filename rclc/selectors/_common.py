@@ -245,25 +245,21 @@ def span_profile(sender: Any, options: SpanOptions, *, name: str, scores: Scores
     return SpanProfile(scored, spans, flags, sender.latent_steps, check_relevance(options.relevance))
 
 
-def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, *, name: str, scores: Scores,
-                    profile: Callable[[], SpanProfile] | None = None) -> list[int]:
+def keep_best_spans(sender: Any, budget: Any, options: SpanOptions, profile: Callable[[], SpanProfile]) -> list[int]:
     """The check-score-keep step of every built-in selector, as ascending kept positions.
 
     Checks the sender, the span options, the exclusion mask and the budget before any model
     work; returns every position when the budget already covers the state; otherwise asks
-    `scores(spans)` for one score per position (the selector's own model work, which checks
-    its own inputs first), refuses non-finite scores and keeps whole spans of the partition
-    in descending score order (`keep_spans`), excluded spans last, first position and latent
-    tail always included. `profile` (instead of one `span_profile` over `scores`) builds the
-    profile itself: a bridged selection scores twice.
+    `profile()` for the selector's profile (its model work, which checks its own inputs first:
+    one `span_profile`, or two scorings for a bridged selection) and keeps whole spans of the
+    partition in descending score order (`keep_spans`), excluded spans last, first position
+    and latent tail always included.
     """
     check_sender(sender)
     options.check(sender)
     if not selects(sender, budget, options.size, span_field=options.size_field):
         return list(range(sender.positions))
-    if profile is not None:
-        return profile().keep(budget)
-    return span_profile(sender, options, name=name, scores=scores).keep(budget)
+    return profile().keep(budget)
 
 
 RequestScore = Callable[[SenderState, torch.Tensor], torch.Tensor]
@@ -292,8 +288,7 @@ def request_selector(
     ) -> list[int]:
         options = SpanOptions(span, span_size, max_span, exclude, span_starts, relevance=relevance,
                               exclude_by=exclude_by, bridge=bridge)
-        return keep_best_spans(sender, budget, options, name=name, scores=lambda spans: scored(sender, request_ids),
-                               profile=lambda: profile(sender, request_ids, options))
+        return keep_best_spans(sender, budget, options, lambda: profile(sender, request_ids, options))
 
     def scored(sender: SenderState, request_ids: Any) -> torch.Tensor:
         return request_scores(sender, request_ids, name, score)

@@ -237,12 +237,12 @@ def pool(
 
 @dataclass(frozen=True)
 class Bridge:
-    """A transfer's bridge (rclc.selectors._bridge): its text (None without a tokenizer), every
-    sender's profile under the mixed scores, and the selector with its own bridging off."""
+    """A transfer's bridge (rclc.selectors._bridge): its text (None without a tokenizer) and
+    every sender's profile under the mixed scores (the selections keep from these, so the
+    selector is not called again)."""
 
     text: str | None
     profiles: list[SpanProfile]
-    selector: Any
 
 
 def bridge(
@@ -262,12 +262,11 @@ def bridge(
     if not count:
         return None
     check_shared_vocabulary(states)
-    plain = functools.partial(selector, bridge=0)  # the transfer bridges: the selections must not again
-    tokens, profiles = bridge_profiles(states, ids, count, lambda requests: _profiles(plain, states, requests, masks,
+    tokens, profiles = bridge_profiles(states, ids, count, lambda requests: _profiles(selector, states, requests, masks,
                                                                                      starts), passed_over)
     tokenizer = states[0].tokenizer
     text = None if not tokens or tokenizer is None else tokenizer.decode(tokens)
-    return Bridge(text, profiles, plain)
+    return Bridge(text, profiles)
 
 
 def pool_profiles(profiles: Sequence[SpanProfile], counts: Sequence[int], reserve: int) -> list[int]:

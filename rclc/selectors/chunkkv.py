@@ -133,8 +133,8 @@ def chunkkv(  # the selector protocol: one keyword per option a graph may set (r
     `relevance` and `exclude_by` as in `cacheback`)."""
     options = SpanOptions(span, chunk_size, max_span, exclude, span_starts, size_field="chunk_size", relevance=relevance,
                           exclude_by=exclude_by)
-    return keep_best_spans(sender, budget, options, name=NAME,
-                           scores=_window_scores(sender, chunk_size, window_size, kernel_size))
+    return keep_best_spans(sender, budget, options,
+                           lambda: chunkkv_profile(sender, None, options, window_size=window_size, kernel_size=kernel_size))
 
 
 def chunkkv_profile(

@@ -33,6 +33,7 @@ from rclc.policy import (
     MODES,
     REASONING_CONTEXTS,
     REPRESENTATIONS,
+    SELECTOR_OPTIONS,
     SPAN_KINDS,
 )
 
@@ -70,8 +71,9 @@ _STATE_ONLY = (
 )
 SPAN_FIELDS = ("span", "max_span", "relevance", "exclude_by", "bridge")
 """The policy fields that are also selector options (`ResolvedPolicy.options` passes the set ones)."""
-REQUEST_SCORING = ("cacheback", "qsnap")
-"""The built-in selectors that score a request, so `bridge` (which extends it) applies to them."""
+REQUEST_SCORING = tuple(name for name, options in SELECTOR_OPTIONS.items() if "bridge" in options)
+"""The built-in selectors that score a request, so `bridge` (which extends it) applies to them:
+the core's own list of which selectors take `bridge` (cacheback, qsnap)."""
 OPT_IN_FIELDS = ("relevance", "exclude_by", "bridge")
 """Selection levers added later and off unless set (not measured yet): a policy that leaves them
 out dumps, and so fingerprints, as it did before they existed (`TransferPolicy._dump`)."""
