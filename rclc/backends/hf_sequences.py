@@ -70,10 +70,16 @@ class Sequence:
     def add(self, token: int) -> bool:
         """Record and report a token; True when it ends the sequence (checked as `generate`'s
         stopping criteria are: after every token, the first included; and once a constraint
-        allows nothing more)."""
+        allows nothing more).
+
+        The stop event is read before the token is reported, never after: a waiter whose
+        `on_token` sets it (a run stopped from its own token events) then always receives the
+        next token and can refuse it. Read after, the waiter could set it in between and the
+        sequence would end on the very token that asked for the stop, recorded as a normal
+        stop (issue 24: a run stopped at its second token kept its generation under load)."""
+        by_event = self.stop is not None and self.stop.is_set()
         self.tokens.append(token)
         self._events.put(("token", token))
-        by_event = self.stop is not None and self.stop.is_set()
         self.stopped = self.stopped or by_event
         return (token in self.end_tokens or len(self.tokens) >= self.max_new_tokens or by_event or self.gone()
                 or self.chooser.finished)

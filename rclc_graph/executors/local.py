@@ -286,7 +286,12 @@ class LocalExecutor(Executor):
                 )
             except RunStopped:  # the run's stop, seen by generation: the run's cancellation
                 raise anyio.get_cancelled_exc_class()() from None
-        if ctx.stop.is_set():  # stopped during the last step: the run records nothing of this node
+        if ctx.stop.is_set():
+            # Stopped from outside (a replica's stop, the run's cancellation) while the last token
+            # was being reported: the agent recorded its generation, but it is this node's own
+            # fresh agent, held only once the node succeeds, so it leaves with the node and the
+            # run records nothing of it. A stop set from the node's own token events never gets
+            # here: the engine reports one more token, which the callback refuses.
             raise anyio.get_cancelled_exc_class()()
         await tokens.publish_held()
         tokens.offset += result.tokens

@@ -208,7 +208,7 @@ def test_stop_ends_generation_after_the_current_step_and_records_it(tiny):
         result = anyio.run(functools.partial(agent.generate, on_token=on_token, stop=stop))
     finally:
         handle.remove()
-    # The engine checks the event after every token; tokens reach on_token from the waiting
+    # The engine reads the event before reporting each token; tokens reach on_token from the waiting
     # thread while the engine decodes on, so how many were decoded before on_token(1) ran
     # depends on timing, but once the event is set at most the step under way completes.
     assert result.stopped and result.tokens >= 2 and len(late_steps) <= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import weakref
 
 import pytest
 import torch
@@ -34,14 +35,16 @@ TOLERANCE = {"rtol": 2e-5, "atol": 1e-7}
 
 @pytest.fixture(scope="module")
 def eager_models():
-    return {}
+    # Keyed by the model itself, weakly: the session's `tiny` is rebuilt whenever pytest switches
+    # its family, and a new model may reuse a freed one's id() (issue 24: a Llama was once
+    # compared against the eager copy of a freed Qwen3 that had the same id).
+    return weakref.WeakKeyDictionary()
 
 
 def reference_for(model, sender, ids, eager_models):
-    key = id(model)
-    if key not in eager_models:
-        eager_models[key] = eager_copy(model)
-    attentions = eager_attentions(eager_models[key], sender.past_key_values, sender.positions, input_ids=ids)
+    if model not in eager_models:
+        eager_models[model] = eager_copy(model)
+    attentions = eager_attentions(eager_models[model], sender.past_key_values, sender.positions, input_ids=ids)
     return support_reference(attentions, model.config.num_key_value_heads, sender.positions)
 
 
