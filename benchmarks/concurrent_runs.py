@@ -355,6 +355,8 @@ def main() -> None:
     parser.add_argument("--wait-ms", type=float, default=None, help="rclc.Batching.wait_ms (default: rclc's)")
     parser.add_argument("--worker-forwards", type=int, default=None,
                         help="rclc.Batching.worker_forwards: worker-side forwards at once per model (default: rclc's)")
+    parser.add_argument("--capture-batch", type=int, default=None,
+                        help="rclc.Batching.capture_batch (default: rclc's; 1: each transfer's captures alone)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="override the answering node's max_new_tokens")
     parser.add_argument("--notes-tokens", type=int, default=64, help="chain_notes: each reader's note length cap")
     parser.add_argument("--max-events", type=int, default=4)
@@ -386,6 +388,8 @@ def main() -> None:
             rclc.configure_batching(model, wait_ms=args.wait_ms)
         if args.worker_forwards is not None:
             rclc.configure_batching(model, worker_forwards=args.worker_forwards)
+        if args.capture_batch is not None:
+            rclc.configure_batching(model, capture_batch=args.capture_batch)
         results.append(measure(name, plans, pool, args))
     if args.dump is not None:
         args.dump.write_text(json.dumps(records, indent=1, sort_keys=True), encoding="utf-8")

@@ -10,8 +10,8 @@ one of them.
 
 How: `prefill_tokens(model, ids)` queues the prompt; the caller then takes one of the
 model's forward slots (`rclc._locks`). Whoever holds a slot first serves every prompt
-waiting at that moment (flat combining: no extra thread), and the others find their
-prefill done when they get a slot in turn. A batch is served as:
+waiting at that moment (flat combining, `rclc._flat_combining`: no extra thread), and the
+others find their prefill done when they get a slot in turn. A batch is served as:
 
 1. the longest prefix all its prompts share that the model's prefix store
    (`_prefix_cache.py`) holds is taken from it (with sharing on; none otherwise);
@@ -35,26 +35,18 @@ one causal forward of its rows.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ._cache import cache_from_layers, cache_layers, forward_batch, forward_rows, new_cache, prefill
-from ._locks import forward_slot
+from ._flat_combining import FlatCombiner, Piece
 from ._per_object import PerObject
 from ._prefix_cache import PrefixCache, SharedPrefix, common_length
-from ._worker import WorkCancelled, current_stop, serving_others
 from .policy import DEFAULT_PREFILL_BATCH, DEFAULT_PREFIX_CACHE_MIB
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
-
-GATHER_SECONDS = 0.003
-"""How long a slot holder waits for more prompts before it serves a batch smaller than
-`prefill_batch`: a fan-out's readers ask within a few milliseconds of each other (the
-scheduler starts their tasks one after another), and the wait is ~2% of a short prefill."""
 
 BATCHED_TOKENS = 512
 """A prompt whose uncached part is longer is prefilled alone, and a batch stops growing once
@@ -76,16 +68,9 @@ class PrefillOptions:
 
 
 @dataclass(eq=False)  # compared by identity
-class _Request:
+class _Prompt(Piece):
     ids: torch.Tensor  # [n] int64 on the model's device
-    cancel: threading.Event | None
-    done: threading.Event = field(default_factory=threading.Event)
-    layers: Layers | None = None
-    error: BaseException | None = None
-
-    def finish(self, layers: Layers | None, error: BaseException | None = None) -> None:
-        self.layers, self.error = layers, error
-        self.done.set()
+    options: PrefillOptions
 
 
 @dataclass
@@ -97,16 +82,16 @@ class _Statistics:
     reused_positions: int = 0
 
 
-class SharedPrefill:
+class SharedPrefill(FlatCombiner[_Prompt]):
     """One model's prefills of token prompts (see the module docs)."""
 
+    cancelled_message = "the caller was cancelled before its prompt was prefilled"
+
     def __init__(self, model: Any) -> None:
+        super().__init__()
         self.options = PrefillOptions()
         self.store = PrefixCache(self.options.prefix_cache_mib << 20)
         self.stats = _Statistics()
-        self._lock = threading.Lock()
-        self._arrived = threading.Condition(self._lock)
-        self._pending: list[_Request] = []
 
     def configure(self, options: PrefillOptions) -> None:
         """New options; a store that shares nothing any more is emptied."""
@@ -119,85 +104,19 @@ class SharedPrefill:
         options = self.options
         if options.plain:
             return prefill(model, model.get_input_embeddings().weight[ids])
-        request = _Request(ids, current_stop())
-        with self._lock:
-            self._pending.append(request)
-            self._arrived.notify_all()
-        with forward_slot(model):
-            batch = self._take(request, options)
-            try:
-                self._serve(model, batch, options)
-            except BaseException as error:  # never leave a prompt that waits on this thread waiting
-                for other in batch:
-                    if not other.done.is_set():
-                        other.finish(None, error)
-                raise
-        request.done.wait()
-        if request.error is not None:
-            raise request.error
-        assert request.layers is not None
-        return cache_from_layers(model, request.layers)
+        layers = self.submit(model, _Prompt(ids, options), options.prefill_batch)
+        return cache_from_layers(model, layers)
 
-    def _take(self, request: _Request, options: PrefillOptions) -> list[_Request]:
-        """The prompts this slot holder serves: its own (unless another holder already did)
-        and those waiting with it, oldest first, while the batch stays small."""
-        with self._lock:
-            deadline = time.monotonic() + GATHER_SECONDS
-            while request in self._pending and len(self._pending) < options.prefill_batch:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._arrived.wait(remaining)  # prompts asked for together arrive within milliseconds
-            if request not in self._pending:  # another slot holder took it: its KV is on the way
-                return []
-            waiting = [other for other in self._pending if other is not request]
-            batch, rows = [request], int(request.ids.shape[0])
-            for other in waiting:
-                if len(batch) >= options.prefill_batch:
-                    break
-                length = int(other.ids.shape[0])
-                if rows + length > BATCHED_TOKENS * 2 or length > BATCHED_TOKENS:
-                    continue
-                batch.append(other)
-                rows += length
-            self._pending = [other for other in self._pending if other not in batch]
-            return batch
+    def fits(self, batch: list[_Prompt], other: _Prompt) -> bool:
+        """A long prompt is prefilled alone, and a batch stays within twice `BATCHED_TOKENS` rows."""
+        length = int(other.ids.shape[0])
+        rows = sum(int(prompt.ids.shape[0]) for prompt in batch)
+        return length <= BATCHED_TOKENS and rows + length <= BATCHED_TOKENS * 2
 
-    def _serve(self, model: Any, batch: list[_Request], options: PrefillOptions) -> None:
-        """Compute every prompt of `batch` and hand each its KV (a failure fails only the
-        prompts it concerns: a failing batch is retried one prompt at a time). The slot
-        holder serves the others even when its own caller was cancelled meanwhile (they
-        wait on it); a cancelled caller's prompt gets `WorkCancelled` instead of its KV."""
-        live = [request for request in batch if not _cancelled_request(request)]  # (empty batch: nothing)
-        for request in batch:
-            if request not in live:
-                request.finish(None, _cancelled())
-        if not live:
-            return
-        with serving_others():
-            try:
-                results = self._forward(model, live, options)
-            except Exception as error:
-                if len(live) == 1:
-                    live[0].finish(None, error)
-                    return
-                results = []
-                for request in live:  # another prompt's trouble must not fail this one
-                    try:
-                        results.append(self._forward(model, [request], options)[0])
-                    except Exception as alone:
-                        results.append(alone)
-        for request, outcome in zip(live, results):
-            if isinstance(outcome, Exception):
-                request.finish(None, outcome)
-            elif _cancelled_request(request):
-                request.finish(None, _cancelled())
-            else:
-                request.finish(outcome)
-
-    def _forward(self, model: Any, batch: list[_Request], options: PrefillOptions) -> list[Layers]:
+    def compute(self, model: Any, batch: list[_Prompt]) -> list[Layers]:
         """The KV of every prompt of `batch`, stored for later prompts when sharing is on."""
-        ids = [request.ids for request in batch]
+        options = batch[0].options
+        ids = [prompt.ids for prompt in batch]
         prefix = self._stored_prefix(ids) if options.shared_prefixes else None
         results = _suffixes(model, ids, prefix)
         reused = 0 if prefix is None else int(prefix[0][0].shape[2])
@@ -209,8 +128,8 @@ class SharedPrefill:
             stats.forwarded_positions += sum(int(i.shape[0]) for i in ids) - len(ids) * reused
             stats.reused_positions += len(ids) * reused
         if options.shared_prefixes:
-            for request, layers in zip(batch, results):
-                self.store.add(request.ids, layers)
+            for prompt, layers in zip(batch, results):
+                self.store.add(prompt.ids, layers)
         return results
 
     def _stored_prefix(self, ids: list[torch.Tensor]) -> Layers | None:
@@ -271,14 +190,6 @@ def _suffixes(model: Any, ids: list[torch.Tensor], prefix: Layers | None) -> lis
          for k, v in cache_layers(cache)]
         for row, length in enumerate(lengths)
     ]
-
-
-def _cancelled() -> BaseException:
-    return WorkCancelled("the caller was cancelled before its prompt was prefilled")
-
-
-def _cancelled_request(request: _Request) -> bool:
-    return request.cancel is not None and request.cancel.is_set()
 
 
 _prefills: PerObject[SharedPrefill] = PerObject(SharedPrefill)

@@ -15,6 +15,7 @@ from ._arguments import is_exact_int, optional_int, require_bool, require_int
 from .constraints import Constraint
 from .errors import RclcError
 from .policy import (
+    DEFAULT_CAPTURE_BATCH,
     DEFAULT_MAX_BATCH,
     DEFAULT_PREFILL_BATCH,
     DEFAULT_PREFIX_CACHE_MIB,
@@ -94,6 +95,12 @@ class Batching:
     prefix they share. Both agree with one causal prefill up to float32 rounding
     (docs/performance.md); `shared_prefixes=False, prefill_batch=1` prefills every prompt
     alone and whole, exactly as before they existed.
+
+    Captures (HF models): the request captures of up to `capture_batch` transfers that wait
+    for the model together (concurrent runs' selections) are folded in one forward; each
+    fold is what a capture alone computes up to a BLAS that rounds a row differently at
+    another batch size (docs/performance.md). `capture_batch=1` captures each transfer's
+    senders in their own forward, as before.
     """
 
     enabled: bool = True
@@ -103,6 +110,7 @@ class Batching:
     shared_prefixes: bool = True
     prefill_batch: int = DEFAULT_PREFILL_BATCH
     prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
+    capture_batch: int = DEFAULT_CAPTURE_BATCH
 
     def __post_init__(self) -> None:
         require_bool("enabled", self.enabled)
@@ -111,6 +119,7 @@ class Batching:
         require_bool("shared_prefixes", self.shared_prefixes)
         require_int("prefill_batch", self.prefill_batch, minimum=1)
         require_int("prefix_cache_mib", self.prefix_cache_mib, minimum=0)
+        require_int("capture_batch", self.capture_batch, minimum=1)
         wait = self.wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
             raise RclcError(f"wait_ms: expected a finite number of milliseconds >= 0, got {wait!r}")

@@ -195,6 +195,10 @@ fanout_qa runs went from 1.69x to 2.11x the sequential runs/minute when one beca
 DEFAULT_PREFILL_BATCH = 8
 """Token prompts waiting together that one forward prefills at most (`rclc.Batching.prefill_batch`;
 1: each alone). docs/performance.md has the measurement behind it."""
+DEFAULT_CAPTURE_BATCH = 8
+"""Transfers whose request captures one forward folds at most when they wait for a model
+together (`rclc.Batching.capture_batch`; 1: each transfer's captures in their own forward).
+Eight, like `DEFAULT_PREFILL_BATCH`: docs/performance.md has the measurement behind it."""
 DEFAULT_PREFIX_CACHE_MIB = 128
 """Memory one HF model's store of prompt prefixes may hold (`rclc.Batching.prefix_cache_mib`):
 about 2,800 positions of the embedded model. Entries share the tensors of the states that

@@ -15,6 +15,7 @@ from .._locks import set_forward_width
 from .._shared_prefill import PrefillOptions, existing_shared_prefill, shared_prefill
 from ..errors import RclcError
 from ..generation import Batching
+from ..selectors._shared_capture import existing_shared_capture, shared_capture
 from .hf_batching import engine_for, existing_engine
 
 
@@ -61,6 +62,7 @@ def configure_batching(model: Any, batching: Batching | None = None, **changes: 
         shared_prefill(target).configure(
             PrefillOptions(current.shared_prefixes, current.prefix_cache_mib, current.prefill_batch)
         )
+        shared_capture(target).configure(current.capture_batch)
     return current
 
 
@@ -84,4 +86,6 @@ def batching_report(model: Any) -> dict[str, Any]:
     if backend == "hf":
         prefills = existing_shared_prefill(target)
         report["prompt_prefills"] = prefills.report() if prefills is not None else None
+        captures = existing_shared_capture(target)
+        report["request_captures"] = captures.report() if captures is not None else None
     return report

@@ -180,11 +180,20 @@ def bridge_profiles(
 ) -> tuple[list[int], list[SpanProfile]]:
     """(the bridge's tokens, every sender's profile to select from): the one bridging routine
     of a transfer's senders and of a selector called on one sender. `score(requests)` gives
-    every sender's profile for one request each. Without a bridge the profiles are the first
-    scoring's; with one, the mean of both (`mixed`)."""
-    first = score(requests)
+    a profile per request, the senders' requests in order, then (for the neutral scoring)
+    again in the same order: sender i's requests are `requests[i::len(states)]`. The
+    question's and the neutral request's scorings do not depend on each other, so they are
+    asked for at once (a fan-in's captures of both share one forward). Without a bridge the
+    profiles are the first scoring's; with one, the mean of both (`mixed`)."""
+    count_states = len(states)
     neutral = neutral_ids(states)
-    chooses = first if neutral is None else [lifted(one, zero) for one, zero in zip(first, score(neutral))]
+    if neutral is None:
+        first = score(requests)
+        chooses = first
+    else:
+        both = score([*requests, *neutral])
+        first = both[:count_states]
+        chooses = [lifted(one, zero) for one, zero in zip(first, both[count_states:])]
     tokens = bridge_tokens(states, chooses, requests, count, passed_over)
     if not tokens:
         return [], first

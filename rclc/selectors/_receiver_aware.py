@@ -262,8 +262,12 @@ def bridge(
     if not count:
         return None
     check_shared_vocabulary(states)
-    tokens, profiles = bridge_profiles(states, ids, count, lambda requests: _profiles(selector, states, requests, masks,
-                                                                                     starts), passed_over)
+
+    def score(requests: Sequence[torch.Tensor]) -> list[SpanProfile]:
+        rounds = len(requests) // len(states)  # `bridge_profiles` may ask for two scorings at once
+        return _profiles(selector, list(states) * rounds, requests, list(masks) * rounds, list(starts) * rounds)
+
+    tokens, profiles = bridge_profiles(states, ids, count, score, passed_over)
     tokenizer = states[0].tokenizer
     text = None if not tokens or tokenizer is None else tokenizer.decode(tokens)
     return Bridge(text, profiles)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..errors import CaptureError
 from ..state import SenderState
-from ._attention_capture import capture, capture_each
+from ._shared_capture import shared_capture
 
 ROW_CHUNK = 256
 MOMENT_SCALE = 256.0
@@ -141,27 +141,29 @@ def request_fold(sender: SenderState, request_ids: torch.Tensor, *, moments: boo
     for state, ids, fold in _offered.get():
         if state is sender and (fold.moments or not moments) and ids.shape == request_ids.shape and torch.equal(ids, request_ids):
             return fold
-    fold = SupportFold(moments=moments)
-    with torch.inference_mode():
-        capture(sender.model, sender.past_key_values, fold, sender.positions, input_ids=request_ids)
-    return fold
+    return request_folds([sender], [request_ids], moments=moments)[0]
 
 
-def request_folds(senders: Sequence[SenderState], request_ids: Sequence[torch.Tensor]) -> list[SupportFold]:
-    """`request_fold` (with moments, which also serve QSnap's votes) of several senders: one
-    batched capture per model they share (`capture_each`: a fan-in's requests cost one
-    forward instead of one each)."""
-    folds = [SupportFold(moments=True) for _ in senders]
+def request_folds(
+    senders: Sequence[SenderState], request_ids: Sequence[torch.Tensor], *, moments: bool = True
+) -> list[SupportFold]:
+    """`request_fold` of several senders (by default with moments, which also serve QSnap's
+    votes): one batched capture per model they share (a fan-in's requests cost one forward
+    instead of one each), folded together with other transfers' captures that wait for the
+    model at the same moment (`_shared_capture`)."""
+    found: dict[int, SupportFold] = {}
     groups: dict[int, list[int]] = {}
     for index, sender in enumerate(senders):
         groups.setdefault(id(sender.model), []).append(index)
-    with torch.inference_mode():
-        for indices in groups.values():
-            capture_each(
-                senders[indices[0]].model,
-                [(senders[i].past_key_values, senders[i].positions, request_ids[i], folds[i]) for i in indices],
-            )
-    return folds
+    for indices in groups.values():
+        model = senders[indices[0]].model
+        captured = shared_capture(model).folds(
+            model,
+            [(senders[i].past_key_values, senders[i].positions, request_ids[i]) for i in indices],
+            lambda: SupportFold(moments=moments),
+        )
+        found.update(zip(indices, captured))
+    return [found[index] for index in range(len(senders))]
 
 
 @contextmanager

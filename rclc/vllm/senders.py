@@ -18,6 +18,7 @@ from .._cache import cache_from_layers
 from .._locks import share_forward_slot
 from .._worker import WorkCancelled, current_stop
 from ..errors import CaptureError, ContextLimitError, IncompatibleStateError, RclcError
+from ..selectors._shared_capture import shared_capture
 from ..state import SenderState, build_state, embedding_weight
 from .capture import registry
 from .engine import _engine, engine_context_limit, engine_tokenizer, require_idle
@@ -121,6 +122,9 @@ def _view_sharing_the_step_lock(llm: Any, allow_unstable: bool) -> Any:
     with loop.step_lock:  # building reads weights through the engine's GEMMs
         view = model_from_vllm(llm, allow_unstable=allow_unstable)
     share_forward_slot(view, loop.step_lock)
+    # The view's forwards hold the engine's step lock, so a slot holder's wait for other
+    # transfers' captures would stall generation: each transfer captures alone.
+    shared_capture(view).configure(1)
     return view
 
 

@@ -35,7 +35,10 @@ PAUSED_CLI = HELPERS / "paused_cli.py"
 
 # Six nodes, two roots. d is a fan-in of a reading sender (a) and a generating sender (b)
 # with different policies; e takes a full state edge and a text edge; final fans in a state
-# edge (ratio), a text edge and a bounded qsnap edge from a generating node.
+# edge (ratio), a text edge and a bounded qsnap edge from a generating node. Its model
+# captures each transfer in its own forward (`capture_batch: 1`): the resume tests count
+# forwards per node, and a capture forward shared by two nodes' transfers (c and d start
+# together when a and b are restored) would count for one of them only.
 SIX_YAML = """\
 version: 1
 name: six
@@ -44,7 +47,7 @@ inputs:
   question: str
   chunks: list[str]
 models:
-  - {name: base, source: SOURCE}
+  - {name: base, source: SOURCE, batching: {capture_batch: 1}}
 agents:
   - {name: reader, model: base, max_new_tokens: 4}
   - {name: writer, model: base, max_new_tokens: MAXNEW}

@@ -10,6 +10,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, Validati
 
 from rclc.policy import (
     BACKENDS,
+    DEFAULT_CAPTURE_BATCH,
     DEFAULT_MAX_BATCH,
     DEFAULT_PREFILL_BATCH,
     DEFAULT_PREFIX_CACHE_MIB,
@@ -68,6 +69,11 @@ class BatchingSpec(SpecBase):
     prefix_cache_mib: NonNegativeInt = Field(
         DEFAULT_PREFIX_CACHE_MIB, description="memory the model's store of prompt prefixes may hold (MiB; hf models)"
     )
+    capture_batch: PositiveInt = Field(
+        DEFAULT_CAPTURE_BATCH,
+        description="transfers waiting together whose selectors' request captures one forward folds at most "
+        "(hf models; 1: each transfer alone)",
+    )
 
 
 class ModelSpec(SpecBase):
@@ -103,7 +109,7 @@ class ModelSpec(SpecBase):
     batching: BatchingSpec | None = Field(
         None,
         description="how concurrent generations and prompts share this model (enabled, max_batch, wait_ms, "
-        "worker_forwards, shared_prefixes, prefill_batch, prefix_cache_mib); "
+        "worker_forwards, shared_prefixes, prefill_batch, prefix_cache_mib, capture_batch); "
         "omitted: rclc's defaults, or what the process configured",
     )
 

@@ -17,7 +17,7 @@ from rclc._cache import cache_layers
 # private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors import _attention_capture as _capture
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
-from rclc.selectors import _prefetch, _support, cacheback, qsnap
+from rclc.selectors import _prefetch, _shared_capture, _support, cacheback, qsnap
 # private on purpose: the attention-capture internals under test (dispatch restored, captures, configs)
 from rclc.selectors._attention_capture import capture, capture_each, reachable_configs
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
@@ -148,24 +148,25 @@ def test_a_fan_in_transfer_captures_once_and_selects_as_one_by_one(tiny, selecto
         )
         return [message.selection.indices for message in received[0].messages]
 
-    calls = {"each": 0}
-    original = _support.capture_each
+    sizes = []  # senders per capture forward
+    original = _shared_capture.capture_each
 
-    def counting(*args, **kwargs):
-        calls["each"] += 1
-        return original(*args, **kwargs)
+    def counting(model, items):
+        sizes.append(len(items))
+        return original(model, items)
 
-    monkeypatch.setattr(_support, "capture_each", counting)
+    monkeypatch.setattr(_shared_capture, "capture_each", counting)
     batched = run()
-    assert calls["each"] == 1
+    assert sizes == [3]
+
     def nothing(selector, states, ids, scoring):
         return [None] * len(states)
 
     monkeypatch.setattr(transfer_steps, "prefetch_folds", nothing)  # every selection captures alone
     monkeypatch.setattr(receiver_aware, "prefetch_folds", nothing)
-    calls["each"] = 0
+    sizes.clear()
     assert run() == batched
-    assert calls["each"] == 0
+    assert sizes == [1, 1, 1]  # each selection captured its sender alone
 
 
 def test_a_failing_fold_in_a_batch_restores_the_model(tiny):

@@ -59,18 +59,19 @@ def test_the_pool_applies_a_declarations_batching_and_its_own_max_batch():
 
 
 def test_yaml_prompt_options_reach_the_model():
-    # Issue 28: shared_prefixes, prefill_batch and prefix_cache_mib are declared per model,
+    # Issue 28: shared_prefixes, prefill_batch, prefix_cache_mib and capture_batch are declared per model,
     # checked with their location, and applied by the pool.
     model, tokenizer = testing.tiny_model("llama", seed=12)
     pool = ModelPool()
     spec = ModelSpec.model_validate({"name": "base", "source": "embedded", "batching": {
-        "shared_prefixes": False, "prefill_batch": 1, "prefix_cache_mib": 16}})
+        "shared_prefixes": False, "prefill_batch": 1, "prefix_cache_mib": 16, "capture_batch": 2}})
     pool.add(spec, model, tokenizer)
     report = rclc.batching_report(model)
     assert (report["shared_prefixes"], report["prefill_batch"], report["prefix_cache_mib"]) == (False, 1, 16)
+    assert report["capture_batch"] == 2 and report["request_captures"]["capture_batch"] == 2
     assert report["prompt_prefills"]["prefix_cache"]["max_bytes"] == 0  # nothing shared: nothing stored
     for bad, field in (("{prefill_batch: 0}", "prefill_batch"), ("{prefix_cache_mib: -1}", "prefix_cache_mib"),
-                       ("{shared_prefixes: sometimes}", "shared_prefixes")):
+                       ("{shared_prefixes: sometimes}", "shared_prefixes"), ("{capture_batch: 0}", "capture_batch")):
         with pytest.raises(GraphError) as caught:
             load_graph_text(YAML.replace("{max_batch: 6, wait_ms: 0}", bad))
         problem = caught.value.problems[0]
