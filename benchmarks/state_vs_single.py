@@ -61,7 +61,9 @@ def state_steps(result: Any) -> dict[str, float]:
     final = result.nodes["final"]
     return {
         "readers_s": max(node.finished_at for node in readers) - min(node.started_at for node in readers),
-        "selection_s": sum(hop.selection_seconds for hop in result.hops),
+        # The hops of one delivery (a fan-in's senders, selected together) each carry that
+        # delivery's seconds: count each delivery once, not once per hop.
+        "selection_s": sum(seconds for _, seconds in {(hop.target, hop.selection_seconds) for hop in result.hops}),
         "answerer_s": final.finished_at - final.started_at,
     }
 

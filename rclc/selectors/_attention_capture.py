@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -98,6 +97,7 @@ class _Element:
     memory: int
     rows: int
     fold: Fold
+    offset: int  # where its request rows start in the packed forward
 
 
 class _RequestLayer(DynamicLayer):
@@ -254,8 +254,8 @@ def _attend_each(
     differ in the last bits from the capture of that sender alone, and a selection could
     then depend on which senders were scored together. Here each element's attention gets
     exactly the query, keys, values and causal mask its own capture would (`capture` hands
-    the same boolean mask), so only the projections run batched; the padding rows of
-    shorter requests get zeros."""
+    the same boolean mask), so only the projections run batched. The requests are packed one
+    after another in one sequence (`_Element.offset`), so the forward computes no padding."""
     if not args:
         raise CaptureError("attention capture: the attention call passed no value states; a batched capture needs them")
     value, rest = args[0], args[2:]  # args[1] is the batch's mask: each element gets its own
@@ -264,16 +264,16 @@ def _attend_each(
     layer = _seen_layer(active, module)
     folding = layer in active.global_layers
     scaling = _scaling(module, query, kwargs)
-    width = query.shape[2]
     outputs = []
-    for index, element in enumerate(active.elements):
-        rows = element.rows
+    for element in active.elements:
+        rows, start = element.rows, element.offset
+        own = slice(start, start + rows)
         memory_keys, memory_values = element.layers[layer]
-        own_query = query[index : index + 1, :, :rows]
-        own_key = torch.cat([memory_keys, key[index : index + 1, :, :rows]], dim=-2)
-        own_value = torch.cat([memory_values, value[index : index + 1, :, :rows]], dim=-2)
+        own_query = query[:, :, own]
+        own_key = torch.cat([memory_keys, key[:, :, own]], dim=-2)
+        own_value = torch.cat([memory_values, value[:, :, own]], dim=-2)
         if isinstance(positions, torch.Tensor) and positions.dim() == 2:
-            kwargs["position_ids"] = positions[index : index + 1, :rows]
+            kwargs["position_ids"] = positions[:, own]
         attend = _attending(element.fold, args, kwargs) if folding else None
         if folding:
             _check_keys(layer, own_key, element.memory + rows)
@@ -284,8 +284,8 @@ def _attend_each(
                                **kwargs)[0]
             if folding:
                 element.fold(own_query, own_key, scaling)
-        outputs.append(F.pad(output, (0, 0, 0, 0, 0, width - rows)))
-    return torch.cat(outputs)
+        outputs.append(output)
+    return torch.cat(outputs, dim=1)
 
 
 def _causal_mask(element: _Element, device: torch.device) -> torch.Tensor:
@@ -450,11 +450,13 @@ def capture_each(model: Any, requests: list[tuple[Any, int, torch.Tensor, Fold]]
 
     Why: a capture forwards a few request rows, so it costs about as much as a decode step
     (every weight is read for a handful of rows); a fan-in's senders captured one by one
-    pay that once each, batched once in all. The requests are right-padded to the longest
-    one and run through the projections together; attention runs per element over its own
-    memory (see `_attend_each`), so only the batched projections' rounding can differ from
-    captures one by one (none on a CPU whose BLAS computes a row the same at every batch
-    size: benchmarks/fan_in_capture.py measures it).
+    pay that once each, batched once in all. The requests are packed one after another into
+    one sequence of rows at their own positions (not padded to the longest: at these sizes a
+    CPU forward is compute-bound, so padding rows cost as much as real ones) and run through
+    the projections together; attention runs per element over its own memory (see
+    `_attend_each`), so only the batched projections' rounding can differ from captures one
+    by one (none on a CPU whose BLAS computes a row the same at every batch size:
+    benchmarks/fan_in_capture.py measures it).
     """
     if len(requests) == 1:
         past, memory, ids, fold = requests[0]
@@ -464,14 +466,16 @@ def capture_each(model: Any, requests: list[tuple[Any, int, torch.Tensor, Fold]]
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
             raise RclcError("capture_each: every request's input_ids must be a [1, rows] tensor with rows >= 1")
     layers = _check_capturable(model)
+    offsets = [0]
+    for _, _, ids, _ in requests:
+        offsets.append(offsets[-1] + int(ids.shape[1]))
     elements = tuple(
-        _Element(cache_layers(_private_cache(model, past, memory)), memory, int(ids.shape[1]), fold)
-        for past, memory, ids, fold in requests
+        _Element(cache_layers(_private_cache(model, past, memory)), memory, int(ids.shape[1]), fold, offset)
+        for (past, memory, ids, fold), offset in zip(requests, offsets)
     )
     device = requests[0][2].device
-    width = max(element.rows for element in elements)
-    input_ids = torch.cat([F.pad(ids.to(device), (0, width - ids.shape[1])) for _, _, ids, _ in requests])
-    positions = torch.stack([memory + torch.arange(width, device=device) for _, memory, _, _ in requests])
+    input_ids = torch.cat([ids.to(device) for _, _, ids, _ in requests], dim=1)
+    positions = torch.cat([memory + torch.arange(int(ids.shape[1]), device=device) for _, memory, ids, _ in requests])[None]
     cache = DynamicCache(config=model.config)
     longest = max(element.memory for element in elements)
     cache.layers = [_RequestLayer(longest, device) for _ in range(int(model.config.num_hidden_layers))]

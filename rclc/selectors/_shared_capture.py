@@ -39,9 +39,9 @@ from ..policy import DEFAULT_CAPTURE_BATCH
 from ._attention_capture import capture_each
 
 BATCHED_ROWS = 512
-"""A combined forward stops growing once its padded request rows would pass this many
-(senders x longest request): beyond it a forward is compute-bound on a CPU, and batching
-saves nothing. A transfer's own senders are always captured together."""
+"""A combined forward stops growing once its request rows (every sender's, packed) would
+pass this many: beyond it a forward is compute-bound on a CPU, and batching saves nothing.
+A transfer's own senders are always captured together."""
 
 Target = tuple[Any, int, torch.Tensor]
 """One sender to capture: `(past, memory, input_ids [1, rows])`."""
@@ -53,8 +53,8 @@ class _Transfer(Piece):
     new_fold: Callable[[], Any]
 
     @property
-    def width(self) -> int:
-        return max(int(ids.shape[1]) for _, _, ids in self.targets)
+    def rows(self) -> int:
+        return sum(int(ids.shape[1]) for _, _, ids in self.targets)
 
 
 @dataclass
@@ -88,10 +88,8 @@ class SharedCapture(FlatCombiner[_Transfer]):
         return self.submit(model, transfer, self.capture_batch)
 
     def fits(self, batch: list[_Transfer], other: _Transfer) -> bool:
-        """Whether the forward's padded request rows stay within `BATCHED_ROWS` with `other`."""
-        senders = sum(len(transfer.targets) for transfer in batch) + len(other.targets)
-        width = max(other.width, *(transfer.width for transfer in batch))
-        return senders * width <= BATCHED_ROWS
+        """Whether the forward's request rows stay within `BATCHED_ROWS` with `other`."""
+        return sum(transfer.rows for transfer in batch) + other.rows <= BATCHED_ROWS
 
     def compute(self, model: Any, batch: list[_Transfer]) -> list[list[Any]]:
         """Every transfer's folds, fresh, from one `capture_each` forward over all their senders."""

@@ -22,6 +22,7 @@ from rclc.selectors import _prefetch, _shared_capture, _support, cacheback, qsna
 from rclc.selectors._attention_capture import capture, capture_each, reachable_configs
 # private on purpose: selector internals under test (spans, keep step, pooling, support, prefetch)
 from rclc.selectors._support import SupportFold, offering, request_fold, request_folds
+from tests.helpers.agents import counted_forwards
 from tests.helpers.selector_inputs import make_sender, request
 
 OTHER = "Birch is owned by Bob. It launched in Lima on 9 June 2019, two years before Cedar."
@@ -52,11 +53,15 @@ def test_each_element_sees_what_its_own_capture_sees(tiny):
     for state, request_ids, calls in zip(states, ids, alone):
         capture(model, state.past_key_values, recorded(calls), state.positions, input_ids=request_ids)
     batched = [[] for _ in states]
-    capture_each(
-        model,
-        [(state.past_key_values, state.positions, request_ids, recorded(calls))
-         for state, request_ids, calls in zip(states, ids, batched)],
-    )
+    with counted_forwards(model) as forwards:
+        capture_each(
+            model,
+            [(state.past_key_values, state.positions, request_ids, recorded(calls))
+             for state, request_ids, calls in zip(states, ids, batched)],
+        )
+    # One forward of the requests packed one after another: no row is padding.
+    assert forwards == [sum(int(request_ids.shape[1]) for request_ids in ids)]
+    assert len({int(request_ids.shape[1]) for request_ids in ids}) > 1  # lengths differ, so padding would show
     for one, many, state, request_ids in zip(alone, batched, states, ids):
         assert len(many) == len(one) == model.config.num_hidden_layers
         for (q1, k1, s1), (q2, k2, s2) in zip(one, many):
