@@ -53,12 +53,13 @@ def _hidden_stop_set() -> bool:
 
 
 def _see_through_serving_others() -> None:
-    """Wrap the shared prefill's `serving_others` so a pause inside it still sees its
-    worker's stop flag (a Ctrl-C landing while one thread prefills a batch of prompts)."""
+    """Wrap the flat combiner's `serving_others` (prompt prefills and request captures) so a
+    pause inside it still sees its worker's stop flag (a Ctrl-C landing while one thread
+    prefills a batch of prompts or captures a batch of transfers)."""
     # private on purpose: the worker thread's cancellation internals under test
-    from rclc import _shared_prefill, _worker
+    from rclc import _flat_combining, _worker
 
-    original = _shared_prefill.serving_others
+    original = _flat_combining.serving_others
 
     @contextmanager
     def serving_others():
@@ -70,7 +71,7 @@ def _see_through_serving_others() -> None:
         finally:
             _hidden.stop = saved
 
-    _shared_prefill.serving_others = serving_others
+    _flat_combining.serving_others = serving_others
 
 
 def _pause(marker: Path, hold: float | None, model=None) -> None:
