@@ -14,9 +14,9 @@ import torch
 
 import rclc
 from tests.helpers.agents import counted_forwards, prompts_alone
+from tests.helpers.combining import queued_together, wait_for
 from rclc import sender_from_hf, testing
 from rclc._cache import cache_layers, prefill
-from rclc._locks import forward_slot
 from rclc._prefix_cache import MIN_SHARED, PrefixCache
 from rclc._shared_prefill import shared_prefill
 from rclc.backends.hf_batching import engine_for
@@ -122,40 +122,12 @@ def test_prompts_alone_are_prefilled_bit_for_bit_as_before(fresh):
     assert_close_layers(layers_of(state), alone(model, second), exact=True)
 
 
-def wait_for(condition):
-    """Poll until `condition()` (a bounded number of polls: the threads only need scheduling)."""
-    for _ in range(10_000):
-        if condition():
-            return
-        threading.Event().wait(0.001)
-    raise AssertionError("the prompts never queued")
-
-
 def together(model, tokenizer, batch):
-    """Prefill `batch` from one thread each while the model's only forward slot is held, so
-    they all wait together; returns each state or error, and the forwards that ran."""
-    results = [None] * len(batch)
-    prefills = shared_prefill(model)
-
-    def one(index):
-        try:
-            results[index] = sender_from_hf(model, tokenizer, batch[index])
-        except Exception as error:
-            results[index] = error
-
-    before = rclc.configure_batching(model)
-    rclc.configure_batching(model, worker_forwards=1)
-    try:
-        with counted_forwards(model) as calls:
-            with forward_slot(model):
-                threads = [threading.Thread(target=one, args=(index,)) for index in range(len(batch))]
-                for thread in threads:
-                    thread.start()
-                wait_for(lambda: len(prefills._pending) == len(batch))
-            for thread in threads:
-                thread.join()
-    finally:
-        rclc.configure_batching(model, before)
+    """Prefill `batch` from one thread each, all queued before any prefill runs; returns each
+    state or error, and the forwards that ran."""
+    jobs = [lambda ids=ids: sender_from_hf(model, tokenizer, ids) for ids in batch]
+    with counted_forwards(model) as calls:
+        results = queued_together(model, shared_prefill(model), jobs)
     return results, calls
 
 
@@ -303,28 +275,9 @@ def test_a_cancelled_slot_holder_still_serves_the_prompts_waiting_on_it(fresh):
     prefills = shared_prefill(model)
     cancelled = threading.Event()
     cancelled.set()
-    results = {}
-
-    def one(name, ids, stop):
-        _worker._current.stop = stop
-        try:
-            results[name] = prefills.prefill(model, ids[0])
-        except Exception as error:
-            results[name] = error
-
-    before = rclc.configure_batching(model)
-    rclc.configure_batching(model, worker_forwards=1)
-    try:
-        with forward_slot(model):
-            threads = [threading.Thread(target=one, args=("cancelled", first, cancelled)),
-                       threading.Thread(target=one, args=("waiting", second, None))]
-            threads[0].start()
-            wait_for(lambda: len(prefills._pending) == 1)
-            threads[1].start()
-            wait_for(lambda: len(prefills._pending) == 2)
-        for thread in threads:
-            thread.join()
-    finally:
-        rclc.configure_batching(model, before)
+    results = dict(zip(("cancelled", "waiting"), queued_together(
+        model, prefills, [lambda: prefills.prefill(model, first[0]), lambda: prefills.prefill(model, second[0])],
+        stops=[cancelled, None],
+    )))
     assert isinstance(results["cancelled"], _worker.WorkCancelled)
     assert_close_layers(cache_layers(results["waiting"]), alone(model, second))

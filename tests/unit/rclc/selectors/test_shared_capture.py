@@ -9,20 +9,18 @@ transfers' threads queue, so every one of them is waiting before any capture run
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
 
 import rclc
-# private on purpose: the forward slots the test holds so that captures queue together
-from rclc._locks import forward_slot
 # private on purpose: the combiner under test, its statistics and its queue
 from rclc.selectors import _shared_capture
 from rclc.selectors._shared_capture import shared_capture
 # private on purpose: the folds the combiner hands back (votes, energy, row energy)
 from rclc.selectors._support import SupportFold, request_fold, request_folds
 from rclc.errors import CaptureError
+from tests.helpers.combining import queued_together
 from tests.helpers.selector_inputs import make_sender, request
 
 OTHER = "Birch is owned by Bob. It launched in Lima on 9 June 2019, two years before Cedar."
@@ -30,45 +28,9 @@ SHORT = "Cedar: Alice."
 THIRD = "Dunmore is owned by Carla, who moved to Oslo in 2021 and still lives there."
 
 
-def wait_for(condition, seconds: float = 120.0) -> None:
-    """Poll until `condition()`; the threads only need to be scheduled, so the bound is generous."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("the transfers never queued")
-        threading.Event().wait(0.001)
-
-
 def run_together(model, jobs, stops=None):
-    """Run `jobs` (callables) in threads that all queue their captures while the model's one
-    forward slot is held here; returns each job's result or exception."""
-    from rclc import _worker  # private on purpose: a worker call's stop flag, set per thread
-
-    capture = shared_capture(model)
-    results: list = [None] * len(jobs)
-    stops = stops or [None] * len(jobs)
-
-    def one(index):
-        _worker._current.stop = stops[index]
-        try:
-            results[index] = jobs[index]()
-        except Exception as error:
-            results[index] = error
-
-    before = rclc.configure_batching(model)
-    rclc.configure_batching(model, worker_forwards=1)
-    try:
-        with forward_slot(model):
-            threads = []
-            for index in range(len(jobs)):  # one by one, so the queue's order is the jobs' order
-                threads.append(threading.Thread(target=one, args=(index,)))
-                threads[-1].start()
-                wait_for(lambda: len(capture._pending) == index + 1)
-        for thread in threads:
-            thread.join()
-    finally:
-        rclc.configure_batching(model, before)
-    return results
+    """Run `jobs` (callables that capture) so that all of them queue before any capture runs."""
+    return queued_together(model, shared_capture(model), jobs, stops)
 
 
 def assert_same_fold(found: SupportFold, expected: SupportFold) -> None:
