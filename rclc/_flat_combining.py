@@ -1,13 +1,25 @@
-"""Work that waits for a model together, served in one forward by whoever gets a slot first.
+"""Work that waits for a model together, served in one forward by whoever gets a slot first
+(or, where two forwards at once each get cores of their own, shared between the slot holders).
 
 Why: on a CPU a short forward costs mostly the reading of the weights, so several small
 pieces of work (prompts to prefill, requests to capture) in one forward cost little more
 than one of them, and pieces asked for by concurrent callers arrive within milliseconds.
 Flat combining needs no extra thread: a caller queues its piece and takes one of the
 model's forward slots (`rclc._locks`); the caller that holds a slot first serves every
-piece waiting at that moment, and the others find theirs done when they get a slot in turn.
+piece waiting at that moment (but see below), and the others find theirs done when they
+get a slot in turn.
 No library offers this over our per-model slots, so it is written here, once, for both
 `rclc._shared_prefill` (prompts) and `rclc.selectors._shared_capture` (request captures).
+
+Combining replaces waiting, not parallelism: a piece whose caller holds a slot of its own
+at that moment is left to it when the two forwards would each run on cores of their own (a
+CPU model whose intra-op threads fit twice in the process's cores, `parallel_forwards`).
+Then each slot holder serves its own piece and an even share of the pieces waiting for a
+slot, and the forwards run side by side. A CPU forward of a reader's prompt is
+compute-bound, so one forward of three prompts took as long as three on one core while the
+other core idled: a fan-out's three readers alone, at one torch thread, prefilled in 0.71 s
+in one forward (docs/performance.md). With more threads per forward than that, or on an
+accelerator, the first slot holder serves every waiting piece, as before.
 
 A failing combined forward is retried one piece at a time, so one caller's bad input never
 fails another's; a piece whose caller was cancelled before its turn gets `WorkCancelled`
@@ -17,12 +29,16 @@ cancelled meanwhile (they wait on it).
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ._locks import forward_slot
+import torch
+
+from ._locks import forward_slot, forward_width
 from ._worker import WorkCancelled, current_stop, serving_others
 
 GATHER_SECONDS = 0.003
@@ -61,6 +77,7 @@ class FlatCombiner(Generic[P]):
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._pending: list[P] = []
+        self._holders: list[P] = []  # the pieces of callers gathering under a slot of their own
 
     def fits(self, batch: list[P], other: P) -> bool:
         """Whether `other` may join `batch` (which holds at least the slot holder's own piece)."""
@@ -77,7 +94,7 @@ class FlatCombiner(Generic[P]):
             self._pending.append(piece)
             self._arrived.notify_all()
         with forward_slot(model):
-            batch = self._take(piece, limit)
+            batch = self._take(piece, limit, parallel_forwards(model))
             try:
                 self._serve(model, batch)
             except BaseException as error:  # never leave a piece that waits on this thread waiting
@@ -90,26 +107,37 @@ class FlatCombiner(Generic[P]):
             raise piece.error
         return piece.result
 
-    def _take(self, piece: P, limit: int) -> list[P]:
+    def _take(self, piece: P, limit: int, parallel: bool = False) -> list[P]:
         """The pieces this slot holder serves: its own (unless another holder already did)
-        and those waiting with it, oldest first, while `fits` lets them join."""
+        and those waiting with it, oldest first, while `fits` lets them join. With `parallel`,
+        the pieces of other slot holders gathering meanwhile are theirs to serve, and of the
+        pieces waiting for a slot this holder takes its share (module docs)."""
         with self._lock:
-            deadline = time.monotonic() + GATHER_SECONDS
-            while piece in self._pending and len(self._pending) < limit:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._arrived.wait(remaining)
-            if piece not in self._pending:  # another slot holder took it: its result is on the way
-                return []
-            batch = [piece]
-            for other in self._pending:
-                if len(batch) >= limit:
-                    break
-                if other is not piece and self.fits(batch, other):
-                    batch.append(other)
-            self._pending = [other for other in self._pending if other not in batch]
-            return batch
+            self._holders.append(piece)
+            try:
+                deadline = time.monotonic() + GATHER_SECONDS
+                while piece in self._pending and len(self._pending) < limit:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._arrived.wait(remaining)
+                if piece not in self._pending:  # another slot holder took it: its result is on the way
+                    return []
+                others = [other for other in self._pending if other is not piece]
+                share = limit - 1
+                if parallel:
+                    others = [other for other in others if other not in self._holders]
+                    share = min(share, math.ceil(len(others) / len(self._holders)))
+                batch = [piece]
+                for other in others:
+                    if len(batch) > share:
+                        break
+                    if self.fits(batch, other):
+                        batch.append(other)
+                self._pending = [other for other in self._pending if other not in batch]
+                return batch
+            finally:
+                self._holders.remove(piece)
 
     def _serve(self, model: Any, batch: list[P]) -> None:
         live = [piece for piece in batch if not piece.cancelled()]  # (empty batch: nothing)
@@ -138,3 +166,17 @@ class FlatCombiner(Generic[P]):
                 piece.finish(None, WorkCancelled(self.cancelled_message))
             else:
                 piece.finish(outcome)
+
+
+def parallel_forwards(model: Any) -> bool:
+    """Whether two forwards of `model` at once would each run on cores of their own: a CPU
+    model whose torch intra-op threads fit twice in the cores this process may use. Then
+    a slot holder leaves other slot holders' pieces to them (module docs); otherwise the
+    forwards would share cores, and one combined forward reads the weights once."""
+    if forward_width(model) < 2:
+        return False
+    embeddings = getattr(model, "get_input_embeddings", None)
+    weight = getattr(embeddings() if callable(embeddings) else None, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
+        return False
+    return 2 * torch.get_num_threads() <= len(os.sched_getaffinity(0))

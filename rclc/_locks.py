@@ -60,6 +60,12 @@ def set_forward_width(model: Any, width: int) -> None:
     _slots.set(model, _Slots(width))
 
 
+def forward_width(model: Any) -> int:
+    """How many worker-side forwards `model` may run at once (1 when it shares another lock)."""
+    slots = _slots.get(model)
+    return slots.width if isinstance(slots, _Slots) else 1
+
+
 def share_forward_slot(model: Any, lock: Any) -> None:
     """Make `model`'s forwards take `lock` (the vLLM view shares its engine's step lock)."""
     _slots.set(model, lock)

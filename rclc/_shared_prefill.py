@@ -10,7 +10,8 @@ one of them.
 
 How: `prefill_tokens(model, ids)` queues the prompt; the caller then takes one of the
 model's forward slots (`rclc._locks`). Whoever holds a slot first serves every prompt
-waiting at that moment (flat combining, `rclc._flat_combining`: no extra thread), and the
+waiting at that moment (flat combining, `rclc._flat_combining`: no extra thread; where two
+forwards at once each get cores of their own, two slot holders share them out), and the
 others find their prefill done when they get a slot in turn. A batch is served as:
 
 1. the longest prefix all its prompts share that the model's prefix store

@@ -12,7 +12,8 @@ How: flat combining (`rclc._flat_combining`, as for prompts; no extra thread). A
 transfer's capture queues its senders, then takes one of the model's forward slots. Whoever
 holds a slot first waits a few milliseconds for more transfers (while fewer than
 `capture_batch` wait), then folds every waiting transfer's senders in one `capture_each`
-forward; the others find their folds done when they get a slot in turn.
+forward (its share of them, when another slot holder gathers meanwhile and their forwards
+each get cores of their own); the others find their folds done when they get a slot in turn.
 
 Exactness: `capture_each` batches only the projections and MLPs; attention runs per sender
 over its own memory, so each fold sees what a capture alone sees up to a BLAS that rounds a

@@ -4,7 +4,7 @@ runs answer, and select, as they do with every prompt prefilled alone and whole.
 Eight runs one after another, first with `shared_prefixes: false, prefill_batch: 1` (every
 prompt alone and whole, as before issue 28), then with the defaults: each run's readers
 reuse the chat template and system prompt the earlier runs left in the model's prefix
-store, and a run's three readers, which ask for their prefills together, share one forward.
+store, and a run's three readers, which ask for their prefills together, share forwards.
 The answers must be the same, and so must what each hop kept (the final node's lineage says
 which reader positions it received). A greedy answer may differ only where its first
 differing token was a float32 near-tie (top-2 margin < 1e-4); the test says so if it
@@ -57,7 +57,9 @@ def test_fanout_runs_answer_and_select_as_with_every_prompt_prefilled_alone(embe
         report = rclc.batching_report(model)["prompt_prefills"]
     finally:
         rclc.configure_batching(model, before)
-    assert report["reused_positions"] > 0 and report["batch_sizes"].get("3", 0) >= 1, report
+    # a fan-out's three prompts share forwards: one of three, or (where two forwards at once
+    # each get cores of their own) one of two beside the third's own
+    assert report["reused_positions"] > 0 and any(int(size) >= 2 for size in report["batch_sizes"]), report
     for a, b in zip(plain, shared):
         assert a.nodes["final"].lineage.segments == b.nodes["final"].lineage.segments  # the same kept positions
     differing = [index for index, (a, b) in enumerate(zip(plain, shared)) if a.outputs != b.outputs]
