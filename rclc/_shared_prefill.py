@@ -81,6 +81,7 @@ class _Statistics:
     batch_sizes: dict[int, int] = field(default_factory=dict)
     forwarded_positions: int = 0
     reused_positions: int = 0
+    padding_positions: int = 0  # rows a batch forwarded only to right-pad a shorter prompt
 
 
 class SharedPrefill(FlatCombiner[_Prompt]):
@@ -128,6 +129,8 @@ class SharedPrefill(FlatCombiner[_Prompt]):
             stats.batch_sizes[len(batch)] = stats.batch_sizes.get(len(batch), 0) + 1
             stats.forwarded_positions += sum(int(i.shape[0]) for i in ids) - len(ids) * reused
             stats.reused_positions += len(ids) * reused
+            longest = max(int(i.shape[0]) for i in ids)
+            stats.padding_positions += sum(longest - int(i.shape[0]) for i in ids)
         if options.shared_prefixes:
             for prompt, layers in zip(batch, results):
                 self.store.add(prompt.ids, layers)
@@ -163,6 +166,7 @@ class SharedPrefill(FlatCombiner[_Prompt]):
                 "batch_sizes": {str(size): count for size, count in sorted(stats.batch_sizes.items())},
                 "forwarded_positions": stats.forwarded_positions,
                 "reused_positions": stats.reused_positions,
+                "padding_positions": stats.padding_positions,
             }
         return figures | {"prefix_cache": self.store.report()}
 

@@ -140,13 +140,15 @@ def test_prompts_waiting_together_are_prefilled_in_one_forward(fresh):
     assert len(calls) == 1  # one forward of the three (nothing stored yet: from position 0)
     for state, reference in zip(results, references):
         assert_close_layers(layers_of(state), reference)
-    batch_sizes = rclc.batching_report(model)["prompt_prefills"]["batch_sizes"]
-    assert batch_sizes == {"3": 1}
+    report = rclc.batching_report(model)["prompt_prefills"]
+    assert report["batch_sizes"] == {"3": 1}
+    assert report["padding_positions"] == 2 + 1  # 52, 53 and 54 tokens, right-padded to 54
     # Three more prompts with the same head: one forward of their rest over the stored prefix.
     again, calls = together(model, tokenizer, prompts(3, seed=1, own=20))
     assert calls == [max(ids.shape[1] for ids in prompts(3, seed=1, own=20)) - 40]
     for state, ids in zip(again, prompts(3, seed=1, own=20)):
         assert_close_layers(layers_of(state), alone(model, ids))
+    assert rclc.batching_report(model)["prompt_prefills"]["padding_positions"] == 3 + 3
 
 
 def test_a_failing_prompt_in_a_batch_fails_alone(fresh):
