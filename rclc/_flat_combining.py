@@ -179,4 +179,13 @@ def parallel_forwards(model: Any) -> bool:
     weight = getattr(embeddings() if callable(embeddings) else None, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
         return False
-    return 2 * torch.get_num_threads() <= len(os.sched_getaffinity(0))
+    return 2 * torch.get_num_threads() <= usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS reports one: Linux; else
+    every core: macOS and Windows have no `os.sched_getaffinity`)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1

@@ -12,7 +12,7 @@ import torch
 
 import rclc
 from rclc import testing
-from rclc._flat_combining import FlatCombiner, Piece, parallel_forwards
+from rclc._flat_combining import FlatCombiner, Piece, parallel_forwards, usable_cores
 
 
 class Recording(FlatCombiner[Piece]):
@@ -73,7 +73,7 @@ def test_a_holder_whose_piece_another_served_takes_nothing():
 
 def test_parallel_forwards_needs_two_slots_and_cores_for_both_forwards():
     model, _ = testing.tiny_model("llama", tokenizer=testing.tiny_tokenizer(), seed=3)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     threads = torch.get_num_threads()
     before = rclc.configure_batching(model)
     try:
@@ -99,3 +99,10 @@ def test_submit_serves_a_lone_piece_in_its_own_forward(parallel, monkeypatch):
     piece = Piece(cancel=None)
     assert combiner.submit(model, piece, limit=8) == 0
     assert combiner.batches == [[piece]] and combiner._holders == []
+
+
+def test_usable_cores_without_an_affinity_call_counts_every_core(monkeypatch):
+    if hasattr(os, "sched_getaffinity"):
+        assert usable_cores() == len(os.sched_getaffinity(0))
+        monkeypatch.delattr(os, "sched_getaffinity")
+    assert usable_cores() == (os.cpu_count() or 1)
