@@ -86,6 +86,10 @@ def main() -> None:
     for spec in specs.values():  # warm-up: the model, lazy imports, first-call costs
         timed(compile_plan(spec, warm), pool)
     seconds: dict[str, list[float]] = {name: [] for name in specs}
+    # What each arm generated, and how long its generation took: the arms answer differently,
+    # and a longer answer costs decode steps that have nothing to do with the handoff.
+    tokens: dict[str, list[int]] = {name: [] for name in specs}
+    generation: dict[str, list[float]] = {name: [] for name in specs}
     steps: list[dict[str, float]] = []
     same = 0
     for index, case in enumerate(cases):
@@ -95,6 +99,8 @@ def main() -> None:
         for name in names:
             result, wall = timed(compile_plan(specs[name], inputs), pool)
             seconds[name].append(wall)
+            tokens[name].append(sum(node.generated_tokens for node in result.nodes.values()))
+            generation[name].append(sum(node.generation_seconds for node in result.nodes.values()))
             answers[name] = next(iter(result.outputs.values()), "")
             if name == "state_r4":
                 steps.append(state_steps(result))
@@ -114,6 +120,8 @@ def main() -> None:
         "meets_target": ratio <= TARGET_RATIO,
         "state_steps_median_s": {key: round(statistics.median(step[key] for step in steps), 3) for key in steps[0]},
         "same_answer": same,
+        "generated_tokens_median": {name: statistics.median(values) for name, values in tokens.items()},
+        "generation_s_median": {name: round(statistics.median(values), 3) for name, values in generation.items()},
         "each_s": {name: [round(value, 3) for value in values] for name, values in seconds.items()},
         "prompt_prefills": report.get("prompt_prefills"),
         "engine_prefill_batches": report.get("prefill_batches"),
