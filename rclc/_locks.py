@@ -61,8 +61,11 @@ def set_forward_width(model: Any, width: int) -> None:
 
 
 def forward_width(model: Any) -> int:
-    """How many worker-side forwards `model` may run at once (1 when it shares another lock)."""
-    slots = _slots.get(model)
+    """How many worker-side forwards `model` may run at once (1 when it shares another lock).
+    Asking makes no slots (reports ask about models that never forwarded, or stand-ins)."""
+    slots = _slots.existing(model)
+    if slots is None:
+        return DEFAULT_WORKER_FORWARDS  # what its first forward will find
     return slots.width if isinstance(slots, _Slots) else 1
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .._flat_combining import parallel_forwards
 from .._locks import set_forward_width
 from .._shared_prefill import PrefillOptions, existing_shared_prefill, shared_prefill
 from ..errors import RclcError
@@ -84,6 +85,9 @@ def batching_report(model: Any) -> dict[str, Any]:
     else:
         report = runner.report()
     if backend == "hf":
+        # Whether two slot holders that gather at once share the waiting prompts and captures
+        # out and forward side by side (True), or the first serves them all (rclc._flat_combining).
+        report["parallel_forwards"] = parallel_forwards(target)
         prefills = existing_shared_prefill(target)
         report["prompt_prefills"] = prefills.report() if prefills is not None else None
         captures = existing_shared_capture(target)

@@ -81,9 +81,11 @@ def test_parallel_forwards_needs_two_slots_and_cores_for_both_forwards():
         for count in sorted({1, max(1, cores // 2), cores}):
             torch.set_num_threads(count)
             assert parallel_forwards(model) is (2 * count <= cores)
+            assert rclc.batching_report(model)["parallel_forwards"] is (2 * count <= cores)
         torch.set_num_threads(1)
         rclc.configure_batching(model, worker_forwards=1)
         assert parallel_forwards(model) is False
+        assert rclc.batching_report(model)["parallel_forwards"] is False
     finally:
         torch.set_num_threads(threads)
         rclc.configure_batching(model, before)
