@@ -17,8 +17,8 @@ CPU model whose intra-op threads fit twice in the process's cores, `parallel_for
 Then each slot holder serves its own piece and an even share of the pieces waiting for a
 slot, and the forwards run side by side. A CPU forward of a reader's prompt is
 compute-bound, so one forward of three prompts took as long as three on one core while the
-other core idled: a fan-out's three readers alone, at one torch thread, prefilled in 0.71 s
-in one forward (docs/performance.md). With more threads per forward than that, or on an
+other core idled: a fan-out's three readers alone, at one torch thread, prefilled in 0.68 s
+in one forward, and in 0.48 s as one forward of two beside one of one (docs/performance.md). With more threads per forward than that, or on an
 accelerator, the first slot holder serves every waiting piece, as before.
 
 A failing combined forward is retried one piece at a time, so one caller's bad input never

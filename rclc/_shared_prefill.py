@@ -122,15 +122,15 @@ class SharedPrefill(FlatCombiner[_Prompt]):
         prefix = self._stored_prefix(ids) if options.shared_prefixes else None
         results = _suffixes(model, ids, prefix)
         reused = 0 if prefix is None else int(prefix[0][0].shape[2])
+        lengths = [int(i.shape[0]) for i in ids]
         with self._lock:
             stats = self.stats
             stats.prompts += len(batch)
             stats.forwards += 1
             stats.batch_sizes[len(batch)] = stats.batch_sizes.get(len(batch), 0) + 1
-            stats.forwarded_positions += sum(int(i.shape[0]) for i in ids) - len(ids) * reused
+            stats.forwarded_positions += sum(lengths) - len(ids) * reused
             stats.reused_positions += len(ids) * reused
-            longest = max(int(i.shape[0]) for i in ids)
-            stats.padding_positions += sum(longest - int(i.shape[0]) for i in ids)
+            stats.padding_positions += len(ids) * max(lengths) - sum(lengths)
         if options.shared_prefixes:
             for prompt, layers in zip(batch, results):
                 self.store.add(prompt.ids, layers)
