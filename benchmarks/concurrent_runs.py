@@ -24,7 +24,10 @@ of each phase (`rclc.batching_report`: decode steps per batch size), peak RSS (s
 10 ms), and whether the concurrent outputs equal the sequential ones. Where a greedy token
 differs, the engine's trace gives the top-2 logit margin at the first differing token of
 every sequence whose prompt both phases decoded: a margin below 1e-4 is a float32 near-tie
-that batched arithmetic may break either way.
+that batched arithmetic may break either way. `concurrent_cores_busy` is the concurrent
+phase's CPU seconds over its wall seconds, and `ratio_if_every_core_busy` the ratio it would
+reach with its CPU seconds spread over every usable core (`core_bound`): what better
+scheduling alone could give.
 
 Torch runs with `--threads` intra-op threads (default 1: the runs' parallelism is what is
 measured, and two runs' forwards share this machine's 2 cores). The machine is shared, so
@@ -62,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import rclc  # noqa: E402
+from rclc._flat_combining import usable_cores  # noqa: E402
 from rclc_graph import EventStream, ModelPool, compile_plan, plan_file, run_plan  # noqa: E402
 from rclc_graph.experiments.arm_graphs import apply_arm  # noqa: E402
 from rclc_graph.experiments.arms import parse_arm  # noqa: E402
@@ -215,6 +219,17 @@ async def concurrent(plans: list[Any], pool: ModelPool, *, max_events: int, max_
     return results, [stream.stats() for stream in streams]
 
 
+def core_bound(sequential_seconds: float, concurrent_cpu_seconds: float, cores: int) -> dict[str, float]:
+    """How far scheduling alone could lift the ratio: the runs-per-minute ratio the concurrent
+    phase would reach if its measured CPU seconds kept every usable core busy from start to
+    end (`ratio_if_every_core_busy`). Why: on a CPU-bound machine a ratio short of a target
+    is either idle cores (a scheduling matter) or CPU the concurrent work costs (a matter of
+    what is computed); this tells them apart. A concurrent phase can beat it only by
+    computing less than it did (larger decode batches, fewer forwarded rows)."""
+    floor = concurrent_cpu_seconds / cores
+    return {"usable_cores": cores, "ratio_if_every_core_busy": round(sequential_seconds / floor, 2) if floor > 0 else 0.0}
+
+
 def cpu_seconds() -> float:
     """CPU time this process has used (all threads): with other jobs on the machine, wall
     time depends on them, CPU time much less."""
@@ -311,6 +326,7 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
         high_events = max(high_events, max(stat.high_water_events for stat in stats))
         blocked += sum(stat.blocked_publishes for stat in stats)
     seq, conc = statistics.median(seq_times), statistics.median(conc_times)
+    conc_cpu_median = statistics.median(conc_cpu)
     runs = len(plans)
     mib = 1 << 20
     decoded = sum(int(size) * count for size, count in conc_histogram.items())
@@ -324,7 +340,9 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
         "concurrent_runs_per_minute": round(60 * runs / conc, 2),
         "runs_per_minute_ratio": round(seq / conc, 2),
         "sequential_cpu_seconds": round(statistics.median(seq_cpu), 2),
-        "concurrent_cpu_seconds": round(statistics.median(conc_cpu), 2),
+        "concurrent_cpu_seconds": round(conc_cpu_median, 2),
+        "concurrent_cores_busy": round(conc_cpu_median / conc, 2),
+        **core_bound(seq, conc_cpu_median, usable_cores()),
         "sequential_seconds_each_repeat": [round(value, 2) for value in seq_times],
         "concurrent_seconds_each_repeat": [round(value, 2) for value in conc_times],
         "sequential_tokens_per_second": round(statistics.median(seq_tokens) / seq, 2),
