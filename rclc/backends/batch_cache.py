@@ -279,19 +279,27 @@ def prefill_many(
     ]
 
 
-def decode_step(model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP) -> torch.Tensor:
+def decode_step(
+    model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP, *, logits: bool = True
+) -> torch.Tensor | None:
     """Forward each row's last token (`tokens[row]`) at its next position in one batched
-    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32.
-    `right_room`: the columns the rows may still need (sizes a reallocation)."""
+    forward; the store then holds one more position per row. Returns `[rows, vocab]` float32,
+    or None with `logits=False` (a step that only writes the tokens' KV runs the decoder stack
+    without the LM head). `right_room`: the columns the rows may still need (sizes a
+    reallocation)."""
     device = store.keys[0].device
     store.grow(right_room)
-    output = model(
-        input_ids=torch.tensor([[token] for token in tokens], device=device),
-        attention_mask=store.attention_mask(device),
-        position_ids=torch.tensor(store.lengths, device=device).unsqueeze(1),
-        cache=store.cache(model.config),
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    arguments = {
+        "input_ids": torch.tensor([[token] for token in tokens], device=device),
+        "attention_mask": store.attention_mask(device),
+        "position_ids": torch.tensor(store.lengths, device=device).unsqueeze(1),
+        "cache": store.cache(model.config),
+        "use_cache": True,
+    }
+    if not logits:
+        backbone(model)(**arguments)
+        store.advance()
+        return None
+    output = model(**arguments, logits_to_keep=1)
     store.advance()
     return output.logits[:, -1].to(dtype=torch.float32)

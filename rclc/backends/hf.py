@@ -197,7 +197,10 @@ class HFBackend(Backend):
 
         HF returns only the new tokens for embedding inputs, and a cache one position short
         of prefix + tokens (the last token was never forwarded); that suffix is completed on
-        a private view of the cache, so the caller's generate output is left untouched.
+        a private view of the cache, so the caller's generate output is left untouched. The
+        batching engine's generations arrive complete (it forwards the last token in one more
+        decode step, `hf_batching`), so for them nothing is forwarded here, under the
+        preparation lock the caller holds.
         For a token prompt (`prompt_inputs`) the output holds prompt and tokens together.
         """
         if "input_ids" in inputs:

@@ -20,8 +20,17 @@ none, share the work:
    decode step for every sequence in it: one forward with a left-padded cache, an
    attention mask and per-sequence positions; each sequence picks its next token from its
    own row of logits (`TokenChooser`: its own processors and random generator);
-3. ended sequences leave (end-of-sequence token, `max_new_tokens`, their `stop` event,
-   their caller cancelled or gone), each with its tokens and a private copy of its cache.
+3. ended sequences (end-of-sequence token, `max_new_tokens`) stay for one more step that
+   forwards their last token, then leave, each with its tokens and a private copy of its
+   cache covering every token. Why: the state an agent keeps after
+   generating needs that last position; forwarded alone after the fact (`HFBackend.
+   continuation`) it cost a forward that reads every weight for one row, in the waiting
+   thread and under the preparation lock, while as a row of a step it costs little (the 32
+   answers of 32 concurrent fanout_qa runs spent 1.6 CPU s on those lone forwards,
+   docs/performance.md). A step of only such rows skips the LM head. A sequence stopped by
+   its `stop` event, or whose caller was cancelled or gone, leaves at once (a stop ends
+   decoding after the step under way), with its cache one position short, as `generate`
+   leaves it (the continuation forwards the last token where it still needs it).
 
 Prefills and decode steps run at the same time (on a CPU, on different cores), so a long
 prompt does not hold up the batch, and decoding never waits for a selection elsewhere
@@ -30,7 +39,8 @@ step with room waits up to `wait_ms` for a sequence whose prefill is under way. 
 to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
 own sequence. A failing prefill fails only its sequence; a failing decode step (which no
 input of one sequence can cause once its prefill succeeded) fails the sequences in that
-step and resets the batch.
+step that were still choosing tokens and resets the batch (an ended sequence there keeps
+its tokens and ends without a cache: its continuation prefills afresh).
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ class Statistics:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     prefill_batches: Counter = field(default_factory=Counter)  # sequences prefilled together -> forwards
+    closing_rows: int = 0  # rows of decode steps that only forwarded an ended sequence's last token
 
 
 class BatchingEngine(BatchingLoop):
@@ -161,6 +172,7 @@ class BatchingEngine(BatchingLoop):
                 "prefill_seconds": round(stats.prefill_seconds, 3),
                 "prefill_batches": {str(size): count for size, count in sorted(stats.prefill_batches.items())},
                 "decode_seconds": round(stats.decode_seconds, 3),
+                "closing_rows": stats.closing_rows,
             }
 
     # -- the prefill thread --------------------------------------------------------------
@@ -289,9 +301,11 @@ class BatchingEngine(BatchingLoop):
             self._prefilling = [other for other in self._prefilling if other is not sequence]
             if error is not None:
                 self.stats.failed += 1
-            elif ended:
+            elif ended and (sequence.gone() or sequence.stopped):
                 self._count_finished(sequence)
             else:
+                sequence.closing = ended  # ended on its first token: it joins only to forward it
+                ended = False
                 self._ready.append((sequence, layers))
                 self._start("decode")
             self._cond.notify_all()
@@ -371,38 +385,53 @@ class BatchingEngine(BatchingLoop):
         if not active:
             return
         began = time.perf_counter()
+        choosing = not all(sequence.closing for sequence in active)
         try:
-            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active], self._right_room())
-            greedy = logits.argmax(dim=-1).tolist()
-            if self._trace is not None:
-                for sequence, margin in zip(active, margins(logits)):
-                    if sequence.traced is not None:
-                        sequence.traced[1].append(margin)
-            tokens = []
-            for row, sequence in enumerate(active):
-                if sequence.chooser.plain_greedy:
-                    token = greedy[row]
-                    sequence.chooser.record(token)
-                else:
-                    token = sequence.chooser(logits[row])
-                tokens.append(token)
+            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active], self._right_room(),
+                                 logits=choosing)
+            tokens: list[int | None] = [None] * len(active)
+            if logits is not None:
+                greedy = logits.argmax(dim=-1).tolist()
+                found = margins(logits) if self._trace is not None else []
+                for row, sequence in enumerate(active):
+                    if sequence.closing:  # its last token's KV is all this step was for
+                        continue
+                    if found and sequence.traced is not None:
+                        sequence.traced[1].append(found[row])
+                    if sequence.chooser.plain_greedy:
+                        tokens[row] = greedy[row]
+                        sequence.chooser.record(greedy[row])
+                    else:
+                        tokens[row] = sequence.chooser(logits[row])
         except Exception as error:  # fails this step's sequences; the batch starts over
             with self._cond:
                 failed, self._active = list(active), []
                 self._store = BatchCache(store.layer_count)
-                self.stats.failed += len(failed)
+                self.stats.failed += sum(1 for sequence in failed if not sequence.closing)
                 self.stats.decode_seconds += time.perf_counter() - began
+                for sequence in failed:
+                    if sequence.closing:
+                        self._count_finished(sequence)
                 self._cond.notify_all()
             for sequence in failed:
-                sequence.finish(None, error)
+                # a closing sequence had all its tokens: it keeps them, without a cache (its
+                # continuation then prefills the rows afresh), rather than failing for a step
+                # that only forwarded its last token
+                sequence.finish(None, None if sequence.closing else error)
             return
         with self._cond:
             self.stats.decode_seconds += time.perf_counter() - began
             self.stats.steps[len(active)] += 1
-        ended = [sequence.add(token) for sequence, token in zip(active, tokens)]
+            self.stats.closing_rows += sum(1 for sequence in active if sequence.closing)
+        ended = [sequence.closing or sequence.add(token) for sequence, token in zip(active, tokens)]
         for index in reversed(range(len(active))):
-            if ended[index]:
+            if not ended[index]:
+                continue
+            sequence = active[index]
+            if sequence.closing or sequence.gone() or sequence.stopped:
                 self._leave(index)
+            else:
+                sequence.closing = True  # one more step forwards its last token (Sequence.closing)
 
     def _leave(self, index: int) -> None:
         """Row `index` leaves the batch with a private copy of its cache."""

@@ -23,8 +23,10 @@ from .token_choice import TokenChooser
 
 @dataclass
 class Outcome:
-    """How a sequence ended: its tokens, its cache layers (prompt + tokens but the last, as
-    `generate` leaves them), and why it ended."""
+    """How a sequence ended: its tokens, its cache layers (prompt + every token: the engine
+    forwards the last one in one more decode step, `Sequence.closing`; prompt + tokens but the
+    last, as `generate` leaves them, where that step could not run: the continuation then
+    forwards it), and why it ended."""
 
     tokens: list[int]
     layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -58,6 +60,11 @@ class Sequence:
         self.traced: tuple[str, list[float]] | None = None  # (prompt digest, margins) while tracing
         self.tokens: list[int] = []
         self.stopped = False  # the stop event was seen set after a token (`generate`'s criterion fired)
+        # ended (end token, length or constraint), and in the batch for one more step that only
+        # forwards its last token, so its cache covers every token: the state built after
+        # generation needs that position, and a row in a decode step costs a fraction of the
+        # forward of one row alone
+        self.closing = False
         self.abandoned = threading.Event()  # the waiter stopped listening (its on_token raised)
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 
