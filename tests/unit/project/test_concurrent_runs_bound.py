@@ -3,18 +3,13 @@ the ratio at the concurrent phase's measured CPU seconds with every usable core 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.paths import ROOT
+from tests.helpers.benchmarks import load_benchmark
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("concurrent_runs", ROOT / "benchmarks" / "concurrent_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("concurrent_runs")
 
 
 def test_bound_spreads_the_concurrent_cpu_over_every_core():

@@ -4,20 +4,15 @@ the forwards rclc runs on the wrapped model while recording, and only then."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from rclc import sender_from_hf
 from rclc._cache import backbone
-from tests.paths import ROOT
+from tests.helpers.benchmarks import load_benchmark
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("forward_profile", ROOT / "benchmarks" / "forward_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("forward_profile")
 
 
 def test_summary_adds_kinds_and_splits_busy_time_over_stretches():

@@ -3,16 +3,13 @@ CUDA machine runs it: every check agrees and the report holds what docs/performa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from tests.paths import ROOT
+from tests.helpers.benchmarks import load_benchmark
 
 
 def test_the_gpu_check_agrees_with_itself_on_the_cpu(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("gpu_check")
     out = tmp_path / "gpu_check.json"
     assert module.main(["--device", "cpu", "--quick", "--families", "qwen3", "--out", str(out)]) == 0
     report = json.loads(out.read_text())

@@ -3,17 +3,12 @@ docs/performance.md compares RSS against must be the sender's KV and rows, each 
 
 from __future__ import annotations
 
-import importlib.util
-
 from rclc import sender_from_hf
-from tests.paths import ROOT
+from tests.helpers.benchmarks import load_benchmark
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("reader_memory", ROOT / "benchmarks" / "reader_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("reader_memory")
 
 
 def test_live_bytes_is_the_senders_cache_and_rows(tiny):
