@@ -1,0 +1,188 @@
+"""How close the model's forwards run to what one CPU core computes (issue 28).
+
+Why: 32 concurrent fanout_qa runs stop short of 3x the sequential runs per minute, and the
+forward profile (`forward_profile.py`) shows their concurrent phase made of prompt-sized
+forwards (readers' prompts, captures, answerers' prefills) plus decode steps. Whether those
+could cost less is a question of figures, not of impressions: this script takes the
+arithmetic a forward needs from the model's config, times the forward at one torch thread,
+and compares the rate with what a large single-precision matrix product reaches on the same
+core. A prefill near that rate is compute-bound: batching more of it together saves nothing,
+and only fewer rows would make it cheaper. A decode step far below it is bound by reading
+the weights, which is what batching decode amortizes.
+
+    python benchmarks/compute_bound.py                 # the embedded model, one thread
+    python benchmarks/compute_bound.py --threads 2
+
+It prints one JSON object: the matrix-product rate (a square product and one shaped like the
+model's MLP), the prefill's milliseconds per row and GFLOP/s at a few batch shapes, and a
+decode step's milliseconds at several batch sizes with the weight bytes it reads per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rclc._cache import backbone, cache_keyword, cache_layers, new_cache  # noqa: E402
+from rclc.backends.batch_cache import BatchCache, decode_step  # noqa: E402
+
+
+def _dimensions(config: Any) -> tuple[int, int, int, int, int, int]:
+    """hidden, heads, kv heads, head dim, MLP width, layers of a decoder config."""
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return hidden, heads, kv_heads, head_dim, int(config.intermediate_size), int(config.num_hidden_layers)
+
+
+def row_flops(config: Any, context: float) -> float:
+    """Floating-point operations one position costs through the decoder layers when it
+    attends over `context` keys: the projections and the gated MLP (two per multiply-add),
+    plus the attention scores and their mix over the keys. Norms, rotary embeddings and the
+    softmax are left out (a few per cent at these sizes); the LM head is `head_flops`."""
+    hidden, heads, kv_heads, head_dim, mlp, layers = _dimensions(config)
+    projections = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
+    weights = projections + 3 * hidden * mlp  # gate, up, down
+    attention = 2 * heads * head_dim * context  # scores, then the mix of values
+    return float(layers * 2 * (weights + attention))
+
+
+def head_flops(config: Any) -> float:
+    """Operations of the LM head for one position (a decode step computes it for every row)."""
+    return float(2 * int(config.hidden_size) * int(config.vocab_size))
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the parameters a decode step reads (tied embeddings counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for parameter in model.parameters():
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def median_seconds(call: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def matmul_rate(rows: int, inner: int, columns: int, repeats: int) -> float:
+    """GFLOP/s of a float32 `[rows, inner] @ [inner, columns]` product."""
+    left, right = torch.randn(rows, inner), torch.randn(inner, columns)
+    seconds = median_seconds(lambda: torch.mm(left, right), repeats)
+    return 2 * rows * inner * columns / seconds / 1e9
+
+
+def _token_ids(model: Any, batch: int, rows: int, generator: torch.Generator) -> torch.Tensor:
+    vocab = int(model.config.vocab_size)
+    return torch.randint(min(100, vocab - 1), vocab, (batch, rows), generator=generator)
+
+
+@torch.no_grad()
+def prefill_rate(model: Any, batch: int, rows: int, repeats: int) -> dict[str, float]:
+    """A prompt forward of `batch` x `rows` positions through the decoder (no LM head, as
+    rclc's prefills run it): milliseconds per row and the GFLOP/s it reaches."""
+    ids = _token_ids(model, batch, rows, torch.Generator().manual_seed(rows))
+    decoder = backbone(model)
+    seconds = median_seconds(lambda: decoder(input_ids=ids, use_cache=True), repeats)
+    flops = batch * rows * row_flops(model.config, (rows + 1) / 2)  # causal: a row sees half the prompt on average
+    return {"batch": batch, "rows": rows, "ms_per_row": round(1e3 * seconds / (batch * rows), 3),
+            "gflops": round(flops / seconds / 1e9, 1)}
+
+
+@torch.no_grad()
+def decode_rate(model: Any, batch: int, context: int, repeats: int) -> dict[str, float]:
+    """One decode step of the batching engine (`decode_step` over its left-padded store: one
+    new token per row over about `context` cached positions, LM head included) at batch
+    `batch`: milliseconds per step and per token, the weight bytes read per second, and the
+    GFLOP/s its arithmetic comes to. The store gets room for every step up front, as the
+    engine's does, so no step copies the cache; each step adds one position per row."""
+    generator = torch.Generator().manual_seed(batch)
+    decoder = backbone(model)
+    cache = new_cache(model)
+    decoder(input_ids=_token_ids(model, batch, context, generator), use_cache=True, **{cache_keyword(decoder): cache})
+    steps = repeats + 1  # the warm-up too
+    store = BatchCache(len(cache_layers(cache)))
+    for row in range(batch):
+        store.join([(keys[row : row + 1], values[row : row + 1]) for keys, values in cache_layers(cache)], steps, batch)
+    tokens = _token_ids(model, 1, batch, generator)[0].tolist()
+    seconds = median_seconds(lambda: decode_step(model, store, tokens, steps), repeats)
+    flops = batch * (row_flops(model.config, context + steps / 2) + head_flops(model.config))
+    return {"batch": batch, "ms_per_step": round(1e3 * seconds, 2), "ms_per_token": round(1e3 * seconds / batch, 2),
+            "weight_gb_per_s": round(weight_bytes(model) / seconds / 1e9, 2), "gflops": round(flops / seconds / 1e9, 1)}
+
+
+def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches: list[int], context: int,
+            repeats: int) -> dict[str, Any]:
+    hidden, _, _, _, mlp, _ = _dimensions(model.config)
+    square = matmul_rate(1024, 1024, 1024, repeats)
+    shaped = matmul_rate(512, hidden, mlp, repeats)
+    prefills = [prefill_rate(model, batch, rows, repeats) for batch, rows in prefill_shapes]
+    decodes = [decode_rate(model, batch, context, repeats) for batch in decode_batches]
+    peak = max(square, shaped)
+    for prefill in prefills:
+        prefill["share_of_matmul_rate"] = round(prefill["gflops"] / peak, 3)
+    return {
+        "matmul_gflops": {"square_1024": round(square, 1), f"mlp_shaped_512x{hidden}x{mlp}": round(shaped, 1)},
+        "row_mflops": round(row_flops(model.config, context) / 1e6, 1),
+        "head_mflops": round(head_flops(model.config) / 1e6, 1),
+        "weight_mb": round(weight_bytes(model) / 2**20, 1),
+        "prefill": prefills,
+        "decode": decodes,
+        "decode_context": context,
+    }
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for item in text.split(","):
+        batch, _, rows = item.partition("x")
+        pairs.append((int(batch), int(rows)))
+    return pairs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prefill", default="1x96,8x96,1x600",
+                        help="prompt forwards to time, batch x rows (8x96: an engine batch of fanout_qa answerers)")
+    parser.add_argument("--decode-batches", default="1,2,6,16,32")
+    parser.add_argument("--context", type=int, default=150, help="cached positions under each decode row")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from rclc.models import load
+
+    model, _ = load("embedded")
+    report = measure(model, prefill_shapes=_pairs(args.prefill),
+                     decode_batches=[int(size) for size in args.decode_batches.split(",")],
+                     context=args.context, repeats=args.repeats)
+    report = {"benchmark": "compute_bound", "model": "embedded (SmolLM2-135M-Instruct, float32)",
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+              "repeats": args.repeats} | report
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
