@@ -14,8 +14,9 @@ the weights, which is what batching decode amortizes.
     python benchmarks/compute_bound.py --threads 2
 
 It prints one JSON object: the matrix-product rate (a square product and one shaped like the
-model's MLP), the prefill's milliseconds per row and GFLOP/s at a few batch shapes, and a
-decode step's milliseconds at several batch sizes with the weight bytes it reads per second.
+model's MLP), the prefill's milliseconds per row and GFLOP/s at a few batch shapes, the first
+shape's CPU milliseconds per row when 1, 2 and 3 threads run it at once, and a decode step's
+milliseconds at several batch sizes with the weight bytes it reads per second.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +113,38 @@ def prefill_rate(model: Any, batch: int, rows: int, repeats: int) -> dict[str, f
             "gflops": round(flops / seconds / 1e9, 1)}
 
 
+def side_by_side_rate(model: Any, batch: int, rows: int, width: int, repeats: int) -> dict[str, float]:
+    """The same prompt forward run by `width` threads at once, each at one torch thread: each
+    thread's CPU milliseconds per row (median over its forwards) and the wall seconds of the
+    whole. Why: concurrent runs forward two at a time on two cores; a rate measured alone
+    would hide what they cost each other (shared caches and memory bandwidth), and a width
+    above the cores shows what oversubscribing them costs."""
+    ids = _token_ids(model, batch, rows, torch.Generator().manual_seed(rows))
+    decoder = backbone(model)
+    per_row: list[float] = []
+    lock = threading.Lock()
+
+    @torch.no_grad()
+    def worker() -> None:
+        torch.set_num_threads(1)
+        decoder(input_ids=ids, use_cache=True)  # warm-up
+        for _ in range(repeats):
+            began = time.thread_time()
+            decoder(input_ids=ids, use_cache=True)
+            with lock:
+                per_row.append((time.thread_time() - began) / (batch * rows))
+
+    threads = [threading.Thread(target=worker) for _ in range(width)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"threads": width, "batch": batch, "rows": rows,
+            "cpu_ms_per_row": round(1e3 * statistics.median(per_row), 3),
+            "wall_s": round(time.perf_counter() - began, 2)}
+
+
 @torch.no_grad()
 def decode_rate(model: Any, batch: int, context: int, repeats: int) -> dict[str, float]:
     """One decode step of the batching engine (`decode_step` over its left-padded store: one
@@ -134,12 +168,14 @@ def decode_rate(model: Any, batch: int, context: int, repeats: int) -> dict[str,
 
 
 def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches: list[int], context: int,
-            repeats: int) -> dict[str, Any]:
+            repeats: int, side_by_side: tuple[int, ...] = (1, 2, 3)) -> dict[str, Any]:
     hidden, _, _, _, mlp, _ = _dimensions(model.config)
     square = matmul_rate(1024, 1024, 1024, repeats)
     shaped = matmul_rate(512, hidden, mlp, repeats)
     prefills = [prefill_rate(model, batch, rows, repeats) for batch, rows in prefill_shapes]
     decodes = [decode_rate(model, batch, context, repeats) for batch in decode_batches]
+    batch, rows = prefill_shapes[0] if prefill_shapes else (1, 32)
+    together = [side_by_side_rate(model, batch, rows, width, repeats) for width in side_by_side]
     peak = max(square, shaped)
     for prefill in prefills:
         prefill["share_of_matmul_rate"] = round(prefill["gflops"] / peak, 3)
@@ -149,6 +185,7 @@ def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches
         "head_mflops": round(head_flops(model.config) / 1e6, 1),
         "weight_mb": round(weight_bytes(model) / 2**20, 1),
         "prefill": prefills,
+        "prefill_side_by_side": together,
         "decode": decodes,
         "decode_context": context,
     }
@@ -166,8 +203,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--prefill", default="1x96,8x96,1x600",
-                        help="prompt forwards to time, batch x rows (8x96: an engine batch of fanout_qa answerers)")
+    parser.add_argument("--prefill", default="8x96,1x96,1x600",
+                        help="prompt forwards to time, batch x rows (8x96: an engine batch of fanout_qa answerers;"
+                             " the first is also run side by side)")
+    parser.add_argument("--side-by-side", default="1,2,3", help="threads running the first prompt forward at once")
     parser.add_argument("--decode-batches", default="1,2,6,16,32")
     parser.add_argument("--context", type=int, default=150, help="cached positions under each decode row")
     args = parser.parse_args()
@@ -177,7 +216,8 @@ def main() -> None:
     model, _ = load("embedded")
     report = measure(model, prefill_shapes=_pairs(args.prefill),
                      decode_batches=[int(size) for size in args.decode_batches.split(",")],
-                     context=args.context, repeats=args.repeats)
+                     context=args.context, repeats=args.repeats,
+                     side_by_side=tuple(int(width) for width in args.side_by_side.split(",")))
     report = {"benchmark": "compute_bound", "model": "embedded (SmolLM2-135M-Instruct, float32)",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
               "repeats": args.repeats} | report

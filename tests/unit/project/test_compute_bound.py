@@ -4,6 +4,7 @@ leaving the decode cache as it found it between steps."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -49,7 +50,8 @@ def test_weight_bytes_counts_a_tied_parameter_once():
 
 def test_measure_times_prefills_and_decode_steps_of_a_tiny_model(tiny):
     model, _ = tiny
-    report = _benchmark().measure(model, prefill_shapes=[(2, 8)], decode_batches=[1, 3], context=6, repeats=1)
+    report = _benchmark().measure(model, prefill_shapes=[(2, 8)], decode_batches=[1, 3], context=6, repeats=1,
+                                  side_by_side=(1, 2))
     prefill, = report["prefill"]
     assert (prefill["batch"], prefill["rows"]) == (2, 8)
     assert prefill["ms_per_row"] > 0 and prefill["gflops"] > 0 and prefill["share_of_matmul_rate"] > 0
@@ -58,6 +60,25 @@ def test_measure_times_prefills_and_decode_steps_of_a_tiny_model(tiny):
         assert step["ms_per_step"] > 0
         assert step["ms_per_token"] == pytest.approx(step["ms_per_step"] / step["batch"], abs=0.01)
     assert report["matmul_gflops"]["square_1024"] > 0
+    assert [(entry["threads"], entry["batch"], entry["rows"]) for entry in report["prefill_side_by_side"]] == [
+        (1, 2, 8), (2, 2, 8)]
+    assert all(entry["cpu_ms_per_row"] > 0 for entry in report["prefill_side_by_side"])
+
+
+def test_side_by_side_runs_every_threads_forwards(tiny, monkeypatch):
+    model, _ = tiny
+    module = _benchmark()
+    decoder = module.backbone(model)
+    threads = set()
+    forward = type(decoder).forward
+
+    def recording(self, *args, **kwargs):
+        threads.add(threading.get_ident())
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(decoder), "forward", recording)
+    result = module.side_by_side_rate(model, batch=1, rows=4, width=3, repeats=2)
+    assert result["threads"] == 3 and len(threads) == 3  # three threads, each forwarding
 
 
 def test_decode_steps_the_engines_store_one_position_at_a_time_without_copying_it(tiny, monkeypatch):
