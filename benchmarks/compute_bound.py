@@ -174,8 +174,8 @@ def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches
     shaped = matmul_rate(512, hidden, mlp, repeats)
     prefills = [prefill_rate(model, batch, rows, repeats) for batch, rows in prefill_shapes]
     decodes = [decode_rate(model, batch, context, repeats) for batch in decode_batches]
-    batch, rows = prefill_shapes[0] if prefill_shapes else (1, 32)
-    together = [side_by_side_rate(model, batch, rows, width, repeats) for width in side_by_side]
+    together = [side_by_side_rate(model, *prefill_shapes[0], width, repeats) for width in side_by_side
+                if prefill_shapes]  # the first prompt shape, run by 1, 2, ... threads at once
     peak = max(square, shaped)
     for prefill in prefills:
         prefill["share_of_matmul_rate"] = round(prefill["gflops"] / peak, 3)

@@ -1,6 +1,7 @@
 """benchmarks/compute_bound.py (issue 28): the arithmetic it attributes to a forward must be
-the model's, and its timings must time the forwards it names, on a tiny model of each family,
-leaving the decode cache as it found it between steps."""
+the model's, and its timings must time the forwards it names, on a tiny model of each family:
+decode steps through the engine's store one position at a time, without reallocating it, and
+a side-by-side rate from every thread it starts."""
 
 from __future__ import annotations
 
