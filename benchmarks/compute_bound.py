@@ -96,6 +96,12 @@ def matmul_rate(rows: int, inner: int, columns: int, repeats: int) -> float:
     return 2 * rows * inner * columns / seconds / 1e9
 
 
+def _figure(value: float) -> float:
+    """A rate to three significant digits: rounding to fixed decimals would report a slow
+    forward of a tiny model (a test's, on a loaded machine) as 0.0 GFLOP/s."""
+    return float(f"{value:.3g}")
+
+
 def _token_ids(model: Any, batch: int, rows: int, generator: torch.Generator) -> torch.Tensor:
     vocab = int(model.config.vocab_size)
     return torch.randint(min(100, vocab - 1), vocab, (batch, rows), generator=generator)
@@ -110,7 +116,7 @@ def prefill_rate(model: Any, batch: int, rows: int, repeats: int) -> dict[str, f
     seconds = median_seconds(lambda: decoder(input_ids=ids, use_cache=True), repeats)
     flops = batch * rows * row_flops(model.config, (rows + 1) / 2)  # causal: a row sees half the prompt on average
     return {"batch": batch, "rows": rows, "ms_per_row": round(1e3 * seconds / (batch * rows), 3),
-            "gflops": round(flops / seconds / 1e9, 1)}
+            "gflops": _figure(flops / seconds / 1e9)}
 
 
 def side_by_side_rate(model: Any, batch: int, rows: int, width: int, repeats: int) -> dict[str, float]:
@@ -164,7 +170,7 @@ def decode_rate(model: Any, batch: int, context: int, repeats: int) -> dict[str,
     seconds = median_seconds(lambda: decode_step(model, store, tokens, steps), repeats)
     flops = batch * (row_flops(model.config, context + steps / 2) + head_flops(model.config))
     return {"batch": batch, "ms_per_step": round(1e3 * seconds, 2), "ms_per_token": round(1e3 * seconds / batch, 2),
-            "weight_gb_per_s": round(weight_bytes(model) / seconds / 1e9, 2), "gflops": round(flops / seconds / 1e9, 1)}
+            "weight_gb_per_s": round(weight_bytes(model) / seconds / 1e9, 2), "gflops": _figure(flops / seconds / 1e9)}
 
 
 def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches: list[int], context: int,
@@ -178,7 +184,7 @@ def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches
                 if prefill_shapes]  # the first prompt shape, run by 1, 2, ... threads at once
     peak = max(square, shaped)
     for prefill in prefills:
-        prefill["share_of_matmul_rate"] = round(prefill["gflops"] / peak, 3)
+        prefill["share_of_matmul_rate"] = _figure(prefill["gflops"] / peak)
     return {
         "matmul_gflops": {"square_1024": round(square, 1), f"mlp_shaped_512x{hidden}x{mlp}": round(shaped, 1)},
         "row_mflops": round(row_flops(model.config, context) / 1e6, 1),
