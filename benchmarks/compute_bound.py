@@ -141,11 +141,15 @@ def side_by_side_rate(model: Any, batch: int, rows: int, width: int, repeats: in
                 per_row.append((time.thread_time() - began) / (batch * rows))
 
     threads = [threading.Thread(target=worker) for _ in range(width)]
+    process_threads = torch.get_num_threads()  # a worker's set_num_threads sets the process's count
     began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        torch.set_num_threads(process_threads)  # left as found: a caller (a test) keeps its own
     return {"threads": width, "batch": batch, "rows": rows,
             "cpu_ms_per_row": round(1e3 * statistics.median(per_row), 3),
             "wall_s": round(time.perf_counter() - began, 2)}

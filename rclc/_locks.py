@@ -38,11 +38,27 @@ preparation_lock = threading.RLock()
 
 
 class _Slots(threading.BoundedSemaphore):
-    """A model's forward slots, remembering how many there are."""
+    """A model's forward slots, remembering how many there are and how many are held."""
 
     def __init__(self, width: int) -> None:
         super().__init__(width)
         self.width = width
+        self.held = 0  # changed under `_counting`: read without it only as a hint (`spare_slot`)
+
+    def take(self, blocking: bool = True) -> bool:
+        if not self.acquire(blocking):
+            return False
+        with _counting:
+            self.held += 1
+        return True
+
+    def give(self) -> None:
+        with _counting:
+            self.held -= 1
+        self.release()
+
+
+_counting = threading.Lock()
 
 
 _slots: PerObject[Any] = PerObject(lambda model: _Slots(DEFAULT_WORKER_FORWARDS))
@@ -85,9 +101,34 @@ def forward_slot(model: Any) -> Iterator[None]:
         finally:
             _held.depth = depth
         return
-    with _slots.get(model):
-        _held.depth = 1
-        try:
-            yield
-        finally:
-            _held.depth = 0
+    slots = _slots.get(model)
+    counted = isinstance(slots, _Slots)  # else another engine's lock (`share_forward_slot`)
+    if counted:
+        slots.take()
+    else:
+        slots.acquire()
+    _held.depth = 1
+    try:
+        yield
+    finally:
+        _held.depth = 0
+        if counted:
+            slots.give()
+        else:
+            slots.release()
+
+
+@contextmanager
+def spare_slot(model: Any) -> Iterator[bool]:
+    """A forward slot of `model`, taken only when no worker-side forward holds one: True
+    inside the block when it was taken (the batching engine then runs a second forward of
+    its own beside the one it runs anyway, on a core no worker forward uses), False when
+    worker forwards are under way or the slots are another engine's lock (never waits)."""
+    slots = _slots.get(model)
+    if not isinstance(slots, _Slots) or slots.held or getattr(_held, "depth", 0) or not slots.take(blocking=False):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        slots.give()

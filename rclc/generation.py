@@ -19,6 +19,7 @@ from .policy import (
     DEFAULT_MAX_BATCH,
     DEFAULT_PREFILL_BATCH,
     DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_PREFILL_FIRST_MS,
     DEFAULT_WAIT_MS,
     DEFAULT_WORKER_FORWARDS,
 )
@@ -111,6 +112,7 @@ class Batching:
     prefill_batch: int = DEFAULT_PREFILL_BATCH
     prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
     capture_batch: int = DEFAULT_CAPTURE_BATCH
+    prefill_first_ms: float = DEFAULT_PREFILL_FIRST_MS
 
     def __post_init__(self) -> None:
         require_bool("enabled", self.enabled)
@@ -120,9 +122,10 @@ class Batching:
         require_int("prefill_batch", self.prefill_batch, minimum=1)
         require_int("prefix_cache_mib", self.prefix_cache_mib, minimum=0)
         require_int("capture_batch", self.capture_batch, minimum=1)
-        wait = self.wait_ms
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
-            raise RclcError(f"wait_ms: expected a finite number of milliseconds >= 0, got {wait!r}")
+        for name in ("wait_ms", "prefill_first_ms"):
+            wait = getattr(self, name)
+            if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
+                raise RclcError(f"{name}: expected a finite number of milliseconds >= 0, got {wait!r}")
 
     @property
     def batch_limit(self) -> int:
@@ -131,7 +134,7 @@ class Batching:
 
     def to_dict(self) -> dict[str, Any]:
         """The options as plain data (reports, `rclc.check()`)."""
-        return {**asdict(self), "wait_ms": float(self.wait_ms)}
+        return {**asdict(self), "wait_ms": float(self.wait_ms), "prefill_first_ms": float(self.prefill_first_ms)}
 
 
 

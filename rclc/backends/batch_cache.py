@@ -25,6 +25,7 @@ when every row has left padding in front, so attention only spans the longest li
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,22 +40,23 @@ ROOM_STEP = 64
 
 
 class _StepLayer(DynamicLayer):
-    """One layer of the store as the model sees it during one forward: writes the new
-    positions in place at column `end` and returns the live window."""
+    """One layer of the store as the model sees it during one forward over rows
+    `[low, high)`: writes the new positions in place at column `end` and returns the live
+    window of those rows (two forwards over disjoint rows may run at once)."""
 
-    def __init__(self, store: BatchCache, index: int) -> None:
+    def __init__(self, store: BatchCache, index: int, low: int, high: int) -> None:
         super().__init__()
-        self.store, self.index = store, index
+        self.store, self.index, self.low, self.high = store, index, low, high
         self.is_initialized = True
         self.device = store.keys[index].device
-        self.keys, self.values = store.window(index, 0)
+        self.keys, self.values = store.window(index, 0, low, high)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         store, count = self.store, key_states.shape[-2]
-        rows, end = store.rows, store.end
-        store.keys[self.index][:rows, :, end : end + count] = key_states
-        store.values[self.index][:rows, :, end : end + count] = value_states
-        self.keys, self.values = store.window(self.index, count)
+        low, high, end = self.low, self.high, store.end
+        store.keys[self.index][low:high, :, end : end + count] = key_states
+        store.values[self.index][low:high, :, end : end + count] = value_states
+        self.keys, self.values = store.window(self.index, count, low, high)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -82,9 +84,10 @@ class BatchCache:
     def width(self) -> int:
         return self.end - self.start
 
-    def window(self, layer: int, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, stop = self.rows, self.end + extra
-        return self.keys[layer][:rows, :, self.start : stop], self.values[layer][:rows, :, self.start : stop]
+    def window(self, layer: int, extra: int, low: int = 0, high: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `[low, high)` (default: every row) of the live columns and `extra` more."""
+        high, stop = self.rows if high is None else high, self.end + extra
+        return self.keys[layer][low:high, :, self.start : stop], self.values[layer][low:high, :, self.start : stop]
 
     # -- shape management --------------------------------------------------------------
 
@@ -189,17 +192,19 @@ class BatchCache:
         if self.room() < 1:
             self._allocate(self.keys[0].shape[0], 0, max(1, min(right_room, ROOM_STEP)), self.keys[0])
 
-    def attention_mask(self, device: torch.device) -> torch.Tensor:
-        """`[rows, width + 1]`: 1 where a row holds a position (and for the new one), 0 on padding."""
+    def attention_mask(self, device: torch.device, low: int = 0, high: int | None = None) -> torch.Tensor:
+        """`[rows, width + 1]` for rows `[low, high)`: 1 where a row holds a position (and for
+        the new one), 0 on padding."""
         width = self.width
-        lengths = torch.tensor(self.lengths, device=device).unsqueeze(1)
+        lengths = torch.tensor(self.lengths[low:high], device=device).unsqueeze(1)
         columns = torch.arange(width + 1, device=device).unsqueeze(0)
         return (columns >= width - lengths).to(torch.long)
 
-    def cache(self, config: Any) -> Any:
-        """A transformers Cache whose layers write into this store (for one forward)."""
+    def cache(self, config: Any, low: int = 0, high: int | None = None) -> Any:
+        """A transformers Cache whose layers write into rows `[low, high)` of this store (for one forward)."""
+        high = self.rows if high is None else high
         cache = DynamicCache(config=config)
-        cache.layers = [_StepLayer(self, index) for index in range(self.layer_count)]
+        cache.layers = [_StepLayer(self, index, low, high) for index in range(self.layer_count)]
         return cache
 
     def advance(self) -> None:
@@ -279,27 +284,50 @@ def prefill_many(
     ]
 
 
+Beside = Callable[[Callable[[], "torch.Tensor | None"]], Callable[[], "torch.Tensor | None"]]
+"""Starts a forward in another thread and returns what waits for its result (`decode_step`)."""
+
+
 def decode_step(
-    model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP, *, logits: bool = True
+    model: Any, store: BatchCache, tokens: list[int], right_room: int = ROOM_STEP, *, logits: bool = True,
+    beside: Beside | None = None,
 ) -> torch.Tensor | None:
     """Forward each row's last token (`tokens[row]`) at its next position in one batched
     forward; the store then holds one more position per row. Returns `[rows, vocab]` float32,
     or None with `logits=False` (a step that only writes the tokens' KV runs the decoder stack
     without the LM head). `right_room`: the columns the rows may still need (sizes a
-    reallocation)."""
-    device = store.keys[0].device
+    reallocation). With `beside`, the rows' second half is forwarded by it (another thread,
+    on a core of its own) while this thread forwards the first: two half forwards side by
+    side, each reading the weights, beat one forward of every row once a step is
+    compute-bound (docs/performance.md); each row's arithmetic is its own either way, up to
+    the rounding of a batched matmul of another size."""
     store.grow(right_room)
+    if beside is None:
+        found = _decode_rows(model, store, tokens, 0, store.rows, logits)
+    else:
+        half = store.rows // 2
+        second = beside(lambda: _decode_rows(model, store, tokens, half, store.rows, logits))
+        try:
+            first = _decode_rows(model, store, tokens, 0, half, logits)
+        finally:
+            rest = second()  # joined even when the first half failed: it writes into the store
+        found = None if first is None or rest is None else torch.cat([first, rest])
+    store.advance()
+    return found
+
+
+def _decode_rows(model: Any, store: BatchCache, tokens: list[int], low: int, high: int, logits: bool) -> torch.Tensor | None:
+    """One decode forward of rows `[low, high)`, writing their new KV column in place."""
+    device = store.keys[0].device
     arguments = {
-        "input_ids": torch.tensor([[token] for token in tokens], device=device),
-        "attention_mask": store.attention_mask(device),
-        "position_ids": torch.tensor(store.lengths, device=device).unsqueeze(1),
-        "cache": store.cache(model.config),
+        "input_ids": torch.tensor([[token] for token in tokens[low:high]], device=device),
+        "attention_mask": store.attention_mask(device, low, high),
+        "position_ids": torch.tensor(store.lengths[low:high], device=device).unsqueeze(1),
+        "cache": store.cache(model.config, low, high),
         "use_cache": True,
     }
     if not logits:
         backbone(model)(**arguments)
-        store.advance()
         return None
     output = model(**arguments, logits_to_keep=1)
-    store.advance()
     return output.logits[:, -1].to(dtype=torch.float32)

@@ -32,10 +32,18 @@ none, share the work:
    decoding after the step under way), with its cache one position short, as `generate`
    leaves it (the continuation forwards the last token where it still needs it).
 
-Prefills and decode steps run at the same time (on a CPU, on different cores), so a long
-prompt does not hold up the batch, and decoding never waits for a selection elsewhere
-(worker-side forwards take the model's forward slot; neither engine thread does). A decode
-step with room waits up to `wait_ms` for a sequence whose prefill is under way. Tokens go
+Prefills and decode steps run at the same time (on a CPU, on different cores), and decoding
+never waits for a selection elsewhere (worker-side forwards take the model's forward slot;
+neither engine thread does). Prefills come first: while prompts wait for or are under
+prefill and the batch has room, a decode step waits for them, at most `prefill_first_ms`
+(`_hold`), so they join before it. Why: on a CPU a decode step of a few rows costs nearly
+what a step of many costs (each reads every weight), so 32 concurrent fanout_qa runs
+decoded their answers in about 35 steps instead of 100, and the process's CPU time fell by
+about a tenth (docs/performance.md). A core that neither engine thread nor a worker
+forward uses is taken for a second forward (`rclc._locks.spare_slot`): a prefill batch
+runs as two halves side by side while the decode thread waits, and a decode step of
+`SPLIT_ROWS` or more rows as two halves while no prefill runs. With `prefill_first_ms=0`
+a decode step waits up to `wait_ms` for a sequence whose prefill is under way, as before. Tokens go
 to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
 own sequence. A failing prefill fails only its sequence; a failing decode step (which no
 input of one sequence can cause once its prefill succeeded) fails the sequences in that
@@ -49,13 +57,15 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .._flat_combining import parallel_forwards
+from .._locks import spare_slot
 from .._per_object import PerObject
 from .._shared_prefill import BATCHED_TOKENS, shared_prefill
 from ..generation import Batching, BatchingLoop
@@ -77,6 +87,9 @@ class Statistics:
     decode_seconds: float = 0.0
     prefill_batches: Counter = field(default_factory=Counter)  # sequences prefilled together -> forwards
     closing_rows: int = 0  # rows of decode steps that only forwarded an ended sequence's last token
+    split_steps: int = 0  # decode steps forwarded as two halves side by side
+    split_prefills: int = 0  # prefill batches forwarded as two halves side by side
+    held_steps: int = 0  # decode steps that waited for prompts to be prefilled first
 
 
 class BatchingEngine(BatchingLoop):
@@ -96,6 +109,7 @@ class BatchingEngine(BatchingLoop):
         self._threads: dict[str, threading.Thread | None] = {"prefill": None, "decode": None}
         self._running = {"prefill": False, "decode": False}
         self._store = BatchCache(int(model.config.num_hidden_layers))
+        self._holding = False  # the decode thread waits for prefills to join first (`_next_joining`)
         self._trace: list[TracedSequence] | None = None
 
     # -- callers -------------------------------------------------------------------------
@@ -173,6 +187,9 @@ class BatchingEngine(BatchingLoop):
                 "prefill_batches": {str(size): count for size, count in sorted(stats.prefill_batches.items())},
                 "decode_seconds": round(stats.decode_seconds, 3),
                 "closing_rows": stats.closing_rows,
+                "held_steps": stats.held_steps,
+                "split_steps": stats.split_steps,
+                "split_prefills": stats.split_prefills,
             }
 
     # -- the prefill thread --------------------------------------------------------------
@@ -269,7 +286,7 @@ class BatchingEngine(BatchingLoop):
             found = prompts.common_stored_prefix([s.input_ids[0] for s in sequences]) if sharing else None
             start = 0 if found is None else found.length
             rows = [_prompt_rows(model, sequence)[start:] for sequence in sequences]
-            outcomes = prefill_many(model, rows, None if found is None else found.layers)
+            outcomes = self._prefill_rows(model, rows, None if found is None else found.layers)
         except Exception:
             for sequence in sequences:
                 self._prefill(model, sequence)
@@ -281,6 +298,28 @@ class BatchingEngine(BatchingLoop):
                 prompts.store.add(sequence.input_ids[0], layers)
             self._prefilled(sequence, logits, layers, began)
             began = time.perf_counter()
+
+    def _prefill_rows(self, model: Any, rows: list[torch.Tensor], past: Layers | None) -> list[tuple[torch.Tensor, Layers]]:
+        """`prefill_many` of `rows`; as two halves side by side when the decode thread is not
+        stepping and no worker forward runs (a CPU core would idle otherwise: a prefill's
+        forward is compute-bound and runs on one core)."""
+        if len(rows) >= 2 and self._decode_idle() and parallel_forwards(model):
+            with spare_slot(model) as spare:
+                if spare:
+                    half = (len(rows) + 1) // 2
+                    second = _beside(lambda: prefill_many(model, rows[half:], past))
+                    try:
+                        first = prefill_many(model, rows[:half], past)
+                    finally:
+                        rest = second()
+                    with self._cond:
+                        self.stats.split_prefills += 1
+                    return first + rest
+        return prefill_many(model, rows, past)
+
+    def _decode_idle(self) -> bool:
+        """Whether the decode thread is not stepping now (a hint, read without the lock)."""
+        return self._holding or not (self._active or self._joining)
 
     def _prefilled(
         self, sequence: Sequence, logits: torch.Tensor | None, layers: Layers | None, began: float,
@@ -351,11 +390,47 @@ class BatchingEngine(BatchingLoop):
                     return None
                 self._cond.wait()  # a prefill under way will bring a sequence
             room = self._in_batch() < self.batching.batch_limit
-            if self._active and not self._ready and room and self._prefilling and self.batching.wait_ms > 0:
+            if self._should_hold():
+                self._hold()
+            elif self._active and not self._ready and room and self._prefilling and self.batching.wait_ms > 0:
                 self._cond.wait(self.batching.wait_ms / 1000)  # a sequence is nearly ready: wait for it briefly
             joining, self._ready = self._ready, []
             self._joining = [sequence for sequence, _ in joining]
             return joining
+
+    def _should_hold(self) -> bool:
+        """Prefill first (caller holds the condition): prompts wait for or are under prefill,
+        the batch has room for them, and no sequence in it has ended (its caller waits only
+        for the step that forwards its last token), was asked to stop or lost its caller
+        (each ends at the next step, which then comes at once)."""
+        return bool(
+            self.batching.prefill_first_ms > 0
+            and self._active
+            and (self._pending or self._prefilling)
+            and self._in_batch() < self.batching.batch_limit
+            and not any(sequence.closing or sequence.gone() or (sequence.stop is not None and sequence.stop.is_set())
+                        for sequence in self._active)
+        )
+
+    def _hold(self) -> None:
+        """Wait, at most `prefill_first_ms`, until no prompt waits for a prefill that could
+        join the batch (caller holds the condition). Why: on a CPU a decode step at a small
+        batch costs nearly as much as one at a large batch (the weights are read either way),
+        so sequences that join before the batch's next steps decode in fewer, larger steps,
+        and the prefill thread has the cores meanwhile (`_prefill_rows`). vLLM's scheduler
+        before chunked prefill put prefills first in the same way; the bound keeps decoding
+        going under a steady stream of new prompts."""
+        deadline = time.monotonic() + self.batching.prefill_first_ms / 1000
+        self.stats.held_steps += 1
+        self._holding = True
+        try:
+            while self._should_hold():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, HOLD_LOOK_SECONDS))
+        finally:
+            self._holding = False
 
     def _join(self, sequence: Sequence, layers: Layers) -> None:
         if sequence.gone():
@@ -387,8 +462,12 @@ class BatchingEngine(BatchingLoop):
         began = time.perf_counter()
         choosing = not all(sequence.closing for sequence in active)
         try:
-            logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active], self._right_room(),
-                                 logits=choosing)
+            with spare_slot(model) if self._may_split(model) else nullcontext(False) as spare:
+                logits = decode_step(model, store, [sequence.tokens[-1] for sequence in active], self._right_room(),
+                                     logits=choosing, beside=_beside if spare else None)
+            if spare:
+                with self._cond:
+                    self.stats.split_steps += 1
             tokens: list[int | None] = [None] * len(active)
             if logits is not None:
                 greedy = logits.argmax(dim=-1).tolist()
@@ -433,6 +512,12 @@ class BatchingEngine(BatchingLoop):
             else:
                 sequence.closing = True  # one more step forwards its last token (Sequence.closing)
 
+    def _may_split(self, model: Any) -> bool:
+        """Whether this step may forward its rows as two halves side by side: enough rows
+        that a step is compute-bound (`SPLIT_ROWS`), no prefill under way (a hint read
+        without the lock) and room for two forwards on this process's cores."""
+        return len(self._active) >= SPLIT_ROWS and not self._prefilling and parallel_forwards(model)
+
     def _leave(self, index: int) -> None:
         """Row `index` leaves the batch with a private copy of its cache."""
         store, active = self._store, self._active
@@ -457,6 +542,44 @@ class BatchingEngine(BatchingLoop):
         if self._trace is not None and sequence.traced is not None:
             prompt, found = sequence.traced
             self._trace.append(TracedSequence(prompt, tuple(sequence.tokens), tuple(found)))
+
+
+HOLD_LOOK_SECONDS = 0.05
+"""How often a held decode step looks at its sequences' stop events and callers: setting
+either wakes no condition the engine waits on, and a stop or cancellation should not wait
+for the whole `prefill_first_ms`."""
+
+SPLIT_ROWS = 16
+"""Rows from which a decode step runs as two halves side by side when a core is free. On
+this project's 2-core CPU (embedded model, one torch thread per forward) a step of 16 rows
+took 152 ms alone and 123 ms as two halves of 8 side by side; at 8 rows the halves were no
+faster (119 against 112 ms): below about 16 a step is bound by reading the weights, which
+two forwards each do (docs/performance.md)."""
+
+
+def _beside(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Run `work` (a forward) in a new thread; return what joins it and gives its result
+    or raises its error. A thread per call, not a pool: the engine keeps no thread while it
+    has no work, and starting one costs far less than the forward it runs."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                box["result"] = work()
+        except BaseException as error:  # handed to the joining thread
+            box["error"] = error
+
+    thread = threading.Thread(target=run, name="rclc-batching-beside", daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    return result
 
 
 def _batchable(sequence: Sequence) -> bool:

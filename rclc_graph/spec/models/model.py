@@ -14,6 +14,7 @@ from rclc.policy import (
     DEFAULT_MAX_BATCH,
     DEFAULT_PREFILL_BATCH,
     DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_PREFILL_FIRST_MS,
     DEFAULT_WAIT_MS,
     DEFAULT_WORKER_FORWARDS,
 )
@@ -69,6 +70,11 @@ class BatchingSpec(SpecBase):
     prefix_cache_mib: NonNegativeInt = Field(
         DEFAULT_PREFIX_CACHE_MIB, description="memory the model's store of prompt prefixes may hold (MiB; hf models)"
     )
+    prefill_first_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        DEFAULT_PREFILL_FIRST_MS,
+        description="how long a decode step waits, at most, for prompts under or waiting for prefill to join "
+        "its batch first (ms; hf models; 0: never)",
+    )
     capture_batch: PositiveInt = Field(
         DEFAULT_CAPTURE_BATCH,
         description="transfers waiting together whose selectors' request captures one forward folds at most "
@@ -109,7 +115,7 @@ class ModelSpec(SpecBase):
     batching: BatchingSpec | None = Field(
         None,
         description="how concurrent generations and prompts share this model (enabled, max_batch, wait_ms, "
-        "worker_forwards, shared_prefixes, prefill_batch, prefix_cache_mib, capture_batch); "
+        "worker_forwards, shared_prefixes, prefill_batch, prefix_cache_mib, capture_batch, prefill_first_ms); "
         "omitted: rclc's defaults, or what the process configured",
     )
 

@@ -78,7 +78,14 @@ def test_side_by_side_runs_every_threads_forwards(tiny, monkeypatch):
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(type(decoder), "forward", recording)
-    result = module.side_by_side_rate(model, batch=1, rows=4, width=3, repeats=2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a process whose torch runs two threads per forward
+    try:
+        result = module.side_by_side_rate(model, batch=1, rows=4, width=3, repeats=2)
+        # its workers' one thread each does not leak into the process (later tests' numerics)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
     assert result["threads"] == 3 and len(threads) == 3  # three threads, each forwarding
 
 

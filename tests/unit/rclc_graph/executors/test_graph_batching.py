@@ -35,7 +35,8 @@ def test_yaml_batching_is_read_and_checked_with_its_location():
     assert (batching.enabled, batching.max_batch, batching.wait_ms) == (True, 6, 0.0)
     assert load_graph_text(YAML.replace("    batching: {max_batch: 6, wait_ms: 0}\n", "")).models[0].batching is None
     for bad, field in (("{max_batch: 0}", "max_batch"), ("{wait_ms: -2}", "wait_ms"), ("{size: 3}", "size"),
-                       ("{enabled: maybe}", "enabled")):
+                       ("{enabled: maybe}", "enabled"), ("{prefill_first_ms: -1}", "prefill_first_ms"),
+                       ("{prefill_first_ms: .inf}", "prefill_first_ms")):
         with pytest.raises(GraphError) as caught:
             load_graph_text(YAML.replace("{max_batch: 6, wait_ms: 0}", bad))
         problem = caught.value.problems[0]
@@ -45,10 +46,11 @@ def test_yaml_batching_is_read_and_checked_with_its_location():
 def test_the_pool_applies_a_declarations_batching_and_its_own_max_batch():
     model, tokenizer = testing.tiny_model("llama", seed=11)
     pool = ModelPool()
-    spec = ModelSpec.model_validate({"name": "base", "source": "embedded", "batching": {"max_batch": 3, "wait_ms": 2}})
+    spec = ModelSpec.model_validate({"name": "base", "source": "embedded",
+                                     "batching": {"max_batch": 3, "wait_ms": 2, "prefill_first_ms": 250}})
     pool.add(spec, model, tokenizer)
     report = rclc.batching_report(model)
-    assert (report["enabled"], report["max_batch"], report["wait_ms"]) == (True, 3, 2.0)
+    assert (report["enabled"], report["max_batch"], report["wait_ms"], report["prefill_first_ms"]) == (True, 3, 2.0, 250.0)
     pool.set_max_batch(5)
     pool.get(spec)
     assert rclc.batching_report(model)["max_batch"] == 5 and rclc.batching_report(model)["wait_ms"] == 2.0

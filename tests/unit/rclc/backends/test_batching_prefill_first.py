@@ -1,0 +1,284 @@
+"""The HF batching engine puts prefills first (issue 28): a decode step waits, at most
+`prefill_first_ms`, for prompts under or waiting for prefill to join its batch; prefills and
+large decode steps run as two forwards side by side on a core no worker forward uses, and
+either way each sequence gets the tokens it gets alone (or a float32 near-tie)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+import torch
+
+import rclc
+# private on purpose: the engine's forwards, its slots and its threads are what is checked
+from rclc import _locks
+from rclc.backends import hf_batching
+from rclc.backends.batch_cache import BatchCache, decode_step, prefill, prefill_many
+from rclc.backends.hf_batching import _beside, engine_for
+
+from tests.helpers.batching import PROMPTS, assert_equal_or_near_tie, concurrently, generate_alone
+
+WAIT = 60.0  # seconds a test waits for an event that a working engine sets at once
+
+
+@pytest.fixture
+def options(tiny):
+    """The tiny model's batching options, restored after the test (the model is shared)."""
+    model, _ = tiny
+    before = engine_for(model).batching
+    yield lambda **changes: rclc.configure_batching(model, **changes)
+    rclc.configure_batching(model, before)
+
+
+def rows_of(model, tokenizer, text):
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return model.get_input_embeddings()(ids)
+
+
+def filled_store(model, tokenizer, prompts):
+    store = BatchCache(model.config.num_hidden_layers)
+    with torch.no_grad():
+        for text in prompts:
+            _, layers = prefill(model, None, rows_of(model, tokenizer, text))
+            store.join(layers, right_room=4, row_capacity=len(prompts))
+    return store
+
+
+def test_a_step_as_two_halves_side_by_side_equals_one_forward_of_every_row(tiny):
+    model, tokenizer = tiny
+    prompts = PROMPTS + PROMPTS[:1]  # five rows: halves of two and three
+    whole, halves = filled_store(model, tokenizer, prompts), filled_store(model, tokenizer, prompts)
+    tokens = [3, 17, 5, 40, 9]
+    with torch.no_grad():
+        for _ in range(3):  # the second and third steps read the columns the halves wrote
+            expected = decode_step(model, whole, tokens)
+            found = decode_step(model, halves, tokens, beside=_beside)
+            torch.testing.assert_close(found, expected, rtol=1e-4, atol=1e-5)
+            tokens = expected.argmax(dim=-1).tolist()
+    assert halves.lengths == whole.lengths and (halves.start, halves.end) == (whole.start, whole.end)
+    for layer in range(model.config.num_hidden_layers):
+        torch.testing.assert_close(halves.window(layer, 0)[0], whole.window(layer, 0)[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(halves.window(layer, 0)[1], whole.window(layer, 0)[1], rtol=1e-4, atol=1e-5)
+
+
+def test_a_failing_half_fails_the_step_after_both_halves_ended_and_leaves_the_rows_unadvanced(tiny):
+    model, tokenizer = tiny
+    store = filled_store(model, tokenizer, PROMPTS)
+    lengths, end = list(store.lengths), store.end
+    finished = threading.Event()
+
+    def failing(work):
+        def result():
+            finished.set()
+            raise RuntimeError("the second half failed")
+        return result
+
+    with torch.no_grad(), pytest.raises(RuntimeError, match="second half"):
+        decode_step(model, store, [1, 2, 3, 4], beside=failing)
+    assert finished.is_set()
+    assert store.lengths == lengths and store.end == end
+
+
+def test_a_spare_slot_is_taken_only_when_no_worker_forward_holds_one(tiny):
+    model, _ = tiny
+    with _locks.spare_slot(model) as spare:
+        assert spare
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(_locks.spare_slot(model).__enter__()))
+        other.start()
+        other.join()
+        assert seen == [False]  # a second engine forward finds the spare core taken
+    with _locks.forward_slot(model):
+        with _locks.spare_slot(model) as spare:
+            assert not spare  # inside a worker forward of this very thread
+    holding, release = threading.Event(), threading.Event()
+
+    def worker():
+        with _locks.forward_slot(model):
+            holding.set()
+            release.wait(WAIT)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert holding.wait(WAIT)
+        with _locks.spare_slot(model) as spare:
+            assert not spare  # a worker forward runs: its core is not spare
+    finally:
+        release.set()
+        thread.join()
+    with _locks.spare_slot(model) as spare:
+        assert spare  # every slot was given back
+
+
+def test_a_shared_engine_lock_has_no_spare_slot(tiny_tokenizer):
+    model, _ = rclc.testing.tiny_model("llama", tokenizer=tiny_tokenizer)
+    _locks.share_forward_slot(model, threading.Lock())
+    with _locks.spare_slot(model) as spare:
+        assert not spare
+
+
+def test_a_prefill_batch_as_two_halves_equals_one_forward_and_is_counted(tiny, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf_batching, "parallel_forwards", lambda model: True)  # whatever this machine's cores
+    engine = hf_batching.BatchingEngine(model, rclc.Batching())
+    rows = [rows_of(model, tokenizer, text)[0] for text in PROMPTS]
+    with torch.no_grad():
+        expected = prefill_many(model, rows)
+        found = engine._prefill_rows(model, rows, None)
+    assert engine.stats.split_prefills == 1
+    for (logits, layers), (want_logits, want_layers) in zip(found, expected):
+        torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+        for (keys, values), (want_keys, want_values) in zip(layers, want_layers):
+            torch.testing.assert_close(keys, want_keys, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(values, want_values, rtol=1e-4, atol=1e-5)
+
+
+class PrefillGate:
+    """Once armed, the engine's decode thread waits in its next forward until the prefill
+    thread has begun its next forward, which waits until released. So the other prompt is
+    under prefill before the decoding sequence can take another step, however fast either
+    runs (a prompt the prefix store holds forwards only its last position: any length)."""
+
+    def __init__(self, model):
+        self.armed, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+        self.handle = model.model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        if not self.armed.is_set() or self.release.is_set():
+            return
+        thread = threading.current_thread().name
+        if thread == "rclc-batching-decode":
+            self.entered.wait(WAIT)
+        elif thread == "rclc-batching-prefill" and not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(WAIT)
+
+    def remove(self):
+        self.release.set()
+        self.handle.remove()
+
+
+def a_while_b_prefills(model, tokenizer, a_may_end_within, stop_a=None):
+    """Generation A decodes; then B starts and its prefill blocks. Returns A's token count when
+    B's prefill began, its count once A ended or `a_may_end_within` seconds passed, whether A
+    had ended then, and both results. `stop_a`: A's stop event, set once B's prefill began."""
+    agents = [rclc.bind(model, tokenizer) for _ in range(2)]
+    gate = PrefillGate(model)
+    a_ended = threading.Event()
+    seen: list[int] = []
+    found: dict[str, object] = {}
+
+    def on_token(index, text):
+        seen.append(index)
+        if index >= 1:
+            gate.armed.set()
+
+    async def main():
+        async with anyio.create_task_group() as group:
+            async def run_a():
+                found["a"] = await agents[0].generate(PROMPTS[0], max_new_tokens=12, on_token=on_token, stop=stop_a)
+                a_ended.set()
+
+            async def run_b():
+                found["b"] = await agents[1].generate(PROMPTS[3], max_new_tokens=4)
+
+            group.start_soon(run_a)
+            await anyio.to_thread.run_sync(gate.armed.wait, WAIT)
+            group.start_soon(run_b)
+            await anyio.to_thread.run_sync(gate.entered.wait, WAIT)
+            found["at_prefill"] = len(seen)
+            if stop_a is not None:
+                stop_a.set()
+            await anyio.to_thread.run_sync(a_ended.wait, a_may_end_within)
+            found["later"], found["ended"] = len(seen), a_ended.is_set()
+            gate.release.set()
+
+    try:
+        anyio.run(main)
+    finally:
+        gate.remove()
+    return found
+
+
+def test_decode_waits_for_a_prompt_under_prefill_and_decodes_it_in_the_same_steps(tiny, options):
+    model, tokenizer = tiny
+    options(prefill_first_ms=WAIT * 1000)
+    alone = generate_alone(model, tokenizer, PROMPTS[0], max_new_tokens=12)
+    assert len(alone.token_ids) > 4  # room to see A wait
+    engine = engine_for(model)
+    held, sizes = engine.report()["held_steps"], engine.report()["batch_sizes"]
+    with engine.tracing() as trace:
+        found = a_while_b_prefills(model, tokenizer, a_may_end_within=1.0)  # a second: far more than its steps take
+    # at most the step under way when B arrived, then none while B's prefill was blocked
+    assert not found["ended"] and found["later"] <= found["at_prefill"] + 1
+    assert engine.report()["held_steps"] > held
+    after = engine.report()["batch_sizes"]
+    assert after.get("2", 0) > sizes.get("2", 0)  # then both decoded in the same steps
+    assert_equal_or_near_tie(list(found["a"].token_ids), list(alone.token_ids), trace)
+
+
+def test_a_held_sequence_asked_to_stop_ends_without_waiting_for_the_prompt_under_prefill(tiny, options):
+    model, tokenizer = tiny
+    options(prefill_first_ms=10 * WAIT * 1000)  # far longer than the test waits
+    found = a_while_b_prefills(model, tokenizer, a_may_end_within=WAIT, stop_a=threading.Event())
+    assert found["ended"] and found["a"].stopped
+    assert found["later"] <= found["at_prefill"] + 2  # the step under way, then the one that sees the stop
+
+
+@pytest.mark.parametrize("bound_ms", [0, 20])
+def test_decode_goes_on_without_the_prompt_when_prefill_first_is_off_or_its_bound_passed(tiny, options, bound_ms):
+    model, tokenizer = tiny
+    options(prefill_first_ms=bound_ms)
+    found = a_while_b_prefills(model, tokenizer, a_may_end_within=WAIT)
+    assert found["ended"] and found["later"] == len(found["a"].token_ids)  # A ended while B's prefill was blocked
+    assert found["b"].tokens > 0
+
+
+def test_prefill_first_is_checked_and_reported(tiny, options):
+    model, _ = tiny
+    assert rclc.Batching().prefill_first_ms == 1000.0
+    with pytest.raises(rclc.RclcError, match="prefill_first_ms"):
+        rclc.Batching(prefill_first_ms=-1)
+    with pytest.raises(rclc.RclcError, match="prefill_first_ms"):
+        rclc.Batching(prefill_first_ms=float("inf"))
+    assert options(prefill_first_ms=0).prefill_first_ms == 0.0
+    report = rclc.batching_report(model)
+    assert report["prefill_first_ms"] == 0.0
+    assert {"held_steps", "split_steps", "split_prefills"} <= set(report)
+
+
+def test_sixteen_generations_decode_in_split_steps_with_their_unbatched_tokens(tiny, options, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf_batching, "parallel_forwards", lambda model: True)  # whatever this machine's cores
+    options(prefill_first_ms=WAIT * 1000)
+    prompts = [f"{PROMPTS[i % 4]} Number {i}." for i in range(16)]
+    engine = engine_for(model)
+    split = engine.report()["split_steps"]
+
+    joined = threading.Event()
+
+    def until_all_joined(module, args):
+        """The decode thread's first forwards wait until all 16 are in the batch, however
+        slowly their callers submit them (then a step of 16 rows follows)."""
+        if threading.current_thread().name == "rclc-batching-decode" and not joined.is_set():
+            deadline = time.monotonic() + WAIT
+            while engine._in_batch() < len(prompts) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            joined.set()
+
+    with engine.tracing() as trace:
+        alone = [generate_alone(model, tokenizer, prompt, max_new_tokens=6) for prompt in prompts]
+        handle = model.model.register_forward_pre_hook(until_all_joined)
+        try:
+            batched = concurrently([rclc.bind(model, tokenizer) for _ in prompts], prompts,
+                                   [{"max_new_tokens": 6} for _ in prompts])
+        finally:
+            handle.remove()
+    for together, single in zip(batched, alone):
+        assert_equal_or_near_tie(list(together.token_ids), list(single.token_ids), trace)
+    assert engine.report()["split_steps"] > split
