@@ -39,7 +39,7 @@ through the engine's submission loop, and the histogram counts engine steps per 
 requests in the engine (no near-tie trace: vLLM's kernels are its own).
 
 Run: python benchmarks/concurrent_runs.py [--runs 32] [--workloads fanout_qa,chain_notes]
-     [--repeats 1] [--threads 1] [--max-batch 32] [--wait-ms MS] [--worker-forwards N]
+     [--repeats 1] [--threads 1] [--max-batch 32] [--wait-ms MS] [--prefill-first-ms MS] [--worker-forwards N]
      [--max-new-tokens N] [--backend hf|vllm] [--dump records.json]
 """
 
@@ -371,6 +371,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=None, help="rclc.Batching.wait_ms (default: rclc's)")
+    parser.add_argument("--prefill-first-ms", type=float, default=None,
+                        help="rclc.Batching.prefill_first_ms (default: rclc's; 0: decode steps never wait for prefills)")
     parser.add_argument("--worker-forwards", type=int, default=None,
                         help="rclc.Batching.worker_forwards: worker-side forwards at once per model (default: rclc's)")
     parser.add_argument("--capture-batch", type=int, default=None,
@@ -404,6 +406,8 @@ def main() -> None:
         model = pool.get(plans[0].models()[0]).model
         if args.wait_ms is not None:
             rclc.configure_batching(model, wait_ms=args.wait_ms)
+        if args.prefill_first_ms is not None:
+            rclc.configure_batching(model, prefill_first_ms=args.prefill_first_ms)
         if args.worker_forwards is not None:
             rclc.configure_batching(model, worker_forwards=args.worker_forwards)
         if args.capture_batch is not None:

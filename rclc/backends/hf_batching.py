@@ -34,16 +34,19 @@ none, share the work:
 
 Prefills and decode steps run at the same time (on a CPU, on different cores), and decoding
 never waits for a selection elsewhere (worker-side forwards take the model's forward slot;
-neither engine thread does). Prefills come first: while prompts wait for or are under
-prefill and the batch has room, a decode step waits for them, at most `prefill_first_ms`
-(`_hold`), so they join before it. Why: on a CPU a decode step of a few rows costs nearly
-what a step of many costs (each reads every weight), so 32 concurrent fanout_qa runs
-decoded their answers in about 35 steps instead of 100, and the process's CPU time fell by
-about a tenth (docs/performance.md). A core that neither engine thread nor a worker
-forward uses is taken for a second forward (`rclc._locks.spare_slot`): a prefill batch
-runs as two halves side by side while the decode thread waits, and a decode step of
-`SPLIT_ROWS` or more rows as two halves while no prefill runs. With `prefill_first_ms=0`
-a decode step waits up to `wait_ms` for a sequence whose prefill is under way, as before. Tokens go
+neither engine thread does). A decode step with room waits up to `wait_ms` for a sequence
+whose prefill is under way. With `prefill_first_ms > 0` (off by default) prefills come
+first: while prompts wait for or are under prefill and the batch has room, a decode step
+waits for them, at most `prefill_first_ms` (`_hold`), so they join before it. Why: on a
+CPU a decode step of a few rows costs nearly what a step of many costs (each reads every
+weight), so 32 concurrent fanout_qa runs decoded their answers in 29-54 steps instead of
+97-115, and the phase's CPU time fell by 6-25% in side-by-side runs. In that mode a core
+that neither engine thread nor a worker forward uses is taken for a second forward
+(`rclc._locks.spare_slot`): a prefill batch runs as two halves side by side while the
+decode thread waits, and a decode step of `SPLIT_ROWS` or more rows as two halves while no
+prefill runs. Off by default because a stream of prompts arriving one by one (32
+concurrent chain_notes runs) kept decoding waiting: 4.51x the sequential runs/minute
+instead of 5.38x (docs/performance.md, "Prefills first"). Tokens go
 to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
 own sequence. A failing prefill fails only its sequence; a failing decode step (which no
 input of one sequence can cause once its prefill succeeded) fails the sequences in that
@@ -300,10 +303,10 @@ class BatchingEngine(BatchingLoop):
             began = time.perf_counter()
 
     def _prefill_rows(self, model: Any, rows: list[torch.Tensor], past: Layers | None) -> list[tuple[torch.Tensor, Layers]]:
-        """`prefill_many` of `rows`; as two halves side by side when the decode thread is not
-        stepping and no worker forward runs (a CPU core would idle otherwise: a prefill's
-        forward is compute-bound and runs on one core)."""
-        if len(rows) >= 2 and self._decode_idle() and parallel_forwards(model):
+        """`prefill_many` of `rows`; with prefills first, as two halves side by side when the
+        decode thread is not stepping and no worker forward runs (a CPU core would idle
+        otherwise: a prefill's forward is compute-bound and runs on one core)."""
+        if len(rows) >= 2 and self.batching.prefill_first_ms > 0 and self._decode_idle() and parallel_forwards(model):
             with spare_slot(model) as spare:
                 if spare:
                     half = (len(rows) + 1) // 2
@@ -513,10 +516,12 @@ class BatchingEngine(BatchingLoop):
                 sequence.closing = True  # one more step forwards its last token (Sequence.closing)
 
     def _may_split(self, model: Any) -> bool:
-        """Whether this step may forward its rows as two halves side by side: enough rows
-        that a step is compute-bound (`SPLIT_ROWS`), no prefill under way (a hint read
-        without the lock) and room for two forwards on this process's cores."""
-        return len(self._active) >= SPLIT_ROWS and not self._prefilling and parallel_forwards(model)
+        """Whether this step may forward its rows as two halves side by side: prefills come
+        first (the mode these forwards belong to, measured together), enough rows that a step
+        is compute-bound (`SPLIT_ROWS`), no prefill under way (a hint read without the lock)
+        and room for two forwards on this process's cores."""
+        return (self.batching.prefill_first_ms > 0 and len(self._active) >= SPLIT_ROWS and not self._prefilling
+                and parallel_forwards(model))
 
     def _leave(self, index: int) -> None:
         """Row `index` leaves the batch with a private copy of its cache."""

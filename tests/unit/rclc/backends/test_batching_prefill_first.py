@@ -125,12 +125,16 @@ def test_a_shared_engine_lock_has_no_spare_slot(tiny_tokenizer):
 def test_a_prefill_batch_as_two_halves_equals_one_forward_and_is_counted(tiny, monkeypatch):
     model, tokenizer = tiny
     monkeypatch.setattr(hf_batching, "parallel_forwards", lambda model: True)  # whatever this machine's cores
-    engine = hf_batching.BatchingEngine(model, rclc.Batching())
+    engine = hf_batching.BatchingEngine(model, rclc.Batching(prefill_first_ms=1000))
     rows = [rows_of(model, tokenizer, text)[0] for text in PROMPTS]
     with torch.no_grad():
         expected = prefill_many(model, rows)
         found = engine._prefill_rows(model, rows, None)
     assert engine.stats.split_prefills == 1
+    default = hf_batching.BatchingEngine(model, rclc.Batching())  # prefills first is off by default
+    with torch.no_grad():
+        default._prefill_rows(model, rows, None)
+    assert default.stats.split_prefills == 0  # no second forward outside that mode
     for (logits, layers), (want_logits, want_layers) in zip(found, expected):
         torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
         for (keys, values), (want_keys, want_values) in zip(layers, want_layers):
@@ -241,14 +245,14 @@ def test_decode_goes_on_without_the_prompt_when_prefill_first_is_off_or_its_boun
 
 def test_prefill_first_is_checked_and_reported(tiny, options):
     model, _ = tiny
-    assert rclc.Batching().prefill_first_ms == 1000.0
+    assert rclc.Batching().prefill_first_ms == 0.0  # off unless asked for (docs/performance.md)
     with pytest.raises(rclc.RclcError, match="prefill_first_ms"):
         rclc.Batching(prefill_first_ms=-1)
     with pytest.raises(rclc.RclcError, match="prefill_first_ms"):
         rclc.Batching(prefill_first_ms=float("inf"))
-    assert options(prefill_first_ms=0).prefill_first_ms == 0.0
+    assert options(prefill_first_ms=250).prefill_first_ms == 250.0
     report = rclc.batching_report(model)
-    assert report["prefill_first_ms"] == 0.0
+    assert report["prefill_first_ms"] == 250.0
     assert {"held_steps", "split_steps", "split_prefills"} <= set(report)
 
 
