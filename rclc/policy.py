@@ -188,14 +188,16 @@ DEFAULT_MAX_BATCH = 32
 """Sequences one model decodes together at most (`rclc.Batching.max_batch`)."""
 DEFAULT_WAIT_MS = 1.0
 """How long a decode step with room in its batch waits for another sequence to join (ms)."""
-DEFAULT_PREFILL_FIRST_MS = 0.0
-"""How long a decode step of an HF model's batching engine waits, at most, while prompts are
-waiting for or under prefill and its batch has room for them (`rclc.Batching.prefill_first_ms`;
-0: decode steps never wait for them, and the engine runs no second forward on a spare core).
-Off by default, measured (docs/performance.md, "Prefills first"): at 1,000 ms, 32 concurrent
-fanout_qa runs (answers arriving in a burst) went from 2.73x to 2.86-2.93x the sequential
-runs/minute, but 32 concurrent chain_notes runs (notes arriving one by one all the time) fell
-from 5.38x to 4.51x: their decoding kept waiting for the next prompt."""
+DEFAULT_PREFILL_FIRST_MS = 1000.0
+"""How long a decode step of an HF model's batching engine waits, at most, while prompts
+waiting for or under prefill would at least double its batch and it has room for them
+(`rclc.Batching.prefill_first_ms`; 0: decode steps never wait for them, and the engine runs
+no second forward on a spare core). Measured side by side on the idle 2-core machine
+(docs/performance.md, "Prefills first"): the concurrent phase of 32 fanout_qa runs (answers
+arriving in a burst) took 6-15% less time and 8-14% less CPU than with 0, and that of 32
+chain_notes runs (notes arriving one by one) 1-2% more time and 4-5% less CPU, on the inputs
+the rule was chosen on and on held-out ones, outputs identical. An earlier rule that held
+for any prompt cost chain_notes 16% (4.51x the sequential runs/minute against 5.38x)."""
 DEFAULT_WORKER_FORWARDS = 2
 """Worker-side forwards (prefills, captures, refreshes) one HF model runs at once
 (`rclc.Batching.worker_forwards`). Two, measured: on this project's 2-core CPU, 32 concurrent

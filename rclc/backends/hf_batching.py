@@ -35,18 +35,18 @@ none, share the work:
 Prefills and decode steps run at the same time (on a CPU, on different cores), and decoding
 never waits for a selection elsewhere (worker-side forwards take the model's forward slot;
 neither engine thread does). A decode step with room waits up to `wait_ms` for a sequence
-whose prefill is under way. With `prefill_first_ms > 0` (off by default) prefills come
-first: while prompts wait for or are under prefill and the batch has room, a decode step
-waits for them, at most `prefill_first_ms` (`_hold`), so they join before it. Why: on a
-CPU a decode step of a few rows costs nearly what a step of many costs (each reads every
-weight), so 32 concurrent fanout_qa runs decoded their answers in 29-54 steps instead of
-97-115, and the phase's CPU time fell by 6-25% in side-by-side runs. In that mode a core
-that neither engine thread nor a worker forward uses is taken for a second forward
+whose prefill is under way. With `prefill_first_ms > 0` (1,000 by default) prefills come
+first: while prompts waiting for or under prefill would at least double the batch and it
+has room for them, a decode step waits for them, at most `prefill_first_ms` (`_hold`), so
+they join before it. Why: on a CPU a decode step of a few rows costs nearly what a step of
+many costs (each reads every weight), so 32 concurrent fanout_qa runs decoded their answers
+in 38-58 steps instead of 94-140, and the phase took 6-15% less time in side-by-side runs.
+Fewer prompts than that (a chain's notes arriving one by one) do not hold a step: holding
+for any prompt cost 32 concurrent chain_notes runs 16% of their runs/minute. In that mode a
+core that neither engine thread nor a worker forward uses is taken for a second forward
 (`rclc._locks.spare_slot`): a prefill batch runs as two halves side by side while the
 decode thread waits, and a decode step of `SPLIT_ROWS` or more rows as two halves while no
-prefill runs. Off by default because a stream of prompts arriving one by one (32
-concurrent chain_notes runs) kept decoding waiting: 4.51x the sequential runs/minute
-instead of 5.38x (docs/performance.md, "Prefills first"). Tokens go
+prefill runs (docs/performance.md, "Prefills first"). Tokens go
 to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
 own sequence. A failing prefill fails only its sequence; a failing decode step (which no
 input of one sequence can cause once its prefill succeeded) fails the sequences in that
@@ -403,13 +403,16 @@ class BatchingEngine(BatchingLoop):
 
     def _should_hold(self) -> bool:
         """Prefill first (caller holds the condition): prompts wait for or are under prefill,
-        the batch has room for them, and no sequence in it has ended (its caller waits only
-        for the step that forwards its last token), was asked to stop or lost its caller
-        (each ends at the next step, which then comes at once)."""
+        at least as many as the batch decodes (they would at least double it: a prompt or
+        two arriving at a large batch is not worth its steps waiting, measured on a chain of
+        notes arriving one by one, docs/performance.md "Prefills first"), the batch has room
+        for them, and no sequence in it has ended (its caller waits only for the step that
+        forwards its last token), was asked to stop or lost its caller (each ends at the
+        next step, which then comes at once)."""
         return bool(
             self.batching.prefill_first_ms > 0
             and self._active
-            and (self._pending or self._prefilling)
+            and len(self._pending) + len(self._prefilling) >= len(self._active)
             and self._in_batch() < self.batching.batch_limit
             and not any(sequence.closing or sequence.gone() or (sequence.stop is not None and sequence.stop.is_set())
                         for sequence in self._active)

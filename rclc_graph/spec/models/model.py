@@ -72,8 +72,8 @@ class BatchingSpec(SpecBase):
     )
     prefill_first_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         DEFAULT_PREFILL_FIRST_MS,
-        description="how long a decode step waits, at most, for prompts under or waiting for prefill to join "
-        "its batch first (ms; hf models; 0: never)",
+        description="how long a decode step waits, at most, for prompts under or waiting for prefill that "
+        "would at least double its batch to join it first (ms; hf models; 0: never)",
     )
     capture_batch: PositiveInt = Field(
         DEFAULT_CAPTURE_BATCH,

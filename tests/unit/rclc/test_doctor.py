@@ -37,7 +37,7 @@ def test_report_shape():
     assert report["scope"] == "environment" and report["backend"] == "hf"
     assert report["batching"] == {
         "enabled": True, "max_batch": 32, "wait_ms": 1.0, "worker_forwards": 2, "shared_prefixes": True,
-        "prefill_batch": 8, "prefix_cache_mib": 128, "capture_batch": 8, "prefill_first_ms": 0.0,
+        "prefill_batch": 8, "prefix_cache_mib": 128, "capture_batch": 8, "prefill_first_ms": 1000.0,
         "scope": "defaults"}
     assert set(report["versions"]) == {"rclc", "torch", "transformers", "vllm"}
     assert report["versions"]["torch"] == importlib.metadata.version("torch")

@@ -131,10 +131,10 @@ def test_a_prefill_batch_as_two_halves_equals_one_forward_and_is_counted(tiny, m
         expected = prefill_many(model, rows)
         found = engine._prefill_rows(model, rows, None)
     assert engine.stats.split_prefills == 1
-    default = hf_batching.BatchingEngine(model, rclc.Batching())  # prefills first is off by default
+    off = hf_batching.BatchingEngine(model, rclc.Batching(prefill_first_ms=0))
     with torch.no_grad():
-        default._prefill_rows(model, rows, None)
-    assert default.stats.split_prefills == 0  # no second forward outside that mode
+        off._prefill_rows(model, rows, None)
+    assert off.stats.split_prefills == 0  # no second forward outside that mode
     for (logits, layers), (want_logits, want_layers) in zip(found, expected):
         torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
         for (keys, values), (want_keys, want_values) in zip(layers, want_layers):
@@ -148,9 +148,17 @@ class PrefillGate:
     under prefill before the decoding sequence can take another step, however fast either
     runs (a prompt the prefix store holds forwards only its last position: any length)."""
 
-    def __init__(self, model):
+    def __init__(self, model, waiting=1):
         self.armed, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+        self.engine, self.waiting = engine_for(model), waiting
         self.handle = model.model.register_forward_pre_hook(self._hook)
+
+    def _all_waiting(self):
+        """The decode thread's next forward also waits until `waiting` prompts wait for or
+        are under prefill (later ones queue behind the blocked prefill)."""
+        deadline = time.monotonic() + WAIT
+        while self.engine.report()["waiting"] < self.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _hook(self, module, args):
         if not self.armed.is_set() or self.release.is_set():
@@ -158,6 +166,7 @@ class PrefillGate:
         thread = threading.current_thread().name
         if thread == "rclc-batching-decode":
             self.entered.wait(WAIT)
+            self._all_waiting()
         elif thread == "rclc-batching-prefill" and not self.entered.is_set():
             self.entered.set()
             self.release.wait(WAIT)
@@ -167,34 +176,48 @@ class PrefillGate:
         self.handle.remove()
 
 
-def a_while_b_prefills(model, tokenizer, a_may_end_within, stop_a=None):
-    """Generation A decodes; then B starts and its prefill blocks. Returns A's token count when
-    B's prefill began, its count once A ended or `a_may_end_within` seconds passed, whether A
-    had ended then, and both results. `stop_a`: A's stop event, set once B's prefill began."""
-    agents = [rclc.bind(model, tokenizer) for _ in range(2)]
-    gate = PrefillGate(model)
+def a_while_b_prefills(model, tokenizer, a_may_end_within, stop_a=None, decoding=1, prompts=1):
+    """Generation A (with `decoding - 1` others) decodes; then B (with `prompts - 1` others)
+    starts and its prefill blocks. Returns A's token count once every B waited for or was
+    under prefill, its count once A ended or `a_may_end_within` seconds passed, whether A had
+    ended then, and A's and B's results. `stop_a`: A's stop event, set once B's prefill began."""
+    agents = [rclc.bind(model, tokenizer) for _ in range(decoding + prompts)]
+    gate = PrefillGate(model, waiting=prompts)
     a_ended = threading.Event()
     seen: list[int] = []
+    started: set[int] = set()  # the decoding generations that have decoded a token
     found: dict[str, object] = {}
 
-    def on_token(index, text):
-        seen.append(index)
-        if index >= 1:
-            gate.armed.set()
+    def on_token_of(which):
+        def on_token(index, text):
+            if which == 0:
+                seen.append(index)
+            if index >= 1:
+                started.add(which)
+                if len(started) == decoding:
+                    gate.armed.set()
+        return on_token
 
     async def main():
         async with anyio.create_task_group() as group:
             async def run_a():
-                found["a"] = await agents[0].generate(PROMPTS[0], max_new_tokens=12, on_token=on_token, stop=stop_a)
+                found["a"] = await agents[0].generate(PROMPTS[0], max_new_tokens=12, on_token=on_token_of(0), stop=stop_a)
                 a_ended.set()
 
-            async def run_b():
-                found["b"] = await agents[1].generate(PROMPTS[3], max_new_tokens=4)
+            async def run_other(which):
+                await agents[which].generate(PROMPTS[which % len(PROMPTS)], max_new_tokens=12, on_token=on_token_of(which))
+
+            async def run_b(which):
+                found.setdefault("b", []).append(await agents[which].generate(PROMPTS[3], max_new_tokens=4))
 
             group.start_soon(run_a)
+            for which in range(1, decoding):
+                group.start_soon(run_other, which)
             await anyio.to_thread.run_sync(gate.armed.wait, WAIT)
-            group.start_soon(run_b)
+            for which in range(decoding, decoding + prompts):
+                group.start_soon(run_b, which)
             await anyio.to_thread.run_sync(gate.entered.wait, WAIT)
+            await anyio.to_thread.run_sync(gate._all_waiting)
             found["at_prefill"] = len(seen)
             if stop_a is not None:
                 stop_a.set()
@@ -240,12 +263,29 @@ def test_decode_goes_on_without_the_prompt_when_prefill_first_is_off_or_its_boun
     options(prefill_first_ms=bound_ms)
     found = a_while_b_prefills(model, tokenizer, a_may_end_within=WAIT)
     assert found["ended"] and found["later"] == len(found["a"].token_ids)  # A ended while B's prefill was blocked
-    assert found["b"].tokens > 0
+    assert found["b"][0].tokens > 0
+
+
+def test_decode_does_not_wait_for_fewer_prompts_than_the_batch_decodes(tiny, options):
+    # two sequences decode, one prompt is under prefill: it would not double the batch
+    model, tokenizer = tiny
+    options(prefill_first_ms=10 * WAIT * 1000)  # a hold would outlast the test's wait
+    found = a_while_b_prefills(model, tokenizer, a_may_end_within=WAIT, decoding=2, prompts=1)
+    assert found["ended"] and found["later"] == len(found["a"].token_ids)
+    assert found["b"][0].tokens > 0
+
+
+def test_decode_waits_for_as_many_prompts_as_the_batch_decodes(tiny, options):
+    model, tokenizer = tiny
+    options(prefill_first_ms=WAIT * 1000)
+    found = a_while_b_prefills(model, tokenizer, a_may_end_within=1.0, decoding=2, prompts=2)
+    assert not found["ended"] and found["later"] <= found["at_prefill"] + 1
+    assert [result.tokens > 0 for result in found["b"]] == [True, True]
 
 
 def test_prefill_first_is_checked_and_reported(tiny, options):
     model, _ = tiny
-    assert rclc.Batching().prefill_first_ms == 0.0  # off unless asked for (docs/performance.md)
+    assert rclc.Batching().prefill_first_ms == 1000.0  # on by default (docs/performance.md)
     with pytest.raises(rclc.RclcError, match="prefill_first_ms"):
         rclc.Batching(prefill_first_ms=-1)
     with pytest.raises(rclc.RclcError, match="prefill_first_ms"):
