@@ -284,8 +284,20 @@ def prefill_many(
     ]
 
 
-Beside = Callable[[Callable[[], "torch.Tensor | None"]], Callable[[], "torch.Tensor | None"]]
-"""Starts a forward in another thread and returns what waits for its result (`decode_step`)."""
+Beside = Callable[[Callable[[], Any]], Callable[[], Any]]
+"""Starts a forward in another thread and returns what waits for its result (`side_by_side`)."""
+
+
+def side_by_side(beside: Beside, first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
+    """`first` in this thread while `beside` runs `second` in another; both results. The
+    second is joined even when the first fails: both write into shared state (a store's
+    rows, a model's activations), which must not change after this returns."""
+    waiting = beside(second)
+    try:
+        found = first()
+    finally:
+        rest = waiting()
+    return found, rest
 
 
 def decode_step(
@@ -306,11 +318,8 @@ def decode_step(
         found = _decode_rows(model, store, tokens, 0, store.rows, logits)
     else:
         half = store.rows // 2
-        second = beside(lambda: _decode_rows(model, store, tokens, half, store.rows, logits))
-        try:
-            first = _decode_rows(model, store, tokens, 0, half, logits)
-        finally:
-            rest = second()  # joined even when the first half failed: it writes into the store
+        first, rest = side_by_side(beside, lambda: _decode_rows(model, store, tokens, 0, half, logits),
+                                   lambda: _decode_rows(model, store, tokens, half, store.rows, logits))
         found = None if first is None or rest is None else torch.cat([first, rest])
     store.advance()
     return found

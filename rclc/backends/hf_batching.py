@@ -72,7 +72,7 @@ from .._locks import spare_slot
 from .._per_object import PerObject
 from .._shared_prefill import BATCHED_TOKENS, shared_prefill
 from ..generation import Batching, BatchingLoop
-from .batch_cache import BatchCache, decode_step, prefill, prefill_many
+from .batch_cache import BatchCache, decode_step, prefill, prefill_many, side_by_side
 from .hf_sequences import Sequence, TracedSequence, digest, margins
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
@@ -310,11 +310,8 @@ class BatchingEngine(BatchingLoop):
             with spare_slot(model) as spare:
                 if spare:
                     half = (len(rows) + 1) // 2
-                    second = _beside(lambda: prefill_many(model, rows[half:], past))
-                    try:
-                        first = prefill_many(model, rows[:half], past)
-                    finally:
-                        rest = second()
+                    first, rest = side_by_side(_beside, lambda: prefill_many(model, rows[:half], past),
+                                               lambda: prefill_many(model, rows[half:], past))
                     with self._cond:
                         self.stats.split_prefills += 1
                     return first + rest
@@ -419,8 +416,9 @@ class BatchingEngine(BatchingLoop):
         )
 
     def _hold(self) -> None:
-        """Wait, at most `prefill_first_ms`, until no prompt waits for a prefill that could
-        join the batch (caller holds the condition). Why: on a CPU a decode step at a small
+        """Wait, at most `prefill_first_ms`, while `_should_hold` says so: until the prompts
+        waiting for or under prefill are fewer than the batch's rows, as when a prefill ends
+        (caller holds the condition). Why: on a CPU a decode step at a small
         batch costs nearly as much as one at a large batch (the weights are read either way),
         so sequences that join before the batch's next steps decode in fewer, larger steps,
         and the prefill thread has the cores meanwhile (`_prefill_rows`). vLLM's scheduler
