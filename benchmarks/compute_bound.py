@@ -129,11 +129,20 @@ def side_by_side_rate(model: Any, batch: int, rows: int, width: int, repeats: in
     decoder = backbone(model)
     per_row: list[float] = []
     lock = threading.Lock()
+    # Every worker warms up, then all start their timed forwards together: without it a fast
+    # worker (a small model) could finish before the last one starts, and the rate would be
+    # of forwards run one after another, not side by side.
+    together = threading.Barrier(width)
 
     @torch.no_grad()
     def worker() -> None:
         torch.set_num_threads(1)
-        decoder(input_ids=ids, use_cache=True)  # warm-up
+        try:
+            decoder(input_ids=ids, use_cache=True)  # warm-up
+        except BaseException:
+            together.abort()  # the others stop waiting and fail too, rather than hang
+            raise
+        together.wait()
         for _ in range(repeats):
             began = time.thread_time()
             decoder(input_ids=ids, use_cache=True)

@@ -70,11 +70,13 @@ def test_side_by_side_runs_every_threads_forwards(tiny, monkeypatch):
     model, _ = tiny
     module = _benchmark()
     decoder = module.backbone(model)
-    threads = set()
+    calls = []  # the thread of each forward, in the order they began
     forward = type(decoder).forward
 
     def recording(self, *args, **kwargs):
-        threads.add(threading.get_ident())
+        # the Thread object, not get_ident(): an ended thread's identifier can be given to the
+        # next thread started, so identifiers would undercount threads that did not overlap
+        calls.append(threading.current_thread())
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(type(decoder), "forward", recording)
@@ -86,7 +88,10 @@ def test_side_by_side_runs_every_threads_forwards(tiny, monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    assert result["threads"] == 3 and len(threads) == 3  # three threads, each forwarding
+    assert result["threads"] == 3 and len(set(calls)) == 3  # three threads, each forwarding
+    assert len(calls) == 3 * (1 + 2)  # a warm-up and two timed forwards each
+    # no timed forward began before every thread's warm-up: the timed ones ran side by side
+    assert len(set(calls[:3])) == 3
 
 
 def test_decode_steps_the_engines_store_one_position_at_a_time_without_copying_it(tiny, monkeypatch):
