@@ -266,3 +266,69 @@ def test_the_start_form_previews_the_graph_before_any_run(tmp_path, browser, art
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
         assert errors == [], errors
     assert (artifacts / "9-graph-preview.png").stat().st_size > 10_000
+
+
+# -- stop 41's CI: a run-list listing that was on its way while the run's status changed ---------
+
+HOLD_LISTINGS = """
+window.__hold = true; window.__held = []; window.__afterStale = null;
+const original = window.fetch;
+window.fetch = async function (path, options) {
+  const response = await original(path, options);
+  if (!(window.__hold && String(path).startsWith("/runs?limit"))) return response;
+  const listing = await response.clone().json();
+  await new Promise((release) => window.__held.push({release, listing}));
+  const json = response.json.bind(response);
+  response.json = async () => {
+    const body = await json();
+    // a task after the listing's handling (microtasks) ran: what the page showed right then
+    setTimeout(() => { window.__afterStale = {status: document.getElementById("run-status").textContent,
+                                             removed: window.__removed}; }, 0);
+    return body;
+  };
+  return response;
+};
+"""
+
+
+def test_a_listing_asked_for_before_the_run_ended_does_not_undo_its_end(tmp_path, browser):
+    """The run list refreshes every 3 s. A listing asked for while the run waited, and answered
+    after the run had been answered and finished, said "waiting": the page painted that back
+    over "finished" (and a listing that said "running" reselected the run, clearing its cards
+    while tokens showed: the failure of stop 41's CI). The page now ignores a listing asked for
+    before the view's status last changed. The late listing is made by holding its response."""
+    topologies = tmp_path / "topologies"
+    topologies.mkdir()
+    (topologies / "ask.yaml").write_text(ASK_TOPOLOGY)
+    (topologies / "ask_tools.py").write_text(ASK_TOOLS)
+    with ServeProcess(tmp_path / "runs", topologies=topologies, options=("--trust-code",)) as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 300)
+        start_from_form(browser, wait, "ask")
+        wait.until(lambda driver: badges(driver) == ("waiting", "waiting"))
+        run_id = page.text(browser, "#run-id")
+
+        browser.execute_script(HOLD_LISTINGS)
+        wait.until(lambda driver: driver.execute_script("return window.__held.length") >= 1)
+        browser.execute_script("window.__hold = false")  # later listings pass
+        held = browser.execute_script("return window.__held.map((item) => item.listing.runs)")
+        assert all({"run_id": run_id, "status": "waiting"}.items() <= run.items() for runs in held for run in runs
+                   if run["run_id"] == run_id) and any(run["run_id"] == run_id for runs in held for run in runs)
+
+        ask = '#waiting-banner .ask[data-node="notes"]'
+        browser.find_element(By.CSS_SELECTOR, f"{ask} textarea").send_keys("Cedar now works offline.")
+        browser.find_element(By.ID, "answer").click()
+        wait.until(lambda driver: badges(driver) == ("finished", "finished"))
+        final = '.card[data-node="final"]'
+        wait.until(expect.text_to_be_present_in_element((By.CSS_SELECTOR, f"{final} .badge"), "finished"))
+
+        browser.execute_script("""
+            window.__removed = 0;
+            new MutationObserver((changes) => changes.forEach((change) => { window.__removed += change.removedNodes.length; }))
+              .observe(document.getElementById("nodes"), {childList: true});
+            window.__held.forEach((item) => item.release());""")
+        wait.until(lambda driver: driver.execute_script("return window.__afterStale") is not None)
+        assert browser.execute_script("return window.__afterStale") == {"status": "finished", "removed": 0}
+        assert page.text(browser, f"{final} .badge") == "finished"
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], errors

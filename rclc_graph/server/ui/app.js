@@ -127,6 +127,10 @@ async function startRun(event) {
 // -- the run list ------------------------------------------------------------------------
 
 async function refreshRuns() {
+  // The listing answers for the moment it was asked. If the view's status changed while it was
+  // on its way (the run's end event came first), its word is older than the view's: acting on
+  // it would reselect a finished run (clearing its cards) or paint an old status back.
+  const asked = view, changesAsked = view ? view.statusChanges : 0;
   const [runs, state] = await Promise.all([api("/runs?limit=100"), api("/server")]);
   if (state.ok) {
     const s = await state.json();
@@ -136,9 +140,10 @@ async function refreshRuns() {
   const list = $("run-list");
   list.replaceChildren(...(await runs.json()).runs.map((run) => {
     const shown = view && view.id === run.run_id;
+    const current = shown && view === asked && view.statusChanges === changesAsked;
     // the run on screen: one word in both places. While its events stream, they are the newest
-    // news; otherwise the server's status is, and the view takes it.
-    if (shown && !view.following && view.status && run.status !== view.status) {
+    // news; otherwise the server's status is (when no newer word came meanwhile), and the view takes it.
+    if (shown && current && !view.following && view.status && run.status !== view.status) {
       // resumed or answered elsewhere (another tab, the CLI): follow the new attempt, else take the word
       if (["queued", "starting", "running"].includes(run.status)) selectRun(run.run_id);
       else setStatus(run.status);
@@ -157,6 +162,7 @@ async function refreshRuns() {
 
 function setStatus(status) {
   view.status = status;
+  view.statusChanges += 1;
   paintBadge($("run-status"), status);
   for (const item of $("run-list").children) {
     const badge = item.querySelector(".badge");
@@ -169,7 +175,8 @@ function setStatus(status) {
 async function selectRun(runId) {
   if (view && view.controller) view.controller.abort();
   view = {id: runId, status: null, nodes: {}, kinds: {}, kept: {}, edges: {}, lastId: 0, controller: new AbortController(),
-    colours: {}, order: [], shown: {}, following: true, scopes: {}}; // following: its events stream (until their end)
+    colours: {}, order: [], shown: {}, following: true, scopes: {}, statusChanges: 0};
+  // following: its events stream (until their end); statusChanges: how often its status was set (refreshRuns)
   $("placeholder").hidden = true;
   $("run").hidden = false;
   $("run-id").textContent = runId;
