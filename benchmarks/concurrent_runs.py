@@ -19,9 +19,10 @@ For each workload, side by side in this process:
 
 Reported per workload: wall seconds (median over `--repeats`, the phases alternating),
 the process's CPU seconds, runs per minute and generated tokens per second of each phase
-and their ratio, the decode batch-size histogram
-of each phase (`rclc.batching_report`: decode steps per batch size), peak RSS (sampled every
-10 ms), and whether the concurrent outputs equal the sequential ones. Where a greedy token
+and their ratio, the decode batch-size histogram of each phase (`rclc.batching_report`:
+decode steps per batch size), peak RSS (`PeakRss`: the kernel's high-water mark of the
+phase where Linux allows its reset, else sampled every 10 ms; `peak_rss_method` says
+which), and whether the concurrent outputs equal the sequential ones. Where a greedy token
 differs, the engine's trace gives the top-2 logit margin at the first differing token of
 every sequence whose prompt both phases decoded: a margin below 1e-4 is a float32 near-tie
 that batched arithmetic may break either way. `concurrent_cores_busy` is the concurrent
@@ -150,30 +151,64 @@ def on_backend(plans: list[Any], backend: str) -> list[Any]:
     ]
 
 
-class RssSampler:
-    """Peak resident set size of this process over a phase, sampled every 10 ms."""
+class PeakRss:
+    """Peak resident set size of this process over a phase.
+
+    Where Linux lets the process reset its high-water mark (writing 5 to
+    /proc/self/clear_refs, Linux 4.0+), the kernel keeps the exact peak and nothing runs
+    beside the phase. Why not a sampling thread everywhere: it misses a peak that lasts less
+    than its interval, and it is one more thread asking for the GIL beside the runs it
+    measures (side by side on fanout_qa's concurrent phase its cost was within the machine's
+    spread: docs/performance.md). Elsewhere (macOS, a kernel that refuses the write) a thread
+    samples every 10 ms, and `method` says which was used."""
 
     def __init__(self) -> None:
         self.peak = 0
+        self.method = "kernel_high_water_mark"
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread: threading.Thread | None = None
 
     @staticmethod
     def current() -> int:
         with open("/proc/self/statm") as handle:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    @staticmethod
+    def high_water_mark() -> int:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+        raise OSError("/proc/self/status has no VmHWM line")
+
+    @staticmethod
+    def _reset_high_water_mark() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+            PeakRss.high_water_mark()
+        except OSError:
+            return False
+        return True
+
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, self.current())
             self._stop.wait(0.01)
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> PeakRss:
+        if self._reset_high_water_mark():
+            return self
+        self.method = "sampled_every_10_ms"
         self.peak = self.current()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._thread is None:
+            self.peak = self.high_water_mark()
+            return
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self.current())
@@ -294,22 +329,24 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
     anyio.run(sequential, plans[:1], pool)  # warm-up
     seq_times, conc_times, seq_tokens, conc_tokens, seq_cpu, conc_cpu = [], [], [], [], [], []
     seq_peak = conc_peak = 0
+    rss_methods: set[str] = set()
     identical = True
     ties: list[dict[str, Any]] = []
     high_events = blocked = 0
     for _ in range(args.repeats):
         before = dict(rclc.batching_report(model)["batch_sizes"])
-        with RssSampler() as sampler, engine.tracing() as seq_trace:
+        with PeakRss() as sampler, engine.tracing() as seq_trace:
             began, cpu = time.perf_counter(), cpu_seconds()
             reference = anyio.run(sequential, plans, pool)
             seq_times.append(time.perf_counter() - began)
             seq_cpu.append(cpu_seconds() - cpu)
         seq_peak = max(seq_peak, sampler.peak)
+        rss_methods.add(sampler.method)
         seq_histogram = histogram_since(model, before)
         seq_tokens.append(generated_tokens(reference))
         records.setdefault(name, [untimed(result.to_dict()) for result in reference])
         before = dict(rclc.batching_report(model)["batch_sizes"])
-        with RssSampler() as sampler, engine.tracing() as conc_trace:
+        with PeakRss() as sampler, engine.tracing() as conc_trace:
             began, cpu = time.perf_counter(), cpu_seconds()
             results, stats = anyio.run(
                 lambda: concurrent(plans, pool, max_events=args.max_events, max_bytes=args.max_bytes,
@@ -318,6 +355,7 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
             conc_times.append(time.perf_counter() - began)
             conc_cpu.append(cpu_seconds() - cpu)
         conc_peak = max(conc_peak, sampler.peak)
+        rss_methods.add(sampler.method)
         conc_histogram = histogram_since(model, before)
         conc_tokens.append(generated_tokens(results))
         same = [a.outputs == b.outputs for a, b in zip(reference, results)]
@@ -358,6 +396,7 @@ def measure(name: str, plans: list[Any], pool: ModelPool, args: argparse.Namespa
         "outputs_sample": [next(iter(result.outputs.values()), "") for result in reference[:3]],
         "peak_rss_sequential_mib": round(seq_peak / mib, 1),
         "peak_rss_concurrent_mib": round(conc_peak / mib, 1),
+        "peak_rss_method": ",".join(sorted(rss_methods)),
         "stream_high_water_events": high_events,
         "blocked_publishes": blocked,
     }

@@ -1,0 +1,62 @@
+"""benchmarks/concurrent_runs.py's peak RSS of a phase: the kernel's high-water mark, reset at
+the phase's start, so a peak inside the phase counts even when freed before it ends, a peak
+from before the phase does not, and no sampling thread runs beside the phase it measures."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from tests.helpers.benchmarks import load_benchmark
+
+MIB = 1 << 20
+BUFFER = 256 * MIB
+SLACK = 64 * MIB  # what the interpreter (or a thread another test left) may move meanwhile
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+
+
+def _peak_rss():
+    return load_benchmark("concurrent_runs").PeakRss
+
+
+def _touched(size: int) -> bytearray:
+    """A buffer whose every page is resident (a fresh mmap'd bytearray is zero pages until written)."""
+    buffer = bytearray(size)
+    buffer[::4096] = b"\x01" * len(range(0, size, 4096))
+    return buffer
+
+
+def test_a_peak_freed_inside_the_phase_counts_and_nothing_samples_beside_it():
+    PeakRss = _peak_rss()
+    threads = set(threading.enumerate())
+    with PeakRss() as phase:
+        start = PeakRss.current()
+        assert not set(threading.enumerate()) - threads  # no sampling thread started
+        buffer = _touched(BUFFER)
+        del buffer
+    assert phase.method == "kernel_high_water_mark"
+    assert phase.peak >= start + BUFFER - SLACK
+
+
+def test_a_peak_from_before_the_phase_does_not_count():
+    PeakRss = _peak_rss()
+    buffer = _touched(BUFFER)
+    before = PeakRss.high_water_mark()
+    del buffer
+    with PeakRss() as phase:
+        pass
+    assert phase.peak <= before - BUFFER + SLACK
+
+
+def test_where_the_mark_cannot_be_reset_a_thread_samples(monkeypatch):
+    PeakRss = _peak_rss()
+    monkeypatch.setattr(PeakRss, "_reset_high_water_mark", staticmethod(lambda: False))
+    with PeakRss() as phase:
+        start = PeakRss.current()
+        buffer = _touched(BUFFER)  # held to the end: the last sample sees it, whatever the timing
+    assert phase.method == "sampled_every_10_ms"
+    assert phase.peak >= start + BUFFER - SLACK
+    del buffer
