@@ -9,6 +9,7 @@ purpose: the public `inspect()` summarises counts, and identity is the stronger 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -83,12 +84,17 @@ def prompts_alone(model: Any):
 
 
 @contextlib.contextmanager
-def counted_forwards(model: Any, *, delay: float = 0.0):
+def counted_forwards(model: Any, *, delay: float = 0.0, held_until: threading.Event | None = None):
     """Record the number of positions of every decoder forward (optionally slowing each one).
 
     The hook sits on the decoder stack, which every rclc forward and native generation
-    step goes through; the list it yields grows by one entry per forward.
+    step goes through; the list it yields grows by one entry per forward. `held_until`: every
+    forward waits until the test sets it (once it has cancelled the caller) or the caller's
+    cancellation reached the forward (at most 60 s), so a test that cancels mid-operation
+    never races a clock: the operation cannot end before the cancellation.
     """
+    from tests.helpers.holding import caller_cancelled
+
     calls: list[int] = []
 
     def hook(module: Any, args: Any, kwargs: Any) -> None:
@@ -98,6 +104,10 @@ def counted_forwards(model: Any, *, delay: float = 0.0):
         calls.append(int(rows.shape[1]) if rows is not None else -1)
         if delay:
             time.sleep(delay)
+        deadline = time.monotonic() + 60
+        while (held_until is not None and not held_until.is_set() and not caller_cancelled(model)
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
 
     handle = backbone(model).register_forward_pre_hook(hook, with_kwargs=True)
     try:

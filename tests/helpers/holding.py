@@ -44,3 +44,29 @@ def held_forwards(model: Any) -> Iterator[threading.Event]:
         yield holding
     finally:
         handle.remove()
+
+
+@contextmanager
+def held_from_first_token(model: Any) -> Iterator[threading.Event]:
+    """`held_forwards`, switched on by the first generated token (of any sequence) once inside:
+    a run whose only generating node is its last then cannot finish before its caller is
+    cancelled, while everything up to that node's first token runs freely. It switches on once;
+    leaving clears it, so a later resume generates freely."""
+    from rclc.backends import hf_sequences
+
+    add = hf_sequences.Sequence.add
+    with held_forwards(model) as holding:
+        armed = [True]
+
+        def adding(sequence: Any, token: int) -> bool:
+            if armed[0]:
+                armed[0] = False
+                holding.set()
+            return add(sequence, token)
+
+        hf_sequences.Sequence.add = adding
+        try:
+            yield holding
+        finally:
+            hf_sequences.Sequence.add = add
+            holding.clear()

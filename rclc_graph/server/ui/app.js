@@ -126,12 +126,17 @@ async function startRun(event) {
 
 // -- the run list ------------------------------------------------------------------------
 
+let listingsAsked = 0, listingShown = 0; // refreshRuns' listings in the order asked: the newest shown wins
+
 async function refreshRuns() {
   // The listing answers for the moment it was asked. If the view's status changed while it was
   // on its way (the run's end event came first), its word is older than the view's: acting on
   // it would reselect a finished run (clearing its cards) or paint an old status back.
   const asked = view, changesAsked = view ? view.statusChanges : 0;
+  const asking = ++listingsAsked;
   const [runs, state] = await Promise.all([api("/runs?limit=100"), api("/server")]);
+  if (asking < listingShown) return; // a newer listing is already on the page: this one is older news
+  listingShown = asking;
   if (state.ok) {
     const s = await state.json();
     $("server-state").textContent = `${s.active} running (max ${s.max_concurrent}), ${s.queued} queued`;
@@ -189,9 +194,14 @@ async function selectRun(runId) {
   $("waiting-items").replaceChildren();
   $("waiting-banner").hidden = true;
   for (const item of $("run-list").children) item.classList.toggle("selected", item.dataset.run === runId);
+  // Another selectRun may start while this one waits (a click, the run list): from then on
+  // this one must not touch the page, or it would follow the new view a second time and
+  // every event would show twice.
+  const current = view;
   const response = await api(`/runs/${encodeURIComponent(runId)}`);
-  if (!response.ok) return;
+  if (!response.ok || current !== view) return;
   const run = await response.json();
+  if (current !== view) return;
   setStatus(run.status);
   showError(run);
   showReport(run);
@@ -204,7 +214,7 @@ async function selectRun(runId) {
     view.order.forEach((name, index) => { view.colours[name] = PALETTE[index % PALETTE.length]; card(name); });
   }
   await drawGraph();
-  follow(view);
+  if (current === view) follow(current);
 }
 
 // What the record says about the plan's nodes (function or agent) and the people it waits for.
@@ -568,23 +578,27 @@ async function answerRun(event) {
     if (box.value.trim()) answers[box.dataset.node] = box.value;
   }
   if (!Object.keys(answers).length) return;
-  const response = await api(`/runs/${encodeURIComponent(view.id)}/answer`, {method: "POST", json: {answers}});
+  const current = view; // another run may be selected while the answer is on its way
+  const response = await api(`/runs/${encodeURIComponent(current.id)}/answer`, {method: "POST", json: {answers}});
+  if (current !== view) return;
   if (response.status !== 202) {
     $("run-error").textContent = describeError(await response.json());
     $("run-error").hidden = false;
     return;
   }
-  selectRun(view.id);
+  selectRun(current.id);
 }
 
 async function resumeRun() {
-  const response = await api(`/runs/${encodeURIComponent(view.id)}/resume`, {method: "POST"});
+  const current = view;
+  const response = await api(`/runs/${encodeURIComponent(current.id)}/resume`, {method: "POST"});
+  if (current !== view) return;
   if (response.status !== 202) {
     $("run-error").textContent = describeError(await response.json());
     $("run-error").hidden = false;
     return;
   }
-  selectRun(view.id);
+  selectRun(current.id);
 }
 
 document.addEventListener("DOMContentLoaded", () => {

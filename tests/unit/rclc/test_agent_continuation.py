@@ -383,13 +383,15 @@ def _cancel_midway(model, call):
         observed["finished"] = True
 
     async def main():
-        with counted_forwards(model, delay=0.2) as calls:
+        cancelled = threading.Event()
+        with counted_forwards(model, held_until=cancelled) as calls:  # the operation cannot end first
             async with anyio.create_task_group() as group:
                 group.start_soon(runner)
                 while not calls:
                     await anyio.sleep(0.001)
                 observed["forwards_at_cancel"] = len(calls)
                 group.cancel_scope.cancel()
+                cancelled.set()
             observed["forwards"] = len(calls)
 
     anyio.run(main)

@@ -7,6 +7,8 @@ import json
 import os
 import struct
 
+import threading
+
 import anyio
 import pytest
 import safetensors.torch
@@ -282,12 +284,14 @@ def test_cancelled_load_keeps_the_previous_state(tiny, tmp_path):
     observed = {}
 
     async def main():
-        with counted_forwards(model, delay=0.2) as calls:
+        cancelled = threading.Event()
+        with counted_forwards(model, held_until=cancelled) as calls:  # the operation cannot end first
             async with anyio.create_task_group() as group:
                 group.start_soon(target.load, path)
                 while not calls:
                     await anyio.sleep(0.001)
                 group.cancel_scope.cancel()
+                cancelled.set()
             observed["forwards"] = len(calls)
 
     anyio.run(main)

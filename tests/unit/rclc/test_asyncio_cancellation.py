@@ -33,11 +33,14 @@ def test_wait_for_timeout_waits_for_the_selector(tiny):
     got: list = []
 
     async def main() -> None:
+        # the timeout starts once the selector runs: a slow machine's setup must not outlast it
+        task = asyncio.ensure_future(
+            transfer(sender, got.append, "Who owns Cedar?", selector=_slow_selector(started, finished, 1.0)))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                transfer(sender, got.append, "Who owns Cedar?", selector=_slow_selector(started, finished, 0.4)), 0.05
-            )
-        assert started.is_set() and finished.is_set(), "the cancellation returned while the selector still ran"
+            await asyncio.wait_for(task, 0.05)
+        assert finished.is_set(), "the cancellation returned while the selector still ran"
 
     asyncio.run(main())
     assert got == []
@@ -51,7 +54,7 @@ def test_task_cancel_waits_for_the_selector_and_delivers_nothing(tiny):
     got: list = []
 
     async def main() -> None:
-        task = asyncio.ensure_future(transfer(sender, got.append, "Who owns Birch?", selector=_slow_selector(started, finished, 0.3)))
+        task = asyncio.ensure_future(transfer(sender, got.append, "Who owns Birch?", selector=_slow_selector(started, finished, 1.0)))
         while not started.is_set():
             await asyncio.sleep(0.005)
         task.cancel()

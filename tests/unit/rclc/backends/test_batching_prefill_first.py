@@ -184,14 +184,15 @@ def a_while_b_prefills(model, tokenizer, a_may_end_within, stop_a=None, decoding
     agents = [rclc.bind(model, tokenizer) for _ in range(decoding + prompts)]
     gate = PrefillGate(model, waiting=prompts)
     a_ended = threading.Event()
-    seen: list[int] = []
+    # A's tokens are counted where the engine adds them (its sequence), not by on_token, which
+    # the waiting thread calls from a queue and may run behind the engine on a loaded machine.
+    # A's sequence is found by its stop event (one that is never set when stop_a is None).
+    stop_of_a = stop_a if stop_a is not None else threading.Event()
     started: set[int] = set()  # the decoding generations that have decoded a token
     found: dict[str, object] = {}
 
     def on_token_of(which):
         def on_token(index, text):
-            if which == 0:
-                seen.append(index)
             if index >= 1:
                 started.add(which)
                 if len(started) == decoding:
@@ -201,7 +202,7 @@ def a_while_b_prefills(model, tokenizer, a_may_end_within, stop_a=None, decoding
     async def main():
         async with anyio.create_task_group() as group:
             async def run_a():
-                found["a"] = await agents[0].generate(PROMPTS[0], max_new_tokens=12, on_token=on_token_of(0), stop=stop_a)
+                found["a"] = await agents[0].generate(PROMPTS[0], max_new_tokens=12, on_token=on_token_of(0), stop=stop_of_a)
                 a_ended.set()
 
             async def run_other(which):
@@ -218,11 +219,12 @@ def a_while_b_prefills(model, tokenizer, a_may_end_within, stop_a=None, decoding
                 group.start_soon(run_b, which)
             await anyio.to_thread.run_sync(gate.entered.wait, WAIT)
             await anyio.to_thread.run_sync(gate._all_waiting)
-            found["at_prefill"] = len(seen)
+            [sequence_of_a] = [sequence for sequence in list(gate.engine._active) if sequence.stop is stop_of_a]
+            found["at_prefill"] = len(sequence_of_a.tokens)
             if stop_a is not None:
                 stop_a.set()
             await anyio.to_thread.run_sync(a_ended.wait, a_may_end_within)
-            found["later"], found["ended"] = len(seen), a_ended.is_set()
+            found["later"], found["ended"] = len(sequence_of_a.tokens), a_ended.is_set()
             gate.release.set()
 
     try:

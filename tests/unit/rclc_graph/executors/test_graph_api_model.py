@@ -105,7 +105,7 @@ def test_an_api_model_ends_a_chain_of_local_readers(stub, pool, tmp_path, monkey
         ("down", "cannot connect"),
         ("500", "the server answered 500 after 1 retries: stub error 500; see the server's log"),
         ("404", "the server answered 404"),
-        ("slow", "no answer within the 0.5 s timeout"),
+        ("slow", "no answer within the 2 s timeout"),
     ],
 )
 def test_a_failing_server_fails_the_node_and_the_run_resumes_once_it_is_back(
@@ -115,8 +115,11 @@ def test_a_failing_server_fails_the_node_and_the_run_resumes_once_it_is_back(
     if setup in ("500", "404"):
         stub.status = int(setup)
     if setup == "slow":
-        stub.delay = 2.0
-    plan = api_graph(base_url, timeout=0.5, max_retries=1 if setup == "500" else 0, key=False)
+        stub.delay = 30.0  # far beyond the timeout, however slow the machine
+    # Only "slow" is meant to time out: the others' answers (and every resume's) get 30 s, so a
+    # loaded machine's late answer cannot turn their expected errors into a timeout.
+    timeout = 2.0 if setup == "slow" else 30.0
+    plan = api_graph(base_url, timeout=timeout, max_retries=1 if setup == "500" else 0, key=False)
     result, record, run_dir = run(plan, pool, tmp_path)
     assert result.status == "failed" and result.failed_node == "final"
     assert "ApiModelFailed" in result.error and message in result.error, result.error

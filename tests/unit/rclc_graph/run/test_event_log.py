@@ -80,11 +80,12 @@ WRITER = textwrap.dedent("""
 
     async def main():
         writer = EventLogWriter(sys.argv[1], fsync_every=10_000, fsync_seconds=60).open()
-        print("ready", flush=True)
         index = 0
         while True:
             await writer.append(TokenGenerated(run_id="r", seq=index, node="n", index=index, text="w" * (index % 5000)))
             index += 1
+            if index == 1:  # one event is in the log: a kill at any time after leaves one to read
+                print("ready", flush=True)
 
     anyio.run(main)
 """)

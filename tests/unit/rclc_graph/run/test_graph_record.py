@@ -9,12 +9,30 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rclc_graph import ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
+from rclc_graph import EventStream, ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
 from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_record, safe_name
 from rclc_graph.run import RecordingExecutor, run_recorded, run_recorded_sync
 from rclc_graph.run import RunRecorder
 
 from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
+
+
+async def cancelled_once_started(node, run):
+    """Run `run(events)` and cancel it once `node` has started: not after a delay, which a slow
+    machine could outlast before the nodes upstream are recorded (their records reach disk
+    before `node` starts: RecordingExecutor). True when the cancellation propagated out of
+    `run` (it did not return)."""
+    events, returned = EventStream(), []
+    async with anyio.create_task_group() as group:
+        async def cancel_when_started():
+            async for event in events:
+                if event.kind == "node" and event.payload == {"node": node, "status": "started"}:
+                    group.cancel_scope.cancel()
+
+        group.start_soon(cancel_when_started)
+        await run(events)
+        returned.append(True)
+    return group.cancel_scope.cancelled_caught and not returned
 
 
 def chain_plan():
@@ -108,8 +126,8 @@ def test_failed_and_cancelled_runs_are_recorded(tmp_path):
         plan = chain_plan()
         recorder = RunRecorder(tmp_path, plan, run_id="c1")
         recorder.start()
-        with anyio.move_on_after(0.3):
-            await run_plan(plan, executor=RecordingExecutor(FakeExecutor(hang="final"), recorder), run_id="c1")
+        await cancelled_once_started("final", lambda events: run_plan(
+            plan, executor=RecordingExecutor(FakeExecutor(hang="final"), recorder), run_id="c1", events=events))
         return recorder.finish(recorder.partial_result("cancelled", "stopped"))
 
     record = anyio.run(cancelled)
@@ -164,9 +182,8 @@ def test_run_recorded_returns_the_record_and_records_a_cancellation(tmp_path):
     assert record["status"] == result.status == "finished" and record["seeds"]["run"] == 2
 
     async def cancelled():
-        with anyio.move_on_after(0.3) as scope:
-            await run_recorded(chain_plan(), tmp_path, executor=FakeExecutor(hang="final"), run_id="s2")
-        return scope.cancelled_caught
+        return await cancelled_once_started("final", lambda events: run_recorded(
+            chain_plan(), tmp_path, executor=FakeExecutor(hang="final"), run_id="s2", events=events))
 
     assert anyio.run(cancelled)  # the cancellation propagated out of run_recorded
     record = read_record(tmp_path / "s2")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import anyio
@@ -13,6 +14,7 @@ from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.spec.models import ModelSpec
 
 from tests.helpers.cancelling import ENGINE_THREADS, busy_threads
+from tests.helpers.holding import caller_cancelled
 
 WORDS = "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. " * 3
 
@@ -124,43 +126,52 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
     graph.node("a", agent="talker", prompt="{question}", output=True)
     plan = graph.plan({"question": "Say a lot."})
     steps = []
+    cancelling = threading.Event()
+    at_cancel = []
 
-    def slow_step(*args):
-        # 20 ms a step: a random model may emit its end token early, and the run must still
-        # be mid-generation when the 0.5 s deadline cancels it.
-        steps.append(time.monotonic())  # the asyncio loop's clock
-        time.sleep(0.02)
+    def counted_step(*args):
+        steps.append(time.monotonic())
+        if cancelling.is_set():
+            # A step that began after the cancellation waits until it has reached the engine
+            # (the sequence is gone), so no clock races the cancellation: the engine may
+            # finish this step, and must start no other. Bounded: a broken cancel fails below.
+            deadline = time.monotonic() + 60
+            while not caller_cancelled(model) and time.monotonic() < deadline:
+                time.sleep(0.005)
 
-    hook = model.get_input_embeddings().register_forward_hook(slow_step)
+    hook = model.get_input_embeddings().register_forward_hook(counted_step)
 
     async def main():
         events = EventStream(max_events=8)
         tokens = []
+        scope = anyio.CancelScope()
 
         async def consume():
             async for event in events:
                 if event.kind == "token":
                     tokens.append(event)
+                    if len(tokens) == 3 and not cancelling.is_set():  # mid-generation: cancel the run
+                        cancelling.set()
+                        at_cancel.append(len(steps))
+                        scope.cancel()
                 if event.kind == "cancelled":
                     return
 
         async with anyio.create_task_group() as group:
             group.start_soon(consume)
-            with anyio.move_on_after(0.5) as scope:
+            with scope:
                 await run_plan(plan, pool=pool, events=events)
             if not scope.cancelled_caught:
-                events.close()  # the run ended before the deadline: nothing to wait for
+                events.close()  # the run ended before its third token: nothing to wait for
         return tokens, events.stats(), scope
 
     try:
         tokens, stats, scope = anyio.run(main)
     finally:
         hook.remove()
-    assert scope.cancelled_caught, "generation ended before the deadline; the test did not cancel anything"
-    deadline = scope.deadline
+    assert scope.cancelled_caught, "generation ended before its third token; the test did not cancel anything"
     assert len(steps) < 2000  # generation ended early
-    late = [t for t in steps if t > deadline + 0.05]
-    assert len(late) <= 1  # at most the step already under way when the run was cancelled
+    assert len(steps) - at_cancel[0] <= 1  # at most one step began after the cancellation
     assert model.config._attn_implementation == "sdpa"
     assert stats.retired_epochs
     # nothing left computing: counting threads instead would count anyio's idle workers, which

@@ -74,10 +74,16 @@ def test_a_cancelled_consumer_stops_the_run_without_waiting_for_room():
     executor = FakeExecutor(hang="second")
 
     async def main():
-        with anyio.move_on_after(0.3) as scope:
+        with anyio.CancelScope() as scope:
             async with astream(graph(), INPUTS, executor=executor, max_events=1) as events:
                 async for _ in events:
-                    await anyio.sleep(10)  # never takes the next event: the run waits for room
+                    # never takes the next event: the run waits for room; cancelled once it does
+                    # (not after a delay, which a slow machine could outlast before it blocks)
+                    with anyio.fail_after(60):  # a run that never blocks fails, not hangs
+                        while events.stats().blocked_publishes < 1:
+                            await anyio.sleep(0.005)
+                    scope.cancel()
+                    await anyio.sleep(10)
         return scope, events
 
     scope, events = anyio.run(main)

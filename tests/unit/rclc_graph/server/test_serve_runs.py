@@ -13,7 +13,7 @@ import pytest
 
 from rclc_graph import read_record
 
-from tests.helpers.holding import held_forwards
+from tests.helpers.holding import held_forwards, held_from_first_token
 from tests.helpers.servers import PAIR_INPUTS, live_server, read_sse, tiny_pool, wait_status, write_topologies
 
 START = {"topology": "pair", "inputs": PAIR_INPUTS}
@@ -34,16 +34,18 @@ def start(client, body=START):
     return response
 
 
-def cancelled_at_first_hop(client) -> str:
+def cancelled_at_first_hop(client, model) -> str:
     """A run started and cancelled once its first handoff was delivered (a resume has work
-    left): its id, once the run is cancelled."""
-    run_id = start(client).json()["run_id"]
-    with client.stream("GET", f"/runs/{run_id}/events") as response:
-        for line in response.iter_lines():
-            if line == "event: hop.delivered":
-                client.post(f"/runs/{run_id}/cancel")
-                break
-    wait_status(client, run_id, ("cancelled",))
+    left): its id, once the run is cancelled. The writer's forwards are held from its first
+    token until the cancellation, so the run cannot finish first on any machine."""
+    with held_from_first_token(model):
+        run_id = start(client).json()["run_id"]
+        with client.stream("GET", f"/runs/{run_id}/events") as response:
+            for line in response.iter_lines():
+                if line == "event: hop.delivered":
+                    client.post(f"/runs/{run_id}/cancel")
+                    break
+        wait_status(client, run_id, ("cancelled",))
     return run_id
 
 
@@ -60,8 +62,10 @@ def with_error(client, run_id: str, detail: dict) -> dict:
 
 def test_admission_runs_queues_then_refuses_with_retry_after(tmp_path, slow):
     write_topologies(tmp_path)
-    with live_server(tmp_path, tiny_pool(slow), max_concurrent=1, max_queue=1) as (url, _):
+    with live_server(tmp_path, tiny_pool(slow), max_concurrent=1, max_queue=1) as (url, _), \
+            held_forwards(slow[0]) as holding:
         with httpx.Client(base_url=url, timeout=60) as client:
+            holding.set()  # the first run cannot finish (and free its slot) before the third is refused
             first, second, third = start(client), start(client), start(client)
             assert first.status_code == 202 and first.json()["status"] == "starting"
             assert second.status_code == 202 and second.json()["status"] == "queued"
@@ -69,6 +73,7 @@ def test_admission_runs_queues_then_refuses_with_retry_after(tmp_path, slow):
             assert third.status_code == 429 and third.json()["error"]["code"] == "E_BUSY"
             assert int(third.headers["retry-after"]) >= 1
             assert not (tmp_path / "runs" / ".serve" / "submissions" / f"{third.json().get('run_id')}.json").exists()
+            holding.clear()
             for response in (first, second):
                 wait_status(client, response.json()["run_id"], ("finished",))
             # a run finished, so Retry-After now comes from measured run times
@@ -77,8 +82,8 @@ def test_admission_runs_queues_then_refuses_with_retry_after(tmp_path, slow):
 
 def test_cancel_a_queued_and_a_running_run(tmp_path, slow):
     write_topologies(tmp_path)
-    with live_server(tmp_path, tiny_pool(slow), max_concurrent=1) as (url, _):
-        with httpx.Client(base_url=url, timeout=60) as client:
+    with live_server(tmp_path, tiny_pool(slow), max_concurrent=1) as (url, _), held_from_first_token(slow[0]):
+        with httpx.Client(base_url=url, timeout=60) as client:  # the writer cannot finish before its cancel
             running = start(client).json()["run_id"]
             queued = start(client).json()["run_id"]
             assert client.post(f"/runs/{queued}/cancel").json() == {"run_id": queued, "status": "cancelled"}
@@ -104,7 +109,7 @@ def test_a_resumed_run_appends_to_its_event_log_and_reproduces_the_run(tmp_path,
         with httpx.Client(base_url=url, timeout=60) as client:
             reference = start(client).json()["run_id"]
             wait_status(client, reference, ("finished",))
-            stopped = cancelled_at_first_hop(client)
+            stopped = cancelled_at_first_hop(client, slow[0])
             with client.stream("GET", f"/runs/{stopped}/events") as response:
                 before = read_sse(response)[:-1]
             resumed = client.post(f"/runs/{stopped}/resume")
@@ -127,7 +132,7 @@ def test_a_resume_that_fails_after_its_202_says_why_in_the_api(tmp_path, slow):
     write_topologies(tmp_path)
     with live_server(tmp_path, tiny_pool(slow)) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as client:
-            stopped = cancelled_at_first_hop(client)
+            stopped = cancelled_at_first_hop(client, slow[0])
             held = DirectoryLock(tmp_path / "runs" / stopped)  # another writer appears after the checks
             held.acquire()
             try:
@@ -154,7 +159,7 @@ def test_a_failed_attempts_error_goes_once_the_run_is_resumed_elsewhere(tmp_path
     pool = tiny_pool(slow)
     with live_server(tmp_path, pool) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as client:
-            stopped = cancelled_at_first_hop(client)
+            stopped = cancelled_at_first_hop(client, slow[0])
             held = DirectoryLock(tmp_path / "runs" / stopped)  # the server's resume fails: another writer holds it
             held.acquire()
             try:
@@ -201,8 +206,9 @@ def test_a_restarted_server_lists_every_run_and_starts_what_was_queued(tmp_path,
 
 def test_open_event_streams_are_capped(tmp_path, slow):
     write_topologies(tmp_path)
-    with live_server(tmp_path, tiny_pool(slow), max_streams=1) as (url, _):
+    with live_server(tmp_path, tiny_pool(slow), max_streams=1) as (url, _), held_forwards(slow[0]) as holding:
         with httpx.Client(base_url=url, timeout=60) as client:
+            holding.set()  # the run cannot end (closing the held stream) before the refusal
             run_id = start(client).json()["run_id"]
             opened = threading.Event()
 
@@ -217,6 +223,7 @@ def test_open_event_streams_are_capped(tmp_path, slow):
             assert opened.wait(30)
             refused = client.get(f"/runs/{run_id}/events")
             assert refused.status_code == 429 and refused.json()["error"]["code"] == "E_BUSY"
+            holding.clear()
             holder.join(60)
             with client.stream("GET", f"/runs/{run_id}/events") as response:
                 assert read_sse(response)[-1]["event"] == "end"
