@@ -148,7 +148,7 @@ async function refreshRuns() {
     const current = shown && view === asked && view.statusChanges === changesAsked;
     // the run on screen: one word in both places. While its events stream, they are the newest
     // news; otherwise the server's status is (when no newer word came meanwhile), and the view takes it.
-    if (shown && current && !view.following && view.status && run.status !== view.status) {
+    if (current && !view.following && view.status && run.status !== view.status) {
       // resumed or answered elsewhere (another tab, the CLI): follow the new attempt, else take the word
       if (["queued", "starting", "running"].includes(run.status)) selectRun(run.run_id);
       else setStatus(run.status);
