@@ -19,6 +19,8 @@ import torch
 # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_layers, cache_length
 
+from tests.helpers.holding import wait_for_cancel
+
 DOC = (
     "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. "
     "The Birch project is owned by Bob and launched on 9 June 2019 in Lima."
@@ -93,8 +95,6 @@ def counted_forwards(model: Any, *, delay: float = 0.0, held_until: threading.Ev
     cancellation reached the forward (at most 60 s), so a test that cancels mid-operation
     never races a clock: the operation cannot end before the cancellation.
     """
-    from tests.helpers.holding import caller_cancelled
-
     calls: list[int] = []
 
     def hook(module: Any, args: Any, kwargs: Any) -> None:
@@ -104,10 +104,8 @@ def counted_forwards(model: Any, *, delay: float = 0.0, held_until: threading.Ev
         calls.append(int(rows.shape[1]) if rows is not None else -1)
         if delay:
             time.sleep(delay)
-        deadline = time.monotonic() + 60
-        while (held_until is not None and not held_until.is_set() and not caller_cancelled(model)
-               and time.monotonic() < deadline):
-            time.sleep(0.005)
+        if held_until is not None:
+            wait_for_cancel(model, released=held_until)
 
     handle = backbone(model).register_forward_pre_hook(hook, with_kwargs=True)
     try:

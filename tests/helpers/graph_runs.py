@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rclc_graph import Graph, Policy
+import anyio
+
+from rclc_graph import EventStream, Graph, Policy
 
 from rclc_graph.testing import FakeExecutor as _FakeExecutor
 from rclc_graph.testing import NodeReading, word_offsets
@@ -68,3 +70,20 @@ def review_loop(rounds: int = 3) -> Graph:
     graph.edge("writer", "final", text)
     graph.edge("critic", "final", text)
     return graph
+
+
+async def cancelled_once_started(node: str, run: Any) -> bool:
+    """Run `run(events)` and cancel it once `node` has started: not after a delay, which a slow
+    machine could outlast (a recorded run's senders reach disk before `node` starts:
+    RecordingExecutor). True when the cancellation propagated out of `run` (it did not return)."""
+    events, returned = EventStream(), []
+    async with anyio.create_task_group() as group:
+        async def cancel_when_started() -> None:
+            async for event in events:
+                if event.kind == "node" and event.payload == {"node": node, "status": "started"}:
+                    group.cancel_scope.cancel()
+
+        group.start_soon(cancel_when_started)
+        await run(events)
+        returned.append(True)
+    return group.cancel_scope.cancelled_caught and not returned

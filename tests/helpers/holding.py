@@ -5,6 +5,7 @@ by itself, however fast or loaded the machine is (issue 24: no test may depend o
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +27,16 @@ def caller_cancelled(model: Any) -> bool:
         return False
     sequences = list(engine._active) + list(engine._prefilling)  # prefilling: a list since issue 28
     return any(sequence.gone() for sequence in sequences)
+
+
+def wait_for_cancel(model: Any, released: threading.Event | None = None, seconds: float = 60.0) -> None:
+    """Block this forward until its caller's cancellation has reached it (`caller_cancelled`)
+    or the test sets `released`. Bounded, so a cancellation that never arrives fails the
+    test's asserts instead of hanging it."""
+    deadline = time.monotonic() + seconds
+    while not caller_cancelled(model) and not (released is not None and released.is_set()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 @contextmanager

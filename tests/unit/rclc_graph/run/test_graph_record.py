@@ -9,30 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rclc_graph import EventStream, ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
+from rclc_graph import ModelSpec, ModelPool, LocalExecutor, load_graph_text, compile_plan, run_plan
 from rclc_graph.run.record import RECORD_FILE, finished_nodes, read_node, read_record, safe_name
 from rclc_graph.run import RecordingExecutor, run_recorded, run_recorded_sync
 from rclc_graph.run import RunRecorder
 
-from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor
-
-
-async def cancelled_once_started(node, run):
-    """Run `run(events)` and cancel it once `node` has started: not after a delay, which a slow
-    machine could outlast before the nodes upstream are recorded (their records reach disk
-    before `node` starts: RecordingExecutor). True when the cancellation propagated out of
-    `run` (it did not return)."""
-    events, returned = EventStream(), []
-    async with anyio.create_task_group() as group:
-        async def cancel_when_started():
-            async for event in events:
-                if event.kind == "node" and event.payload == {"node": node, "status": "started"}:
-                    group.cancel_scope.cancel()
-
-        group.start_soon(cancel_when_started)
-        await run(events)
-        returned.append(True)
-    return group.cancel_scope.cancelled_caught and not returned
+from tests.helpers.graph_runs import CHAIN_INPUTS, CHAIN_YAML, FakeExecutor, cancelled_once_started
 
 
 def chain_plan():

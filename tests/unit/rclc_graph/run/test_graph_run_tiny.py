@@ -14,7 +14,7 @@ from rclc_graph.run.scheduler import run_plan, run_plan_sync
 from rclc_graph.spec.models import ModelSpec
 
 from tests.helpers.cancelling import ENGINE_THREADS, busy_threads
-from tests.helpers.holding import caller_cancelled
+from tests.helpers.holding import wait_for_cancel
 
 WORDS = "The Cedar project is owned by Alice and launched on 3 May 2021 in Oslo. " * 3
 
@@ -135,9 +135,7 @@ def test_cancellation_stops_generation_and_restores_dispatch(pool, tiny):
             # A step that began after the cancellation waits until it has reached the engine
             # (the sequence is gone), so no clock races the cancellation: the engine may
             # finish this step, and must start no other. Bounded: a broken cancel fails below.
-            deadline = time.monotonic() + 60
-            while not caller_cancelled(model) and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_for_cancel(model)
 
     hook = model.get_input_embeddings().register_forward_hook(counted_step)
 

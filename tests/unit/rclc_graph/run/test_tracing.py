@@ -16,10 +16,12 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from rclc_graph import EventStream, Graph, Policy  # noqa: E402
+from rclc_graph import Graph, Policy  # noqa: E402
 from rclc_graph.run.scheduler import run_plan, run_plan_sync  # noqa: E402
 from rclc_graph.run.tracing import RunTracer  # noqa: E402
 from rclc_graph.testing import FakeExecutor  # noqa: E402
+
+from tests.helpers.graph_runs import cancelled_once_started  # noqa: E402
 
 EXPORTER = InMemorySpanExporter()
 _INSTALLED: list[object] = []
@@ -99,17 +101,10 @@ def test_failed_and_cancelled_runs_end_their_spans_with_an_error_status(spans):
     spans.clear()
 
     async def cancel():  # once the hanging writer started (not after a delay: the machine may be slow)
-        events = EventStream()
-        async with anyio.create_task_group() as group:
-            async def cancel_when_writer_starts():
-                async for event in events:
-                    if event.kind == "node" and event.payload == {"node": "writer", "status": "started"}:
-                        group.cancel_scope.cancel()
+        return await cancelled_once_started(
+            "writer", lambda events: run_plan(plan(), executor=FakeExecutor(hang="writer"), events=events))
 
-            group.start_soon(cancel_when_writer_starts)
-            await run_plan(plan(), executor=FakeExecutor(hang="writer"), events=events)
-
-    anyio.run(cancel)
+    assert anyio.run(cancel)
     found = by_name(spans.get_finished_spans())
     assert found["invoke_workflow traced"].attributes["rclc.run.status"] == "cancelled"
     assert found["invoke_agent writer"].attributes["rclc.node.status"] == "cancelled"
