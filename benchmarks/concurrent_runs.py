@@ -159,8 +159,9 @@ class PeakRss:
     beside the phase. Why not a sampling thread everywhere: it misses a peak that lasts less
     than its interval, and it is one more thread asking for the GIL beside the runs it
     measures (side by side on fanout_qa's concurrent phase its cost was within the machine's
-    spread: docs/performance.md). Elsewhere (macOS, a kernel that refuses the write) a thread
-    samples every 10 ms, and `method` says which was used."""
+    spread: docs/performance.md). On a Linux kernel that refuses the write, a thread samples
+    /proc/self/statm every 10 ms instead, and `method` says which was used. Both read /proc:
+    the benchmark measures peak RSS on Linux only."""
 
     def __init__(self) -> None:
         self.peak = 0

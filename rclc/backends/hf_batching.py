@@ -45,8 +45,9 @@ Fewer prompts than that (a chain's notes arriving one by one) do not hold a step
 for any prompt cost 32 concurrent chain_notes runs 16% of their runs/minute. In that mode a
 core that neither engine thread nor a worker forward uses is taken for a second forward
 (`rclc._locks.spare_slot`): a prefill batch runs as two halves side by side while the
-decode thread waits, and a decode step of `SPLIT_ROWS` or more rows as two halves while no
-prefill runs (docs/performance.md, "Prefills first"). Tokens go
+decode thread waits (a large batch that found no spare core runs its halves one after the
+other and looks again before the second), and a decode step of `SPLIT_ROWS` or more rows
+as two halves while no prefill runs (docs/performance.md, "Prefills first"). Tokens go
 to each sequence's waiter through a queue, so a slow `on_token` consumer delays only its
 own sequence. A failing prefill fails only its sequence; a failing decode step (which no
 input of one sequence can cause once its prefill succeeded) fails the sequences in that
@@ -303,19 +304,46 @@ class BatchingEngine(BatchingLoop):
             began = time.perf_counter()
 
     def _prefill_rows(self, model: Any, rows: list[torch.Tensor], past: Layers | None) -> list[tuple[torch.Tensor, Layers]]:
-        """`prefill_many` of `rows`; with prefills first, as two halves side by side when the
-        decode thread is not stepping and no worker forward runs (a CPU core would idle
-        otherwise: a prefill's forward is compute-bound and runs on one core)."""
-        if len(rows) >= 2 and self.batching.prefill_first_ms > 0 and self._decode_idle() and parallel_forwards(model):
-            with spare_slot(model) as spare:
-                if spare:
-                    half = (len(rows) + 1) // 2
-                    first, rest = side_by_side(_beside, lambda: prefill_many(model, rows[:half], past),
-                                               lambda: prefill_many(model, rows[half:], past))
-                    with self._cond:
-                        self.stats.split_prefills += 1
-                    return first + rest
-        return prefill_many(model, rows, past)
+        """`prefill_many` of `rows`; with prefills first, as two halves side by side when a
+        core is spare (`_side_by_side_prefill`: a prefill's forward is compute-bound and runs
+        on one core, so the other would idle). Where none is spare at the start and the batch
+        has more than `BATCHED_TOKENS` padded rows, the halves run one after the other and
+        the choice is made again before the second, which then runs as two quarters side by
+        side if a core came free meanwhile. Why: a batch of eight answerers' prompts is one
+        2-3 s forward, and the captures that held the other core often end during it; run
+        whole, it kept that core idle to its end (32 concurrent fanout_qa runs,
+        docs/performance.md "Prefills first"). Half of such a batch is still a compute-bound
+        forward, so running it in halves costs no more; a smaller batch runs whole (its
+        forward reads the weights for few rows, and two would read them twice)."""
+        if len(rows) < 2 or self.batching.prefill_first_ms <= 0 or not parallel_forwards(model):
+            return prefill_many(model, rows, past)
+        together = self._side_by_side_prefill(model, rows, past)
+        if together is not None:
+            return together
+        if len(rows) * max(int(row.shape[0]) for row in rows) <= BATCHED_TOKENS:
+            return prefill_many(model, rows, past)
+        half = (len(rows) + 1) // 2
+        first = prefill_many(model, rows[:half], past)
+        rest = rows[half:]
+        if len(rest) < 2:
+            return first + prefill_many(model, rest, past)
+        return first + (self._side_by_side_prefill(model, rest, past) or prefill_many(model, rest, past))
+
+    def _side_by_side_prefill(
+        self, model: Any, rows: list[torch.Tensor], past: Layers | None
+    ) -> list[tuple[torch.Tensor, Layers]] | None:
+        """`rows` prefilled as two halves side by side if a core is spare now, else None."""
+        if not self._decode_idle():
+            return None
+        with spare_slot(model) as spare:
+            if not spare:
+                return None
+            half = (len(rows) + 1) // 2
+            first, rest = side_by_side(_beside, lambda: prefill_many(model, rows[:half], past),
+                                       lambda: prefill_many(model, rows[half:], past))
+            with self._cond:
+                self.stats.split_prefills += 1
+            return first + rest
 
     def _decode_idle(self) -> bool:
         """Whether the decode thread is not stepping now (a hint, read without the lock)."""

@@ -83,6 +83,43 @@ def test_a_failing_half_fails_the_step_after_both_halves_ended_and_leaves_the_ro
     assert store.lengths == lengths and store.end == end
 
 
+def _held_slot(model):
+    """A worker forward holding one of `model`'s slots (as a capture does) until released."""
+    holding, release = threading.Event(), threading.Event()
+
+    def worker():
+        with _locks.forward_slot(model):
+            holding.set()
+            release.wait(WAIT)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert holding.wait(WAIT)
+    return release, thread
+
+
+def _recorded_prefills(monkeypatch, on_call=lambda count: None):
+    """`prefill_many` as the engine calls it, recording each call's thread and prompt count."""
+    calls, real = [], hf_batching.prefill_many
+
+    def recorded(model, prompts, past=None):
+        calls.append((threading.current_thread(), len(prompts)))
+        on_call(len(calls))
+        return real(model, prompts, past)
+
+    monkeypatch.setattr(hf_batching, "prefill_many", recorded)
+    return calls
+
+
+def _assert_same_prefills(found, expected):
+    assert len(found) == len(expected)
+    for (logits, layers), (want_logits, want_layers) in zip(found, expected):
+        torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+        for (keys, values), (want_keys, want_values) in zip(layers, want_layers):
+            torch.testing.assert_close(keys, want_keys, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(values, want_values, rtol=1e-4, atol=1e-5)
+
+
 def test_a_spare_slot_is_taken_only_when_no_worker_forward_holds_one(tiny):
     model, _ = tiny
     with _locks.spare_slot(model) as spare:
@@ -95,22 +132,13 @@ def test_a_spare_slot_is_taken_only_when_no_worker_forward_holds_one(tiny):
     with _locks.forward_slot(model):
         with _locks.spare_slot(model) as spare:
             assert not spare  # inside a worker forward of this very thread
-    holding, release = threading.Event(), threading.Event()
-
-    def worker():
-        with _locks.forward_slot(model):
-            holding.set()
-            release.wait(WAIT)
-
-    thread = threading.Thread(target=worker)
-    thread.start()
+    release, worker = _held_slot(model)
     try:
-        assert holding.wait(WAIT)
         with _locks.spare_slot(model) as spare:
             assert not spare  # a worker forward runs: its core is not spare
     finally:
         release.set()
-        thread.join()
+        worker.join(WAIT)
     with _locks.spare_slot(model) as spare:
         assert spare  # every slot was given back
 
@@ -135,11 +163,74 @@ def test_a_prefill_batch_as_two_halves_equals_one_forward_and_is_counted(tiny, m
     with torch.no_grad():
         off._prefill_rows(model, rows, None)
     assert off.stats.split_prefills == 0  # no second forward outside that mode
-    for (logits, layers), (want_logits, want_layers) in zip(found, expected):
-        torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
-        for (keys, values), (want_keys, want_values) in zip(layers, want_layers):
-            torch.testing.assert_close(keys, want_keys, rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(values, want_values, rtol=1e-4, atol=1e-5)
+    _assert_same_prefills(found, expected)
+
+
+def test_a_large_prefill_batch_that_found_no_spare_core_looks_again_before_its_second_half(tiny, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf_batching, "parallel_forwards", lambda model: True)  # whatever this machine's cores
+    monkeypatch.setattr(hf_batching, "BATCHED_TOKENS", 4)  # these prompts make a batch past it
+    engine = hf_batching.BatchingEngine(model, rclc.Batching(prefill_first_ms=1000))
+    rows = [rows_of(model, tokenizer, text)[0] for text in PROMPTS]
+    with torch.no_grad():
+        expected = prefill_many(model, rows)
+    release, worker = _held_slot(model)  # no core is spare when the batch starts
+
+    def free_a_core_during_the_first_half(call):
+        if call == 1:  # the worker's forward ends while the first half runs
+            release.set()
+            worker.join(WAIT)
+
+    calls = _recorded_prefills(monkeypatch, free_a_core_during_the_first_half)
+    with torch.no_grad():
+        found = engine._prefill_rows(model, rows, None)
+    half = (len(rows) + 1) // 2
+    assert calls[0] == (threading.current_thread(), half)  # the first half alone, in the prefill thread
+    rest = len(rows) - half
+    assert sorted(count for _, count in calls[1:]) == sorted([(rest + 1) // 2, rest // 2])  # quarters
+    assert len({thread for thread, _ in calls[1:]}) == 2  # side by side, in two threads
+    assert engine.stats.split_prefills == 1
+    _assert_same_prefills(found, expected)
+
+
+def test_a_prefill_batch_runs_its_halves_one_after_the_other_while_no_core_comes_free(tiny, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf_batching, "parallel_forwards", lambda model: True)
+    monkeypatch.setattr(hf_batching, "BATCHED_TOKENS", 4)
+    engine = hf_batching.BatchingEngine(model, rclc.Batching(prefill_first_ms=1000))
+    rows = [rows_of(model, tokenizer, text)[0] for text in PROMPTS]
+    with torch.no_grad():
+        expected = prefill_many(model, rows)
+    release, worker = _held_slot(model)
+    try:
+        calls = _recorded_prefills(monkeypatch)
+        with torch.no_grad():
+            found = engine._prefill_rows(model, rows, None)
+    finally:
+        release.set()
+        worker.join(WAIT)
+    half = (len(rows) + 1) // 2
+    assert calls == [(threading.current_thread(), half), (threading.current_thread(), len(rows) - half)]
+    assert engine.stats.split_prefills == 0
+    _assert_same_prefills(found, expected)
+
+
+def test_a_small_prefill_batch_without_a_spare_core_is_one_forward(tiny, monkeypatch):
+    """Halves of a batch within `BATCHED_TOKENS` rows would each read the weights for few rows."""
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf_batching, "parallel_forwards", lambda model: True)
+    engine = hf_batching.BatchingEngine(model, rclc.Batching(prefill_first_ms=1000))
+    rows = [rows_of(model, tokenizer, text)[0] for text in PROMPTS]
+    assert len(rows) * max(int(row.shape[0]) for row in rows) <= hf_batching.BATCHED_TOKENS
+    release, worker = _held_slot(model)
+    try:
+        calls = _recorded_prefills(monkeypatch)
+        with torch.no_grad():
+            engine._prefill_rows(model, rows, None)
+    finally:
+        release.set()
+        worker.join(WAIT)
+    assert calls == [(threading.current_thread(), len(rows))]
 
 
 class PrefillGate:
