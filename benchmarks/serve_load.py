@@ -161,12 +161,14 @@ def run(args: argparse.Namespace, url: str, server: subprocess.Popen, runs_dir: 
 
     began = time.monotonic()
     accepted, refused, other = [], [], []
+    first_refused: int | None = None  # index of the first submission refused
     for index in range(args.runs):
         response = client.post("/runs", json={"topology": "fanout_qa", "inputs": inputs_for(index)})
         if response.status_code == 202:
             accepted.append(response.json()["run_id"])
         elif response.status_code == 429 and int(response.headers.get("retry-after", "0")) >= 1:
             refused.append(int(response.headers["retry-after"]))
+            first_refused = index if first_refused is None else first_refused
         else:
             other.append(response.status_code)
     shares: list[list[str]] = [accepted[index::args.clients] for index in range(args.clients)]
@@ -211,6 +213,7 @@ def run(args: argparse.Namespace, url: str, server: subprocess.Popen, runs_dir: 
     report = {
         "benchmark": "serve_load", "topology": "topologies/fanout_qa.yaml", "model": "embedded (SmolLM2-135M, fp32, CPU)",
         "submitted": args.runs, "accepted": len(accepted), "refused_429": len(refused), "other_status": other,
+        "first_refused_submission": first_refused,
         "retry_after_seconds": sorted(set(refused)), "max_concurrent": args.max_concurrent, "max_queue": args.max_queue,
         "clients": args.clients, "slow_clients": args.slow_clients, "slow_ms_per_event": args.slow_ms,
         "peak_open_streams": peak_streams, "runs_followed": len(results), "final_statuses": statuses,

@@ -325,15 +325,14 @@ class BatchingEngine(BatchingLoop):
         half = (len(rows) + 1) // 2
         first = prefill_many(model, rows[:half], past)
         rest = rows[half:]
-        if len(rest) < 2:
-            return first + prefill_many(model, rest, past)
         return first + (self._side_by_side_prefill(model, rest, past) or prefill_many(model, rest, past))
 
     def _side_by_side_prefill(
         self, model: Any, rows: list[torch.Tensor], past: Layers | None
     ) -> list[tuple[torch.Tensor, Layers]] | None:
-        """`rows` prefilled as two halves side by side if a core is spare now, else None."""
-        if not self._decode_idle():
+        """`rows` prefilled as two halves side by side if there are two or more and a core is
+        spare now, else None."""
+        if len(rows) < 2 or not self._decode_idle():
             return None
         with spare_slot(model) as spare:
             if not spare:

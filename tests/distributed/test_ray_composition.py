@@ -27,6 +27,7 @@ from rclc_graph.executors import DelegatingExecutor, LocalExecutor, ModelPool  #
 from rclc_graph.executors.ray import RayExecutor  # noqa: E402
 from tests.helpers.composition import shipped_on_tiny  # noqa: E402
 from tests.helpers.plans import spread_reference  # noqa: E402
+from tests.helpers.ray_cluster import kill_and_wait  # noqa: E402
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.ray
@@ -87,28 +88,17 @@ def test_an_actor_killed_inside_a_subgraph_or_a_foreach_resumes_on_a_fresh_one(c
     executor = RayExecutor(replicas={"base": 2}, pins=PINS[name])
 
     class KillDuring(DelegatingExecutor):
-        """Kills replica base#1's actor while the chosen node runs on it."""
+        """Kills replica base#1's actor once the chosen node has started (the scheduler runs
+        it) and before the node reaches the actor: dead for certain on any machine."""
 
         async def run_node(self, ctx, node, inbound):
-            if node.name != KILLED[name]:
-                return await super().run_node(ctx, node, inbound)
-            failure: Exception | None = None
-            async with anyio.create_task_group() as group:
-                async def kill():
-                    await anyio.sleep(0.05)
-                    ray.kill(executor.actor_of("base#1"))
-
-                group.start_soon(kill)
-                try:
-                    result = await super().run_node(ctx, node, inbound)
-                except Exception as error:  # re-raised below: inside the group anyio would wrap it
-                    failure = error
-            if failure is not None:
-                raise failure
-            return result
+            if node.name == KILLED[name]:
+                await anyio.to_thread.run_sync(kill_and_wait, executor.actor_of("base#1"))
+            return await super().run_node(ctx, node, inbound)
 
     async def first_attempt():
         with anyio.fail_after(LIMIT):
+            await executor.prepare(plan)  # base#1's actor is up before the node that kills it starts
             return await run_recorded(plan, tmp_path, executor=KillDuring(executor))
 
     try:

@@ -2,7 +2,9 @@
 
 `ChatStub` answers POST /v1/chat/completions (streamed or not) with a fixed reply, or
 misbehaves on request: `status` (e.g. 500 or 404 with an OpenAI-style error body), `delay`
-(seconds before answering: a slow server), and it records every request (path, headers,
+(seconds before answering: a slow server), `hold` (requests wait until `release()` or
+`close()`, then get 503 and are never forwarded: a server slower than any timeout, whose
+abandoned requests do not reach the real server behind it later), and it records every request (path, headers,
 JSON body). `forward_to` turns it into a proxy for a real server (vLLM's) that can be made
 to fail and then recover. It listens on 127.0.0.1 only, serves in a daemon thread and stops
 in `close()` (a context manager); nothing here loops without a bound.
@@ -19,6 +21,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
+HOLD_LIMIT_SECONDS = 600.0  # a held request is answered by then even if nobody releases it
+
+
 class ChatStub:
     """A loopback chat-completions server (see the module docstring)."""
 
@@ -26,6 +31,8 @@ class ChatStub:
         self.reply = reply
         self.status = 200
         self.delay = 0.0
+        self.hold = False
+        self._released = threading.Event()
         self.forward_to = forward_to  # "http://127.0.0.1:PORT": pass requests on when status is 200
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -41,7 +48,15 @@ class ChatStub:
                 with stub._lock:
                     stub.requests.append({"path": self.path, "body": body,
                                           "headers": {key.lower(): value for key, value in self.headers.items()}})
-                    status, delay, forward = stub.status, stub.delay, stub.forward_to
+                    status, delay, forward, hold = stub.status, stub.delay, stub.forward_to, stub.hold
+                if hold:
+                    stub._released.wait(HOLD_LIMIT_SECONDS)
+                    try:
+                        self._send_json(503, {"error": {"message": "stub held the request", "type": "stub",
+                                                        "code": 503}})
+                    except OSError:  # its client gave up long ago
+                        pass
+                    return
                 if delay:
                     time.sleep(delay)
                 if status != 200:
@@ -113,7 +128,14 @@ class ChatStub:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def release(self) -> None:
+        """Answer the held requests (503) and hold no more."""
+        with self._lock:
+            self.hold = False
+        self._released.set()
+
     def close(self) -> None:
+        self._released.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)

@@ -27,3 +27,27 @@ def two_node_cluster(runtime_env: dict[str, Any] | None = None) -> Iterator[Any]
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+KILL_LIMIT_SECONDS = 60.0  # bounds the wait for a killed actor's death, so CI fails rather than hangs
+
+
+def kill_and_wait(actor: Any) -> None:
+    """Kill `actor` and return once Ray reports it dead. `ray.kill` only asks for the kill: a
+    call sent before it lands can still run to its end. A test that kills an actor while a
+    node is on its way there waits here first, so the node fails on every machine, fast or
+    slow, instead of racing a sleep against the node's own duration."""
+    import time
+
+    import ray
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor)
+    deadline = time.monotonic() + KILL_LIMIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.describe.remote(), timeout=KILL_LIMIT_SECONDS)
+        except RayActorError:
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"the killed actor still answered after {KILL_LIMIT_SECONDS:g} s")

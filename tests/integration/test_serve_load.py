@@ -30,7 +30,11 @@ def test_32_runs_and_16_sse_clients_lose_nothing_in_bounded_memory(tmp_path):
     print(json.dumps(report, indent=2))
     assert done.returncode == 0, done.stdout + done.stderr
     assert report["accepted"] + report["refused_429"] == 32 and report["other_status"] == []
-    assert report["accepted"] == 16 and report["refused_429"] == 16  # 4 slots + 12 queued
+    # the 4 slots and the 12 places in the queue fill before any refusal, whatever the timing.
+    # A run that ends during the burst frees a place for a later submission, so 16 accepted is
+    # a floor, not a count (a run takes seconds here, a submission milliseconds: 16 in every
+    # run so far); some are refused unless 16 runs end during the burst
+    assert report["first_refused_submission"] >= 16 and report["refused_429"] >= 1
     assert min(report["retry_after_seconds"]) >= 1
     assert report["final_statuses"] == {"finished": report["accepted"]}
     assert report["peak_open_streams"] >= 8 and report["reconnects"] == 1

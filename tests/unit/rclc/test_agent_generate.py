@@ -20,6 +20,7 @@ import rclc
 from rclc import Sampling, transfer_sync
 # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_layers, prefill
+from rclc.backends.hf_batching import engine_for
 from tests.helpers.agents import (
     HISTORY_A,
     HISTORY_B,
@@ -285,6 +286,13 @@ def test_cancellation_stops_at_the_next_step_and_records_nothing(tiny):
             raise
         observed["finished"] = True
 
+    engine = engine_for(model)
+    late_rows = []  # rows of a cancelled caller's sequence in decode steps
+
+    def count_late_rows(module, args):
+        if threading.current_thread().name == "rclc-batching-decode":
+            late_rows.extend(1 for sequence in engine._active if sequence.gone())
+
     async def main():
         with counted_forwards(model, delay=0.02) as calls:
             async with anyio.create_task_group() as group:
@@ -293,9 +301,15 @@ def test_cancellation_stops_at_the_next_step_and_records_nothing(tiny):
                 group.cancel_scope.cancel()
             observed["forwards"] = len(calls)
 
-    anyio.run(main)
+    handle = backbone(model).register_forward_pre_hook(count_late_rows)
+    try:
+        anyio.run(main)
+    finally:
+        handle.remove()
     assert observed.get("cancelled") and "finished" not in observed
-    assert observed["forwards"] < 10, "generation ended at the next step, not after 60 tokens"
+    # how many steps ran while the cancellation travelled from the event loop to the engine
+    # depends on the machine's load; once it arrived, at most the step under way completed
+    assert len(late_rows) <= 1 and observed["forwards"] < 60
     assert_unchanged(agent, before)
     result = anyio.run(agent.generate)
     assert result.tokens >= 1 and len(agent) == 0

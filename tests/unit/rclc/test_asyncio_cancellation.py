@@ -12,6 +12,8 @@ import pytest
 
 import rclc
 from rclc import sender_from_hf, transfer
+# private on purpose: the decoder a forward hook holds (rclc has no public hook API)
+from rclc._cache import backbone
 from rclc.models import CAPTURE_ATTENTION
 
 
@@ -74,23 +76,33 @@ def test_task_cancel_waits_for_the_selector_and_delivers_nothing(tiny):
 def test_wait_for_during_attention_capture_restores_the_dispatch(tiny_qwen3):
     model, tokenizer = tiny_qwen3
     original = model.config._attn_implementation
-    sender = sender_from_hf(model, tokenizer, "the cat sat on the mat. " * 110)
-    assert 1400 < sender.input_embeds.shape[0] < 1500
-    request = "why " * 125  # ~500 tokens
+    sender = sender_from_hf(model, tokenizer, "The Cedar project is owned by Alice.")
     seen: list[str] = []
+    capturing, released = threading.Event(), threading.Event()
+
+    def hold_the_capture(module, args):
+        # the capture's forward waits here until the test has cancelled, so the cancellation
+        # lands during the capture on any machine (the test polled for a few-ms window before)
+        if model.config._attn_implementation == CAPTURE_ATTENTION:
+            capturing.set()
+            released.wait(60)
 
     async def main() -> None:
-        task = asyncio.ensure_future(transfer(sender, lambda delivery: None, request))
-        deadline = time.monotonic() + 30
-        while model.config._attn_implementation != CAPTURE_ATTENTION and not task.done():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0)
+        task = asyncio.ensure_future(transfer(sender, lambda delivery: None, "Who owns Cedar?"))
+        assert await asyncio.to_thread(capturing.wait, 60), "no capture began"
         seen.append(model.config._attn_implementation)
         task.cancel()
+        await asyncio.sleep(0)  # the cancellation is delivered to the task...
+        released.set()  # ...before the capture may go on
         with pytest.raises(asyncio.CancelledError):
             await task
         seen.append(model.config._attn_implementation)
 
-    asyncio.run(main())
-    assert seen[0] == CAPTURE_ATTENTION, "the capture was over before the test could cancel it"
+    handle = backbone(model).register_forward_pre_hook(hold_the_capture)
+    try:
+        asyncio.run(main())
+    finally:
+        released.set()
+        handle.remove()
+    assert seen[0] == CAPTURE_ATTENTION
     assert seen[1] == original

@@ -171,10 +171,22 @@ def slow_steps(model, seconds=0.01):
 
 def test_cancelling_one_generation_stops_it_at_the_next_step_and_leaves_the_others(tiny):
     model, tokenizer = tiny
-    alone = [generate_alone(model, tokenizer, PROMPTS[i], max_new_tokens=40) for i in (0, 2)]
+    engine = engine_for(model)
+    with engine.tracing() as trace:
+        alone = [generate_alone(model, tokenizer, PROMPTS[i], max_new_tokens=40) for i in (0, 2)]
     agents = [rclc.bind(model, tokenizer) for _ in range(3)]
     results = [None] * 3
     tokens_of_cancelled = []
+    first_token = threading.Event()
+    late_rows = []  # rows of a cancelled caller's sequence in decode steps
+
+    def on_token(index, text):
+        tokens_of_cancelled.append(index)
+        first_token.set()
+
+    def count_late_step(module, args):
+        if threading.current_thread().name == "rclc-batching-decode":
+            late_rows.extend(1 for sequence in engine._active if sequence.gone())
 
     async def main():
         async with anyio.create_task_group() as group:
@@ -183,39 +195,60 @@ def test_cancelling_one_generation_stops_it_at_the_next_step_and_leaves_the_othe
 
             group.start_soon(keep, 0, PROMPTS[0])
             group.start_soon(keep, 2, PROMPTS[2])
-            with anyio.move_on_after(0.15):
-                await agents[1].generate(PROMPTS[1], max_new_tokens=1500, on_token=lambda i, t: tokens_of_cancelled.append(i))
+            with anyio.CancelScope() as scope:
+                async def cancel_once_generating():
+                    # once it has a token, not after a fixed delay: on a loaded machine its
+                    # prefill alone can outlast any delay chosen here
+                    await anyio.to_thread.run_sync(first_token.wait, 60)
+                    scope.cancel()
 
-    handle = slow_steps(model)
+                group.start_soon(cancel_once_generating)
+                await agents[1].generate(PROMPTS[1], max_new_tokens=1500, on_token=on_token)
+
+    handles = [slow_steps(model), backbone(model).register_forward_pre_hook(count_late_step)]
     try:
         anyio.run(main)
     finally:
-        handle.remove()
-    assert 0 < len(tokens_of_cancelled) < 1500
+        for handle in handles:
+            handle.remove()
+    assert first_token.is_set() and 0 < len(tokens_of_cancelled) < 1500
     assert agents[1].inspect()["state_source"] == "messages"  # nothing recorded for the cancelled one
-    assert [r.token_ids for r in (results[0], results[2])] == [r.token_ids for r in alone]
-    assert engine_for(model).report()["active"] == 0
+    # once its caller's cancellation reaches it, the sequence is in at most the step under way
+    assert len(late_rows) <= 1
+    for together, single in zip((results[0], results[2]), alone):  # which steps they shared depends on timing
+        assert_equal_or_near_tie(list(together.token_ids), list(single.token_ids), trace)
+    assert engine.report()["active"] == 0
 
 
 def test_a_stop_event_ends_only_its_own_sequence(tiny):
     model, tokenizer = tiny
     stop = threading.Event()
-    seen = []
+    late_rows = []  # the stopped sequence's decode steps begun once its event was set
 
     def on_token(index, text):
-        seen.append(index)
         if index == 4:
             stop.set()
 
-    full = generate_alone(model, tokenizer, PROMPTS[2], max_new_tokens=30)
+    engine = engine_for(model)
+
+    def count_late_step(module, args):
+        if stop.is_set() and threading.current_thread().name == "rclc-batching-decode":
+            late_rows.extend(1 for sequence in engine._active if sequence.stop is stop)
+
+    with engine.tracing() as trace:
+        full = generate_alone(model, tokenizer, PROMPTS[2], max_new_tokens=30)
     options = [{"max_new_tokens": 200, "on_token": on_token, "stop": stop}, {"max_new_tokens": 30}]
-    handle = slow_steps(model, 0.005)
+    handles = [slow_steps(model, 0.005), backbone(model).register_forward_pre_hook(count_late_step)]
     try:
         stopped, other = concurrently([rclc.bind(model, tokenizer) for _ in range(2)], [PROMPTS[1], PROMPTS[2]], options)
     finally:
-        handle.remove()
-    assert stopped.stopped and 5 <= stopped.tokens <= 7  # after the step under way when it was set
-    assert not other.stopped and other.token_ids == full.token_ids
+        for handle in handles:
+            handle.remove()
+    # on_token runs in the waiting thread, behind the engine on a loaded machine, so the count
+    # at the stop varies; once the event is set at most the step under way completes
+    assert stopped.stopped and 5 <= stopped.tokens < 200 and len(late_rows) <= 1
+    assert not other.stopped
+    assert_equal_or_near_tie(list(other.token_ids), list(full.token_ids), trace)
 
 
 def test_a_failing_generation_fails_alone(tiny):

@@ -299,6 +299,7 @@ def test_a_capture_never_holds_up_the_batching_engine(tiny):
     capture(model, sender.past_key_values, lambda q, k, s: expected.append(q.clone()), sender.positions, input_ids=ids)
     prompt = "Generate while another thread captures."
     alone = anyio.run(lambda: rclc.bind(model, tokenizer).generate(prompt, max_new_tokens=40))
+    assert alone.tokens > 2  # decode steps left to run during the capture
     engine = engine_for(model)
     generating = threading.Event()
     result = []
@@ -311,22 +312,35 @@ def test_a_capture_never_holds_up_the_batching_engine(tiny):
         result.append(anyio.run(lambda: rclc.bind(model, tokenizer).generate(prompt, max_new_tokens=40,
                                                                               on_token=on_token)))
 
-    def slow_engine_steps(module, args):
-        if threading.current_thread().name.startswith("rclc-batching"):
-            time.sleep(0.005)  # the engine decodes while the capture below runs, not before it
+    capture_began = threading.Event()
+    decode_steps = []
+
+    def engine_steps_wait_for_the_capture(module, args):
+        # after its first, the engine's decode steps wait for the capture below to be inside
+        # its forward, so they come during it on any machine, not all before it
+        if threading.current_thread().name == "rclc-batching-decode":
+            decode_steps.append(1)
+            if len(decode_steps) > 1:
+                capture_began.wait(30)
 
     # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
     from rclc._cache import backbone
 
-    handle = backbone(model).register_forward_pre_hook(slow_engine_steps)
+    handle = backbone(model).register_forward_pre_hook(engine_steps_wait_for_the_capture)
     worker = threading.Thread(target=generate)
     worker.start()
     assert generating.wait(30)
     folded, steps_during_fold = [], []
 
     def slow_fold(query, key, scaling):
+        """The first fold stays inside the capture's forward until the engine has decoded a
+        step (bounded: an engine held up by the capture fails the assert below)."""
         before = engine.report()["decode_steps"]
-        time.sleep(0.05)
+        if not capture_began.is_set():
+            capture_began.set()
+            deadline = time.monotonic() + 30
+            while engine.report()["decode_steps"] == before and time.monotonic() < deadline:
+                time.sleep(0.005)
         steps_during_fold.append(engine.report()["decode_steps"] - before)
         folded.append(query.clone())
 
