@@ -5,6 +5,8 @@ engine busy for rclc; a cancelled caller's request is aborted."""
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 
@@ -86,12 +88,22 @@ def test_a_users_own_request_still_makes_the_engine_busy(llm):
 
 def test_a_cancelled_callers_request_is_aborted(llm):
     agent = writer(llm)
+    first_token, outcome = threading.Event(), {}
 
     async def main():
-        with anyio.move_on_after(0.05):
-            await agent.generate("Count slowly from one to a thousand:", max_new_tokens=400)
+        async with anyio.create_task_group() as group:
+            async def cancel_once_generating():
+                # at its first token, not after a fixed delay: the request is then in the
+                # engine for certain (a delay could cancel it before it got there)
+                await anyio.to_thread.run_sync(first_token.wait, 120)
+                group.cancel_scope.cancel()
+
+            group.start_soon(cancel_once_generating)
+            outcome["result"] = await agent.generate("Count slowly from one to a thousand:", max_new_tokens=400,
+                                                     on_token=lambda index, text: first_token.set())
 
     anyio.run(main)
+    assert first_token.is_set() and "result" not in outcome  # cancelled while it generated
     loop = engine_loop(llm)
     assert loop.report()["active"] == 0
     assert not llm.llm_engine.has_unfinished_requests()

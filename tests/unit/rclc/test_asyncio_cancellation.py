@@ -12,15 +12,22 @@ import pytest
 
 import rclc
 from rclc import sender_from_hf, transfer
-# private on purpose: the decoder a forward hook holds (rclc has no public hook API)
+# private on purpose: the decoder a forward hook holds, and the worker's stop flag (no public API)
 from rclc._cache import backbone
+from rclc._worker import stop_requested
 from rclc.models import CAPTURE_ATTENTION
 
 
-def _slow_selector(started: threading.Event, finished: threading.Event, seconds: float):
+def _slow_selector(started: threading.Event, finished: threading.Event):
+    """A selector that runs until its caller's cancellation reaches its worker (bounded at
+    60 s), so the cancellation has to wait for it on any machine: a fixed sleep raced the
+    test's timeout on a stalled one."""
     def slow(sender, request_ids, budget):
         started.set()
-        time.sleep(seconds)
+        deadline = time.monotonic() + 60
+        while not stop_requested() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.2)  # still running after the stop: a cancellation that returned early shows
         finished.set()
         return list(range(budget))
 
@@ -37,7 +44,7 @@ def test_wait_for_timeout_waits_for_the_selector(tiny):
     async def main() -> None:
         # the timeout starts once the selector runs: a slow machine's setup must not outlast it
         task = asyncio.ensure_future(
-            transfer(sender, got.append, "Who owns Cedar?", selector=_slow_selector(started, finished, 1.0)))
+            transfer(sender, got.append, "Who owns Cedar?", selector=_slow_selector(started, finished)))
         while not started.is_set():
             await asyncio.sleep(0.005)
         with pytest.raises(asyncio.TimeoutError):
@@ -56,7 +63,7 @@ def test_task_cancel_waits_for_the_selector_and_delivers_nothing(tiny):
     got: list = []
 
     async def main() -> None:
-        task = asyncio.ensure_future(transfer(sender, got.append, "Who owns Birch?", selector=_slow_selector(started, finished, 1.0)))
+        task = asyncio.ensure_future(transfer(sender, got.append, "Who owns Birch?", selector=_slow_selector(started, finished)))
         while not started.is_set():
             await asyncio.sleep(0.005)
         task.cancel()

@@ -131,23 +131,30 @@ def test_a_raising_function_fails_its_node_and_the_run_names_it():
     assert result.status == "failed" and result.error == "node 'f': KeyError: 'no such order'"
 
 
+BLOCKING_STARTED, LOOP_RAN = threading.Event(), threading.Event()
+
+
 def blocking(inputs, senders):
-    threading.Event().wait(0.3)
-    return "slept"
+    # it blocks until the event loop has run another task meanwhile: run on the loop's own
+    # thread it would wait out the bound and say so (a count of ticks could not tell)
+    BLOCKING_STARTED.set()
+    return "slept" if LOOP_RAN.wait(30) else "the event loop did not run"
 
 
 def test_a_blocking_function_does_not_block_the_event_loop():
+    started, loop_ran = BLOCKING_STARTED, LOOP_RAN
+    started.clear()
+    loop_ran.clear()
     graph = Graph("slow").input("q")
     graph.function("slow", blocking, output=True)
     graph.model("base").agent("a", model="base")
     graph.node("quick", agent="a", prompt="{q}", output=True)
-    ticks = []
 
     async def main():
         async def tick():
-            for _ in range(5):
-                ticks.append(1)
-                await anyio.sleep(0.02)
+            while not started.is_set():
+                await anyio.sleep(0.005)
+            loop_ran.set()
 
         from rclc_graph import run_plan
 
@@ -157,7 +164,7 @@ def test_a_blocking_function_does_not_block_the_event_loop():
         return result
 
     result = anyio.run(main)
-    assert result.outputs["slow"] == "slept" and len(ticks) == 5
+    assert result.outputs["slow"] == "slept"
 
 
 def asks(inputs, senders):
