@@ -6,6 +6,7 @@ what `model.generate` picks."""
 from __future__ import annotations
 
 import threading
+import time
 
 import anyio
 import pytest
@@ -141,7 +142,25 @@ def test_concurrent_generations_of_different_lengths_equal_their_unbatched_runs(
     options = [{"max_new_tokens": n} for n in (3, 11, 7, 16)]
     with engine.tracing() as trace:
         alone = [generate_alone(model, tokenizer, prompt, **option) for prompt, option in zip(PROMPTS, options)]
-        batched = concurrently([rclc.bind(model, tokenizer) for _ in PROMPTS], PROMPTS, options)
+        ended_before = engine.report()["sequences"]
+
+        def decode_once_all_are_in(module, args):
+            # a decode step waits until every generation is in the batch: they share steps on
+            # any machine, not only when their prefills happen to finish close together
+            if threading.current_thread().name != "rclc-batching-decode":
+                return
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                report = engine.report()
+                if report["waiting"] == 0 and report["active"] + report["sequences"] - ended_before >= len(PROMPTS):
+                    return
+                time.sleep(0.005)
+
+        handle = backbone(model).register_forward_pre_hook(decode_once_all_are_in)
+        try:
+            batched = concurrently([rclc.bind(model, tokenizer) for _ in PROMPTS], PROMPTS, options)
+        finally:
+            handle.remove()
     for together, single in zip(batched, alone):
         assert_equal_or_near_tie(list(together.token_ids), list(single.token_ids), trace)
     after = engine.report()["batch_sizes"]
