@@ -20,6 +20,12 @@ def test_every_cancellation_point(family):
         for k in range(1, bound + 1):
             outcome = cancel_once(setup["pool"], setup["model"], setup["plan"], mode, k)
             check(outcome, setup["model"], setup["outputs"])
+            # a run that finished was never asked to stop (it had fewer points than k: how
+            # many forwards concurrent nodes share, in combined captures and batched
+            # prefills, depends on their timing), or was asked at its end: within one step
+            trigger = outcome.trigger
+            assert outcome.cancelled or not trigger.requested or trigger.after_request <= 1, \
+                (mode, k, trigger.forwards, trigger.after_request)
             tried += 1
             cancelled += outcome.cancelled
-    assert tried == setup["forwards"] + setup["events"] and cancelled >= tried - 2
+    assert tried == setup["forwards"] + setup["events"] and cancelled >= tried // 2
