@@ -1,14 +1,21 @@
 """Shared pieces of the HF batching engine's tests (test_batching_engine.py,
-test_constrained_decoding.py): prompts of different lengths, one generation alone, several at
-once on one engine, and the float32 near-tie rule for comparing batched with unbatched tokens."""
+test_constrained_decoding.py, test_agent_generate.py): prompts of different lengths, one
+generation alone, several at once on one engine, the float32 near-tie rule for comparing
+batched with unbatched tokens, and the rows a decode step forwards for chosen sequences."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Awaitable, Callable
 
 import anyio
 
 import rclc
+# private on purpose: the decoder a forward hook watches and the engine's batch (no public API)
+from rclc._cache import backbone
+from rclc.backends.hf_batching import engine_for
 
 PROMPTS = [
     "Short one.",
@@ -52,3 +59,22 @@ def assert_equal_or_near_tie(batched: list[int], alone: list[int], trace: Any) -
     first = next(i for i, (a, b) in enumerate(zip(batched, alone)) if a != b)
     margins = [entry.margins for entry in trace if entry.tokens == tuple(alone)]
     assert margins and margins[0][first] < 1e-4, (first, batched, alone)
+
+
+@contextmanager
+def decode_rows_of(model: Any, chosen: Callable[[Any], bool]) -> Iterator[list[int]]:
+    """Inside: one entry per row of a decode step (begun in the engine's decode thread) whose
+    sequence `chosen(sequence)` accepts when the step begins. A test that stops or cancels a
+    generation counts its rows after the fact (`sequence.gone()`, its stop event set) instead
+    of its tokens, which depend on how far the engine ran ahead of the caller."""
+    engine, rows = engine_for(model), []
+
+    def count(module: Any, args: Any) -> None:
+        if threading.current_thread().name == "rclc-batching-decode":
+            rows.extend(1 for sequence in engine._active if chosen(sequence))
+
+    handle = backbone(model).register_forward_pre_hook(count)
+    try:
+        yield rows
+    finally:
+        handle.remove()

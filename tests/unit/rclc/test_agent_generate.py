@@ -20,7 +20,6 @@ import rclc
 from rclc import Sampling, transfer_sync
 # private on purpose: builds and reads the KV caches the test checks (rclc has no public cache API)
 from rclc._cache import backbone, cache_layers, prefill
-from rclc.backends.hf_batching import engine_for
 from tests.helpers.agents import (
     HISTORY_A,
     HISTORY_B,
@@ -33,6 +32,7 @@ from tests.helpers.agents import (
     same_cache,
     view,
 )
+from tests.helpers.batching import decode_rows_of
 
 PROMPT = "<|im_start|>user\nWho owns Cedar?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -286,13 +286,6 @@ def test_cancellation_stops_at_the_next_step_and_records_nothing(tiny):
             raise
         observed["finished"] = True
 
-    engine = engine_for(model)
-    late_rows = []  # rows of a cancelled caller's sequence in decode steps
-
-    def count_late_rows(module, args):
-        if threading.current_thread().name == "rclc-batching-decode":
-            late_rows.extend(1 for sequence in engine._active if sequence.gone())
-
     async def main():
         with counted_forwards(model, delay=0.02) as calls:
             async with anyio.create_task_group() as group:
@@ -301,11 +294,8 @@ def test_cancellation_stops_at_the_next_step_and_records_nothing(tiny):
                 group.cancel_scope.cancel()
             observed["forwards"] = len(calls)
 
-    handle = backbone(model).register_forward_pre_hook(count_late_rows)
-    try:
+    with decode_rows_of(model, lambda sequence: sequence.gone()) as late_rows:  # a cancelled caller's
         anyio.run(main)
-    finally:
-        handle.remove()
     assert observed.get("cancelled") and "finished" not in observed
     # how many steps ran while the cancellation travelled from the event loop to the engine
     # depends on the machine's load; once it arrived, at most the step under way completed

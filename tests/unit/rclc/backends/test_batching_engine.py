@@ -22,7 +22,7 @@ from rclc.backends.batch_cache import decode_step, prefill
 from rclc.backends.hf_batching import engine_for
 
 from tests.helpers.agents import prompts_alone
-from tests.helpers.batching import PROMPTS, assert_equal_or_near_tie, concurrently, generate_alone
+from tests.helpers.batching import PROMPTS, assert_equal_or_near_tie, concurrently, decode_rows_of, generate_alone
 
 
 
@@ -197,15 +197,10 @@ def test_cancelling_one_generation_stops_it_at_the_next_step_and_leaves_the_othe
     results = [None] * 3
     tokens_of_cancelled = []
     first_token = threading.Event()
-    late_rows = []  # rows of a cancelled caller's sequence in decode steps
 
     def on_token(index, text):
         tokens_of_cancelled.append(index)
         first_token.set()
-
-    def count_late_step(module, args):
-        if threading.current_thread().name == "rclc-batching-decode":
-            late_rows.extend(1 for sequence in engine._active if sequence.gone())
 
     async def main():
         async with anyio.create_task_group() as group:
@@ -224,12 +219,12 @@ def test_cancelling_one_generation_stops_it_at_the_next_step_and_leaves_the_othe
                 group.start_soon(cancel_once_generating)
                 await agents[1].generate(PROMPTS[1], max_new_tokens=1500, on_token=on_token)
 
-    handles = [slow_steps(model), backbone(model).register_forward_pre_hook(count_late_step)]
+    handle = slow_steps(model)
     try:
-        anyio.run(main)
+        with decode_rows_of(model, lambda sequence: sequence.gone()) as late_rows:  # a cancelled caller's
+            anyio.run(main)
     finally:
-        for handle in handles:
-            handle.remove()
+        handle.remove()
     assert first_token.is_set() and 0 < len(tokens_of_cancelled) < 1500
     assert agents[1].inspect()["state_source"] == "messages"  # nothing recorded for the cancelled one
     # once its caller's cancellation reaches it, the sequence is in at most the step under way
@@ -242,27 +237,23 @@ def test_cancelling_one_generation_stops_it_at_the_next_step_and_leaves_the_othe
 def test_a_stop_event_ends_only_its_own_sequence(tiny):
     model, tokenizer = tiny
     stop = threading.Event()
-    late_rows = []  # the stopped sequence's decode steps begun once its event was set
 
     def on_token(index, text):
         if index == 4:
             stop.set()
 
     engine = engine_for(model)
-
-    def count_late_step(module, args):
-        if stop.is_set() and threading.current_thread().name == "rclc-batching-decode":
-            late_rows.extend(1 for sequence in engine._active if sequence.stop is stop)
-
     with engine.tracing() as trace:
         full = generate_alone(model, tokenizer, PROMPTS[2], max_new_tokens=30)
     options = [{"max_new_tokens": 200, "on_token": on_token, "stop": stop}, {"max_new_tokens": 30}]
-    handles = [slow_steps(model, 0.005), backbone(model).register_forward_pre_hook(count_late_step)]
+    handle = slow_steps(model, 0.005)
     try:
-        stopped, other = concurrently([rclc.bind(model, tokenizer) for _ in range(2)], [PROMPTS[1], PROMPTS[2]], options)
+        # the stopped sequence's rows in decode steps begun once its event was set
+        with decode_rows_of(model, lambda sequence: sequence.stop is stop and stop.is_set()) as late_rows:
+            stopped, other = concurrently([rclc.bind(model, tokenizer) for _ in range(2)], [PROMPTS[1], PROMPTS[2]],
+                                          options)
     finally:
-        for handle in handles:
-            handle.remove()
+        handle.remove()
     # on_token runs in the waiting thread, behind the engine on a loaded machine, so the count
     # at the stop varies; once the event is set at most the step under way completes
     assert stopped.stopped and 5 <= stopped.tokens < 200 and len(late_rows) <= 1
