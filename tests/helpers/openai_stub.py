@@ -4,8 +4,8 @@
 misbehaves on request: `status` (e.g. 500 or 404 with an OpenAI-style error body), `delay`
 (seconds before answering: a slow server), `hold` (requests wait until `release()` or
 `close()`, then get 503 and are never forwarded: a server slower than any timeout, whose
-abandoned requests do not reach the real server behind it later), and it records every request (path, headers,
-JSON body). `forward_to` turns it into a proxy for a real server (vLLM's) that can be made
+abandoned requests do not reach the real server behind it later), and it records every
+request (path, headers, JSON body). `forward_to` turns it into a proxy for a real server (vLLM's) that can be made
 to fail and then recover. It listens on 127.0.0.1 only, serves in a daemon thread and stops
 in `close()` (a context manager); nothing here loops without a bound.
 """
@@ -49,8 +49,9 @@ class ChatStub:
                     stub.requests.append({"path": self.path, "body": body,
                                           "headers": {key.lower(): value for key, value in self.headers.items()}})
                     status, delay, forward, hold = stub.status, stub.delay, stub.forward_to, stub.hold
+                    released = stub._released  # this hold's: a later hold waits for its own release
                 if hold:
-                    stub._released.wait(HOLD_LIMIT_SECONDS)
+                    released.wait(HOLD_LIMIT_SECONDS)
                     try:
                         self._send_json(503, {"error": {"message": "stub held the request", "type": "stub",
                                                         "code": 503}})
@@ -129,10 +130,11 @@ class ChatStub:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def release(self) -> None:
-        """Answer the held requests (503) and hold no more."""
+        """Answer the held requests (503) and hold no more (until `hold` is set again)."""
         with self._lock:
             self.hold = False
-        self._released.set()
+            released, self._released = self._released, threading.Event()
+        released.set()
 
     def close(self) -> None:
         self._released.set()

@@ -142,9 +142,8 @@ def blocking(inputs, senders):
 
 
 def test_a_blocking_function_does_not_block_the_event_loop():
-    started, loop_ran = BLOCKING_STARTED, LOOP_RAN
-    started.clear()
-    loop_ran.clear()
+    BLOCKING_STARTED.clear()
+    LOOP_RAN.clear()
     graph = Graph("slow").input("q")
     graph.function("slow", blocking, output=True)
     graph.model("base").agent("a", model="base")
@@ -152,9 +151,9 @@ def test_a_blocking_function_does_not_block_the_event_loop():
 
     async def main():
         async def tick():
-            while not started.is_set():
+            while not BLOCKING_STARTED.is_set():
                 await anyio.sleep(0.005)
-            loop_ran.set()
+            LOOP_RAN.set()
 
         from rclc_graph import run_plan
 
