@@ -189,7 +189,8 @@ def _embedded_dir() -> Path:
 
 
 def _convert_embedded(target: Path) -> None:
-    """Dequantize the packaged GGUF once and store safetensors + tokenizer next to a marker.
+    """Dequantize the packaged GGUF once and store safetensors + tokenizer next to a marker
+    (in `target`, whose parent `local_dir` has made: it holds the converters' lock there).
 
     Conversion writes into a temporary sibling and renames it into place, so a crash or
     a concurrent converter never leaves a half-written model that later loads would trust.
@@ -207,7 +208,6 @@ def _convert_embedded(target: Path) -> None:
         del model.config.quantization_config
     model.hf_quantizer = None
     model.config._name_or_path = EMBEDDED_CHECKPOINT
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         model.save_pretrained(str(staging))

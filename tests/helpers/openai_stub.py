@@ -5,9 +5,10 @@ misbehaves on request: `status` (e.g. 500 or 404 with an OpenAI-style error body
 (seconds before answering: a slow server), `hold` (requests wait until `release()` or
 `close()`, then get 503 and are never forwarded: a server slower than any timeout, whose
 abandoned requests do not reach the real server behind it later), and it records every
-request (path, headers, JSON body). `forward_to` turns it into a proxy for a real server (vLLM's) that can be made
-to fail and then recover. It listens on 127.0.0.1 only, serves in a daemon thread and stops
-in `close()` (a context manager); nothing here loops without a bound.
+request (path, headers, JSON body). `forward_to` turns it into a proxy for a real server
+(vLLM's) that can be made to fail and then recover. It listens on 127.0.0.1 only, serves in
+a daemon thread and stops in `close()` (a context manager); nothing here loops without a
+bound.
 """
 
 from __future__ import annotations
