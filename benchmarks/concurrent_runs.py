@@ -55,7 +55,6 @@ import platform
 import resource
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ import anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rclc  # noqa: E402
 from rclc._flat_combining import usable_cores  # noqa: E402
@@ -71,6 +71,8 @@ from rclc_graph import EventStream, ModelPool, compile_plan, plan_file, run_plan
 from rclc_graph.experiments.arm_graphs import apply_arm  # noqa: E402
 from rclc_graph.experiments.arms import parse_arm  # noqa: E402
 from rclc_graph.spec.load import read_graph  # noqa: E402
+
+from peak_rss import PeakRss  # noqa: E402
 
 FOUNDERS = ["Ada Holm", "Bo Lind", "Cai Moreau", "Dita Shah", "Eli Park", "Fay Okafor", "Gus Rossi", "Hana Ito"]
 BRIDGES = ["Cedar", "Birch", "Maple", "Aspen", "Rowan", "Alder", "Hazel", "Willow"]
@@ -149,70 +151,6 @@ def on_backend(plans: list[Any], backend: str) -> list[Any]:
         ))
         for plan in plans
     ]
-
-
-class PeakRss:
-    """Peak resident set size of this process over a phase.
-
-    Where Linux lets the process reset its high-water mark (writing 5 to
-    /proc/self/clear_refs, Linux 4.0+), the kernel keeps the exact peak and nothing runs
-    beside the phase. Why not a sampling thread everywhere: it misses a peak that lasts less
-    than its interval, and it is one more thread asking for the GIL beside the runs it
-    measures (side by side on fanout_qa's concurrent phase its cost was within the machine's
-    spread: docs/performance.md). On a Linux kernel that refuses the write, a thread samples
-    /proc/self/statm every 10 ms instead, and `method` says which was used. Both read /proc:
-    the benchmark measures peak RSS on Linux only."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self.method = "kernel_high_water_mark"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @staticmethod
-    def current() -> int:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    @staticmethod
-    def high_water_mark() -> int:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-        raise OSError("/proc/self/status has no VmHWM line")
-
-    @staticmethod
-    def _reset_high_water_mark() -> bool:
-        try:
-            with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")
-            PeakRss.high_water_mark()
-        except OSError:
-            return False
-        return True
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.current())
-            self._stop.wait(0.01)
-
-    def __enter__(self) -> PeakRss:
-        if self._reset_high_water_mark():
-            return self
-        self.method = "sampled_every_10_ms"
-        self.peak = self.current()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._thread is None:
-            self.peak = self.high_water_mark()
-            return
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.current())
 
 
 async def sequential(plans: list[Any], pool: ModelPool) -> list[Any]:

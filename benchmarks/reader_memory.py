@@ -8,9 +8,11 @@ reports the live tensors the sender holds, so a step that grows faster than the 
 shows as such, and allocator retention shows as RSS above the live tensors.
 
 Each size runs in a process of its own (a process keeps the RSS it has freed), after a
-256-token warm-up bind that pages in the weights. Peaks are sampled every 5 ms (as in
-scaling.py). Run with glibc's defaults and with `MALLOC_MMAP_THRESHOLD_=131072` (blocks over
-128 KiB mapped and unmapped, so freed activations leave the RSS) to see both:
+256-token warm-up bind that pages in the weights. Peaks are the kernel's high-water mark of
+each step (`peak_rss.PeakRss`, as in scaling.py and concurrent_runs.py; until 2026-12-06
+they were sampled every 5 ms). Run with glibc's defaults and with
+`MALLOC_MMAP_THRESHOLD_=131072` (blocks over 128 KiB mapped and unmapped, so freed
+activations leave the RSS) to see both:
 
     python benchmarks/reader_memory.py --sizes 1024,2048,4096
     MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/reader_memory.py --sizes 1024,2048,4096
@@ -52,7 +54,8 @@ def measure(size: int) -> dict[str, Any]:
 
     from rclc import HFReceiver, sender_from_hf, transfer_sync
     from rclc.models import load
-    from scaling import QUESTION, PeakRss, document, rss
+    from peak_rss import PeakRss, rss
+    from scaling import QUESTION, document
 
     torch.set_num_threads(1)
     model, tokenizer = load("embedded")
@@ -73,6 +76,7 @@ def measure(size: int) -> dict[str, Any]:
         "rss_after_bind_mib": round((bound - base) / MIB, 1),
         "sender_live_tensors_mib": round(live_bytes(sender) / MIB, 1),
         "transfer_peak_above_bound_mib": round((hop.peak - bound) / MIB, 1),
+        "peak_rss_method": ",".join(sorted({bind.method, hop.method})),
     }
 
 

@@ -16,13 +16,15 @@ concurrent_runs.py).
 Processes: each (sweep, size, budget) runs in a process of its own (`--one`), so a budget's
 peak RSS is its own (memory a run freed stays with the process, so one process running r4
 and b128 would report r4's high-water mark under b128 too). A process loads the model, runs
-one small warm-up run, takes its baseline RSS, then runs the configuration `--repeats`
-times and reports the median wall time, the peak RSS above the baseline (the highest of its
-repeats, each listed), and per hop the payload bytes, the positions kept and the sender's
-positions, plus the seconds of each step kind (the readers' nodes, the selections, the
-final node) and each reader's node seconds in order. For one size the r4 and the b128
-process run one right after the other (r4 first at the first, third, ... size, b128 first at the
-others), so their medians are compared side by side, one process each.
+one small warm-up run, takes its baseline RSS, then runs the configuration `--repeats` times
+and reports the median wall time, the peak RSS above the baseline (the highest of its
+repeats, each listed; a repeat's peak is the kernel's high-water mark over the run,
+`peak_rss.PeakRss`, where until 2026-12-06 it was sampled every 5 ms), and per hop the
+payload bytes, the positions kept and the sender's positions, plus the seconds of each step
+kind (the readers' nodes, the selections, the final node) and each reader's node seconds in
+order. For one size the r4 and the b128 process run one right after the other (r4 first at
+the first, third, ... size, b128 first at the others), so their medians are compared side
+by side, one process each.
 
 Fresh text: every repeat reads pieces no earlier run of its process read (the warm-up
 included: each repeat, and the warm-up, cut their pieces from their own place in the
@@ -51,13 +53,15 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peak_rss import PeakRss, rss  # noqa: E402
 
 SWEEPS = {
     "chain": [4, 8, 16, 32],
@@ -114,32 +118,7 @@ def plan_for(sweep: str, size: int, budget: str, tokenizer: Any, repeat: int = 0
     return graph.plan({"question": QUESTION, "documents": documents})
 
 
-class PeakRss:
-    """Peak resident set size of this process while the block runs, sampled every 5 ms."""
-
-    def __enter__(self) -> PeakRss:
-        self.peak = rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, rss())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss())
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def run_once(plan: Any, pool: Any) -> tuple[Any, float, int]:
+def run_once(plan: Any, pool: Any) -> tuple[Any, float, PeakRss]:
     import anyio
 
     from rclc_graph import run_plan
@@ -150,7 +129,7 @@ def run_once(plan: Any, pool: Any) -> tuple[Any, float, int]:
         seconds = time.perf_counter() - began
     if result.status != "finished":
         raise RuntimeError(f"the run did not finish: {result.status} {result.error}")
-    return result, seconds, peak.peak
+    return result, seconds, peak
 
 
 def steps(result: Any) -> dict[str, Any]:
@@ -194,13 +173,17 @@ def measure_one(sweep: str, size: int, budget: str, repeats: int, threads: int) 
     measured = [run_once(plan, pool) for plan in plans]
     after = prompt_prefills(model)
     result = measured[-1][0]
-    peaks = [round(peak / 2**20 - baseline / 2**20, 1) for _, _, peak in measured]
+    peaks = [round(peak.peak / 2**20 - baseline / 2**20, 1) for _, _, peak in measured]
     return {
         "sweep": sweep, "size": size, "budget": budget, "baseline_rss_mib": round(baseline / 2**20, 1),
         "median_s": round(statistics.median(seconds for _, seconds, _ in measured), 3),
         "each_s": [round(seconds, 3) for _, seconds, _ in measured],
         "peak_rss_growth_mib": max(peaks),
+        # the process's own peak too: the growth above depends on what the warm-up left in
+        # the allocator, which differs between processes by tens of MiB
+        "peak_rss_mib": round(max(peak.peak for _, _, peak in measured) / 2**20, 1),
         "each_peak_rss_growth_mib": peaks,
+        "peak_rss_method": ",".join(sorted({peak.method for _, _, peak in measured})),
         "steps": steps(result),
         "hops": [{"source": hop.source, "target": hop.target, "total_positions": hop.total_positions,
                   "inherited_positions": hop.inherited_positions, "budget": hop.budget,

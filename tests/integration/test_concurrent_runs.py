@@ -17,9 +17,7 @@ read another run's state would answer differently."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import threading
 
 import anyio
 import pytest
@@ -27,6 +25,7 @@ import pytest
 import rclc
 from rclc.backends.hf_batching import engine_for
 from rclc_graph import EventStream, ModelPool, ModelSpec, plan_file, run_plan
+from tests.helpers.benchmarks import load_benchmark
 from tests.paths import ROOT
 
 RUNS = 32
@@ -51,25 +50,10 @@ def run_inputs(index: int) -> dict:
     }
 
 
-def rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRss:
-    def __enter__(self):
-        self.peak, self._stop = rss(), threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, rss())
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+# the benchmarks' peak RSS (the kernel's high-water mark of the phase): one method for the
+# figures docs/performance.md quotes and for the bound this test holds
+_memory = load_benchmark("peak_rss")
+rss, PeakRss = _memory.rss, _memory.PeakRss
 
 
 @pytest.fixture(scope="module")

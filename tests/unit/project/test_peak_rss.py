@@ -1,6 +1,7 @@
-"""benchmarks/concurrent_runs.py's peak RSS of a phase: the kernel's high-water mark, reset at
-the phase's start, so a peak inside the phase counts even when freed before it ends, a peak
-from before the phase does not, and no sampling thread runs beside the phase it measures."""
+"""benchmarks/peak_rss.py, the peak RSS every benchmark reports (concurrent_runs.py,
+scaling.py, reader_memory.py): the kernel's high-water mark, reset at the block's start, so
+a peak inside the block counts even when freed before it ends, a peak from before the block
+does not, and no sampling thread runs beside the work it measures."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import pytest
 
 from tests.helpers.benchmarks import load_benchmark
+from tests.paths import ROOT
 
 MIB = 1 << 20
 BUFFER = 256 * MIB
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/p
 
 
 def _peak_rss():
-    return load_benchmark("concurrent_runs").PeakRss
+    return load_benchmark("peak_rss").PeakRss
 
 
 def _touched(size: int) -> bytearray:
@@ -60,3 +62,12 @@ def test_where_the_mark_cannot_be_reset_a_thread_samples(monkeypatch):
     assert phase.method == "sampled_every_10_ms"
     assert phase.peak >= start + BUFFER - SLACK
     del buffer
+
+
+def test_every_benchmark_that_reports_memory_measures_it_the_same_way():
+    """One method behind every documented memory figure: the scripts take `PeakRss` from
+    the shared module rather than keeping samplers of their own."""
+    for name in ("concurrent_runs", "scaling"):
+        assert load_benchmark(name).PeakRss.__module__ == "peak_rss"
+    source = (ROOT / "benchmarks" / "reader_memory.py").read_text()
+    assert "from peak_rss import PeakRss" in source and "class PeakRss" not in source
