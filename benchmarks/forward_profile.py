@@ -13,7 +13,9 @@ Each forward is named by the rclc function that asked for it, found on the call 
 - `request capture`: a selector's capture of request rows over senders' caches;
 - `worker prefill`: prompt prefills run by worker threads (the readers' prompts);
 - `engine prefill`: the batching engine's prefills (the answerers' prompts);
-- `decode`: the batching engine's decode steps;
+- `decode`: the batching engine's decode steps (both halves of a step split across two
+  cores: the half forwarded by the helper thread has `_decode_rows` on its stack, not
+  `decode_step`; until 2026-12-06 it was counted as `other`);
 - `state completion`: the forward of a generation's last token into its state;
 - `other`: anything else.
 
@@ -59,6 +61,7 @@ KINDS = {
     "prefill_many": "engine prefill",
     "_prefill": "engine prefill",
     "decode_step": "decode",
+    "_decode_rows": "decode",  # a split step's half in the helper thread (rclc.backends.batch_cache)
     "continuation": "state completion",
 }
 """rclc function names on a forward's call stack -> the kind of forward (nearest frame wins)."""

@@ -5,6 +5,7 @@ the forwards rclc runs on the wrapped model while recording, and only then."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rclc import sender_from_hf
 from rclc._cache import backbone
@@ -42,6 +43,36 @@ def test_kind_comes_from_the_nearest_named_caller():
 
     assert capture_each() == "decode"
     assert module.kind_of_caller(depth=1) == "other"
+
+
+def test_both_halves_of_a_split_decode_step_count_as_decode(tiny):
+    """A decode step of many rows runs as two halves side by side: the second half's forward
+    runs in a helper thread whose stack holds `_decode_rows` but not `decode_step`. Both
+    halves are decode work, so neither may land in `other`."""
+    from threading import Thread
+
+    from rclc.backends.batch_cache import BatchCache, decode_step, prefill
+
+    model, _ = tiny
+    module = _benchmark()
+    log = module.ForwardLog(backbone(model))
+    store = BatchCache(int(model.config.num_hidden_layers))
+    for length in (5, 7):
+        _, layers = prefill(model, torch.arange(1, length + 1).unsqueeze(0), None)
+        store.join(layers, 8, 4)
+
+    def beside(work):  # as the engine's own helper: the second half in another thread
+        box = {}
+        thread = Thread(target=lambda: box.update(result=work()))
+        thread.start()
+        return lambda: (thread.join(), box["result"])[1]
+
+    log.recording = True
+    with torch.no_grad():
+        decode_step(model, store, [3, 4], beside=beside)
+    log.recording = False
+    assert len(log.events) == 2 and len({event[0] for event in log.events}) == 2  # two threads
+    assert [event[1] for event in log.events] == ["decode", "decode"]
 
 
 def test_log_records_forwards_only_while_recording(tiny):
