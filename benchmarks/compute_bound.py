@@ -15,8 +15,15 @@ the weights, which is what batching decode amortizes.
 
 It prints one JSON object: the matrix-product rate (a square product and one shaped like the
 model's MLP), the prefill's milliseconds per row and GFLOP/s at a few batch shapes, the first
-shape's CPU milliseconds per row when 1, 2 and 3 threads run it at once, and a decode step's
-milliseconds at several batch sizes with the weight bytes it reads per second.
+shape's CPU milliseconds per row when 1, 2 and 3 threads run it at once, a decode step's
+milliseconds at several batch sizes with the weight bytes it reads per second, and
+(`weight_products`) one pass of a few rows through every weight matrix of the model by the
+kernels torch offers on a CPU: its own `linear` (MKL's sgemm here), the same with MKL's
+weights packed once ahead, oneDNN's linear, and `linear` at two threads. Why the last part:
+a decode step of 8 to 32 rows costs 2 to 5 times one of 1 row on the development CPU (an
+AMD EPYC, AVX2), far from the 1x that reading the weights once would allow, and whether
+another kernel narrows that decides whether the closing decode wave of concurrent runs can
+get cheaper without changing the arithmetic (docs/performance.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -186,8 +193,80 @@ def decode_rate(model: Any, batch: int, context: int, repeats: int) -> dict[str,
             "weight_gb_per_s": round(weight_bytes(model) / seconds / 1e9, 2), "gflops": _figure(flops / seconds / 1e9)}
 
 
+def product_weights(model: Any) -> list[torch.Tensor]:
+    """Every distinct weight matrix a decode step multiplies by: the decoder's `nn.Linear`
+    layers and the LM head (tied to the embeddings: counted once)."""
+    seen: set[int] = set()
+    found = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            found.append(module.weight.detach())
+    return found
+
+
+def _mkl_packed() -> bool:
+    """Whether this torch build has MKL's packed-weight linear (`torch.ops.mkl`)."""
+    return bool(getattr(torch._C, "has_mkl", False)) and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+
+
+@torch.no_grad()
+def weight_products(model: Any, rows: list[int], repeats: int) -> list[dict[str, Any]]:
+    """One pass of `m` rows through every weight matrix (`product_weights`), per `m` in
+    `rows` and per kernel: milliseconds per pass (median), and whether each kernel's product
+    equals torch's `linear` bit for bit at that `m` (a kernel that changed the arithmetic
+    would change greedy outputs, so it would not be a free speed-up even if faster).
+
+    - `linear`: `torch.nn.functional.linear`, what the model's forwards run;
+    - `mkl_packed`: MKL's packed GEMM (`torch.ops.mkl._mkl_linear`), each weight packed once
+      before timing (so the pass pays no packing), where the build has it;
+    - `onednn`: oneDNN's linear on oneDNN tensors (what `torch.utils.mkldnn` runs), weights
+      and input converted once before timing, where the build has oneDNN;
+    - `linear_two_threads`: `linear` with two intra-op threads.
+    """
+    weights = product_weights(model)
+    packed = None
+    if _mkl_packed():  # packed once, for the largest row count (MKL's hint; any count may use it)
+        packed = [torch.ops.mkl._mkl_reorder_linear_weight(weight, max(rows)) for weight in weights]
+    # oneDNN's weights in its own layout, converted once (the op behind torch.utils.mkldnn's
+    # modules, called directly: those modules are TorchScript, which torch deprecates)
+    onednn = [weight.to_mkldnn() for weight in weights] if torch.backends.mkldnn.is_available() else None
+    generator = torch.Generator().manual_seed(0)
+    found = []
+    for count in rows:
+        inputs = {width: torch.randn(count, width, generator=generator) for width in {w.shape[1] for w in weights}}
+        entry: dict[str, Any] = {"rows": count}
+
+        def run_linear() -> list[torch.Tensor]:
+            return [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights]
+        reference = run_linear()
+        entry["linear_ms"] = round(1e3 * median_seconds(run_linear, repeats), 2)
+        if packed is not None:
+            def run_packed() -> list[torch.Tensor]:
+                return [torch.ops.mkl._mkl_linear(inputs[w.shape[1]], p, w, None, max(rows))
+                        for w, p in zip(weights, packed)]
+            entry["mkl_packed_ms"] = round(1e3 * median_seconds(run_packed, repeats), 2)
+            entry["mkl_packed_equals_linear"] = all(torch.equal(a, b) for a, b in zip(run_packed(), reference))
+        if onednn is not None:
+            onednn_inputs = {width: value.to_mkldnn() for width, value in inputs.items()}
+
+            def run_onednn() -> list[torch.Tensor]:
+                return [torch._C._nn.mkldnn_linear(onednn_inputs[w.shape[1]], o, None) for o, w in zip(onednn, weights)]
+            entry["onednn_ms"] = round(1e3 * median_seconds(run_onednn, repeats), 2)
+            entry["onednn_equals_linear"] = all(torch.equal(a.to_dense(), b) for a, b in zip(run_onednn(), reference))
+        process_threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            entry["linear_two_threads_ms"] = round(1e3 * median_seconds(run_linear, repeats), 2)
+        finally:
+            torch.set_num_threads(process_threads)
+        found.append(entry)
+    return found
+
+
 def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches: list[int], context: int,
-            repeats: int, side_by_side: tuple[int, ...] = (1, 2, 3)) -> dict[str, Any]:
+            repeats: int, side_by_side: tuple[int, ...] = (1, 2, 3),
+            product_rows: tuple[int, ...] = ()) -> dict[str, Any]:
     hidden, _, _, _, mlp, _ = _dimensions(model.config)
     square = matmul_rate(1024, 1024, 1024, repeats)
     shaped = matmul_rate(512, hidden, mlp, repeats)
@@ -207,6 +286,7 @@ def measure(model: Any, *, prefill_shapes: list[tuple[int, int]], decode_batches
         "prefill_side_by_side": together,
         "decode": decodes,
         "decode_context": context,
+        "weight_products": weight_products(model, list(product_rows), repeats) if product_rows else [],
     }
 
 
@@ -228,6 +308,8 @@ def main() -> None:
     parser.add_argument("--side-by-side", default="1,2,3", help="threads running the first prompt forward at once")
     parser.add_argument("--decode-batches", default="1,2,6,16,32")
     parser.add_argument("--context", type=int, default=150, help="cached positions under each decode row")
+    parser.add_argument("--product-rows", default="1,2,4,8,16,32",
+                        help="rows of the weight-product passes per kernel (empty: none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from rclc.models import load
@@ -236,7 +318,8 @@ def main() -> None:
     report = measure(model, prefill_shapes=_pairs(args.prefill),
                      decode_batches=[int(size) for size in args.decode_batches.split(",")],
                      context=args.context, repeats=args.repeats,
-                     side_by_side=tuple(int(width) for width in args.side_by_side.split(",")))
+                     side_by_side=tuple(int(width) for width in args.side_by_side.split(",")),
+                     product_rows=tuple(int(count) for count in args.product_rows.split(",") if count))
     report = {"benchmark": "compute_bound", "model": "embedded (SmolLM2-135M-Instruct, float32)",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
               "repeats": args.repeats} | report

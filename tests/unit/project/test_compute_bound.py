@@ -109,3 +109,22 @@ def test_decode_steps_the_engines_store_one_position_at_a_time_without_copying_i
     assert [count for count, _, _ in seen] == [2] * 4  # a warm-up and three timed steps, two rows each
     assert [lengths for _, lengths, _ in seen] == [[5, 5], [6, 6], [7, 7], [8, 8]]
     assert len({pointer for _, _, pointer in seen}) == 1  # room was made up front: no step reallocated
+
+
+def test_weight_products_time_every_kernel_over_every_weight_once(tiny):
+    """Each pass multiplies by every distinct weight matrix (the tied head once), at each row
+    count asked for, and says for each other kernel whether it computes what `linear` does."""
+    model, _ = tiny
+    module = _benchmark()
+    weights = module.product_weights(model)
+    linears = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert len(weights) == len(linears)
+    threads = torch.get_num_threads()
+    entries = module.weight_products(model, [1, 3], repeats=1)
+    assert torch.get_num_threads() == threads  # the two-thread pass leaves the caller's count as it was
+    assert [entry["rows"] for entry in entries] == [1, 3]
+    for entry in entries:
+        assert entry["linear_ms"] > 0 and entry["linear_two_threads_ms"] > 0
+        for kernel in ("mkl_packed", "onednn"):
+            if f"{kernel}_ms" in entry:
+                assert entry[f"{kernel}_ms"] > 0 and isinstance(entry[f"{kernel}_equals_linear"], bool)
