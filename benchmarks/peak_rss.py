@@ -37,10 +37,6 @@ class PeakRss:
         self._thread: threading.Thread | None = None
 
     @staticmethod
-    def current() -> int:
-        return rss()
-
-    @staticmethod
     def high_water_mark() -> int:
         with open("/proc/self/status") as handle:
             for line in handle:
@@ -60,14 +56,14 @@ class PeakRss:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.current())
+            self.peak = max(self.peak, rss())
             self._stop.wait(0.01)
 
     def __enter__(self) -> PeakRss:
         if self._reset_high_water_mark():
             return self
         self.method = "sampled_every_10_ms"
-        self.peak = self.current()
+        self.peak = rss()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -78,4 +74,4 @@ class PeakRss:
             return
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.current())
+        self.peak = max(self.peak, rss())

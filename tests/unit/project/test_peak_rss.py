@@ -20,8 +20,8 @@ SLACK = 64 * MIB  # what the interpreter (or a thread another test left) may mov
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 
 
-def _peak_rss():
-    return load_benchmark("peak_rss").PeakRss
+def _memory():
+    return load_benchmark("peak_rss")
 
 
 def _touched(size: int) -> bytearray:
@@ -32,10 +32,10 @@ def _touched(size: int) -> bytearray:
 
 
 def test_a_peak_freed_inside_the_phase_counts_and_nothing_samples_beside_it():
-    PeakRss = _peak_rss()
+    memory = _memory()
     threads = set(threading.enumerate())
-    with PeakRss() as phase:
-        start = PeakRss.current()
+    with memory.PeakRss() as phase:
+        start = memory.rss()
         assert not set(threading.enumerate()) - threads  # no sampling thread started
         buffer = _touched(BUFFER)
         del buffer
@@ -44,7 +44,7 @@ def test_a_peak_freed_inside_the_phase_counts_and_nothing_samples_beside_it():
 
 
 def test_a_peak_from_before_the_phase_does_not_count():
-    PeakRss = _peak_rss()
+    PeakRss = _memory().PeakRss
     buffer = _touched(BUFFER)
     before = PeakRss.high_water_mark()
     del buffer
@@ -54,10 +54,10 @@ def test_a_peak_from_before_the_phase_does_not_count():
 
 
 def test_where_the_mark_cannot_be_reset_a_thread_samples(monkeypatch):
-    PeakRss = _peak_rss()
-    monkeypatch.setattr(PeakRss, "_reset_high_water_mark", staticmethod(lambda: False))
-    with PeakRss() as phase:
-        start = PeakRss.current()
+    memory = _memory()
+    monkeypatch.setattr(memory.PeakRss, "_reset_high_water_mark", staticmethod(lambda: False))
+    with memory.PeakRss() as phase:
+        start = memory.rss()
         buffer = _touched(BUFFER)  # held to the end: the last sample sees it, whatever the timing
     assert phase.method == "sampled_every_10_ms"
     assert phase.peak >= start + BUFFER - SLACK
